@@ -1,0 +1,75 @@
+use super::{Verdict, Wide, nonzero};
+use crate::error::{Error, ErrorKind};
+use crate::time::Nanos;
+
+/// Fixed window counter: at most `limit` per window, windows aligned to the epoch
+/// (a 1-minute window runs from :00 to :59 of each wall-clock minute).
+///
+/// **Choose it** for quotas users read off a calendar ("1000 per day, reset
+/// at midnight UTC") and when the counter itself should be easy to explain.
+///
+/// **Parameters**: `limit` and `window`.
+///
+/// **State**: 16 bytes: the end of the counted window and the count in it.
+///
+/// **Weaknesses**: boundary bursts: a client can send `limit` at the end of
+/// one window and `limit` again at the start of the next, so up to
+/// `2 x limit` pass within one window's length. Use a sliding algorithm when
+/// that matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedWindow {
+    limit: u64,
+    window: Nanos,
+}
+
+impl FixedWindow {
+    /// `limit` per `window`.
+    ///
+    /// # Errors
+    /// Zero limit or window.
+    pub fn new(limit: u64, window: Nanos) -> Result<FixedWindow, Error> {
+        if window.0 == 0 {
+            return Err(ErrorKind::ZeroDuration("window").into());
+        }
+        Ok(FixedWindow {
+            limit: nonzero("limit", limit)?,
+            window,
+        })
+    }
+
+    /// Requests per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length.
+    pub fn window(&self) -> Nanos {
+        self.window
+    }
+
+    pub(crate) fn with_limit(&self, limit: u64) -> FixedWindow {
+        FixedWindow { limit, ..*self }
+    }
+
+    /// Decides `cost` at `now` against `state` = `(window_end, count)` (default when fresh).
+    pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
+        let w = self.window.0;
+        // A stored window that has not ended (or lies ahead, if the clock
+        // stepped back) is still the one that counts.
+        let (end, count) = if now.0 < state.a {
+            (state.a, state.b)
+        } else {
+            ((now.0 - now.0 % w).saturating_add(w), 0)
+        };
+        let reset = Nanos(end - now.0);
+        let total = count.saturating_add(cost);
+        if total <= self.limit {
+            let next = Wide { a: end, b: total };
+            (Verdict::admit(self.limit, self.limit - total, reset), next)
+        } else {
+            let retry = if cost > self.limit { Nanos::MAX } else { reset };
+            let remaining = self.limit.saturating_sub(count);
+            (Verdict::deny(self.limit, remaining, reset, retry), state)
+        }
+    }
+}

@@ -1,0 +1,168 @@
+use super::{Rate, Verdict, Wide, nonzero, vsched};
+use crate::error::Error;
+use crate::time::Nanos;
+
+/// Leaky bucket as a meter: a bucket of `capacity` that leaks at a steady rate;
+/// a request adds its cost as water and is rejected if the bucket would overflow.
+///
+/// **Choose it** when you reason in "queue size and outflow rate": a backend
+/// that can take `leak` per second and absorb `capacity` in flight.
+///
+/// **Parameters**: `capacity` (water the bucket holds, in requests) and
+/// `leak` (requests drained per period).
+///
+/// **State**: 16 bytes: the water level (as nanoseconds of draining left) and
+/// the time it was measured, kept as `(drains_at, measured_at)` so a store
+/// can tell a fresh key (`now >= drains_at`) without the parameters.
+///
+/// **Weaknesses**: it admits the same sequences as a token bucket of the same
+/// capacity and rate and as GCRA with `burst = capacity`: pick whichever
+/// vocabulary your users think in. As a meter it rejects; to delay instead,
+/// use [`Shaper`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeakyBucket {
+    capacity: u64,
+    leak: Rate,
+}
+
+impl LeakyBucket {
+    /// A meter of `capacity` leaking at `leak`.
+    ///
+    /// # Errors
+    /// `capacity` is zero.
+    pub fn new(capacity: u64, leak: Rate) -> Result<LeakyBucket, Error> {
+        Ok(LeakyBucket {
+            capacity: nonzero("capacity", capacity)?,
+            leak,
+        })
+    }
+
+    /// Capacity in requests.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Leak rate.
+    pub fn leak(&self) -> Rate {
+        self.leak
+    }
+
+    pub(crate) fn with_capacity(&self, capacity: u64) -> LeakyBucket {
+        LeakyBucket { capacity, ..*self }
+    }
+
+    /// Decides adding `cost` at `now` to a bucket in `state` (default when empty).
+    pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
+        let (drains_at, measured_at) = (state.a, state.b);
+        let level_then = drains_at.saturating_sub(measured_at);
+        // Water leaks only forwards in time: a clock that stepped back sees
+        // the level as last measured.
+        let at = now.0.max(measured_at);
+        let level = level_then.saturating_sub(at - measured_at);
+        let full = self.leak.span(self.capacity);
+        let added = self.leak.span(cost);
+        let new_level = level.saturating_add(added);
+        let interval = self.leak.interval();
+        if new_level <= full {
+            let next = Wide {
+                a: at.saturating_add(new_level),
+                b: at,
+            };
+            let remaining = ((full - new_level) / interval).min(self.capacity);
+            let reset = Nanos(next.a - now.0.min(next.a));
+            (Verdict::admit(self.capacity, remaining, reset), next)
+        } else {
+            let retry = if added > full {
+                Nanos::MAX
+            } else {
+                Nanos((at - now.0) + (new_level - full))
+            };
+            let remaining = ((full - level.min(full)) / interval).min(self.capacity);
+            let reset = Nanos((at - now.0).saturating_add(level));
+            (
+                Verdict::deny(self.capacity, remaining, reset, retry),
+                state,
+            )
+        }
+    }
+}
+
+/// Leaky bucket as a shaper: excess requests wait in a queue and leave at the
+/// leak rate, instead of being rejected; only a full queue (or a wait longer
+/// than `max_wait`) rejects.
+///
+/// **Choose it** in front of a backend that must see a smooth rate (a proxy or
+/// middleware sleeps for [`Verdict::wait`] before forwarding), like nginx's
+/// `limit_req` with `burst` and without `nodelay`.
+///
+/// **Parameters**: `capacity` (requests in the bucket at once: the one leaving
+/// now and those queued behind it), `leak`, and `max_wait`.
+///
+/// **State**: 8 bytes: when the last queued request leaves.
+///
+/// **Weaknesses**: waiting holds a connection open; keep `capacity` and
+/// `max_wait` small. The decision only says how long to wait: the caller must
+/// actually wait, or the shaping is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shaper {
+    capacity: u64,
+    leak: Rate,
+    max_wait: Nanos,
+}
+
+impl Shaper {
+    /// A shaper queueing up to `capacity` requests, releasing them at `leak`,
+    /// and never asking a request to wait longer than `max_wait`.
+    ///
+    /// # Errors
+    /// `capacity` is zero.
+    pub fn new(capacity: u64, leak: Rate, max_wait: Nanos) -> Result<Shaper, Error> {
+        Ok(Shaper {
+            capacity: nonzero("capacity", capacity)?,
+            leak,
+            max_wait,
+        })
+    }
+
+    /// Capacity in requests.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Leak rate.
+    pub fn leak(&self) -> Rate {
+        self.leak
+    }
+
+    /// The longest a request may be asked to wait.
+    pub fn max_wait(&self) -> Nanos {
+        self.max_wait
+    }
+
+    pub(crate) fn with_capacity(&self, capacity: u64) -> Shaper {
+        Shaper { capacity, ..*self }
+    }
+
+    /// Decides queueing `cost` at `now` behind a queue whose last request
+    /// leaves at `state` (0 when empty).
+    pub fn decide(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
+        let horizon = self.leak.span(self.capacity);
+        let interval = self.leak.interval();
+        let mut s = vsched::step(state, now.0, self.leak.span(cost), horizon);
+        let wait = s.start - now.0;
+        if s.allowed && wait > self.max_wait.0 {
+            // The queue has room but the wait is too long: reject, and say
+            // when the wait will have shrunk enough.
+            s.allowed = false;
+            s.next = state;
+            s.retry_at = state.saturating_sub(self.max_wait.0);
+        } else if !s.allowed && s.retry_at != u64::MAX {
+            s.retry_at = s.retry_at.max(state.saturating_sub(self.max_wait.0));
+        }
+        let mut v = vsched::verdict(&s, now.0, self.capacity, interval, horizon);
+        if s.allowed {
+            v.wait = Nanos(wait);
+        }
+        (v, s.next)
+    }
+}

@@ -1,0 +1,283 @@
+//! The six algorithms, each a pure state machine.
+//!
+//! Every algorithm has the same shape: `decide(&self, state, now, cost)`
+//! returns a [`Verdict`] and, for the compact ones, the state to store if the
+//! request is charged. A denied request returns its input state unchanged, so
+//! denials never cost memory or capacity. Stores own the states and apply the
+//! transitions atomically; algorithms never read a clock or touch a store.
+//!
+//! | algorithm | state per key | exact? | choose it when |
+//! |---|---|---|---|
+//! | [`TokenBucket`] | 8 bytes | yes | you want an average rate with bursts up to a size |
+//! | [`LeakyBucket`] | 16 bytes | yes | you think in "queue size and outflow" (meter) |
+//! | [`Shaper`] | 8 bytes | yes | excess should wait, not fail (leaky bucket as a shaper) |
+//! | [`FixedWindow`] | 16 bytes | per window | quotas per calendar minute/hour/day |
+//! | [`SlidingLog`] | 4 bytes per admitted request | yes | "N in any W" must hold exactly, N small |
+//! | [`SlidingCounter`] | 16 bytes | approximate | "N per W" smoothly, with counter memory |
+//! | [`Gcra`] | 8 bytes | yes | a rate with a burst, the least memory and work |
+
+mod fixed_window;
+mod gcra;
+mod leaky_bucket;
+mod sliding_counter;
+mod sliding_log;
+mod token_bucket;
+mod vsched;
+
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use leaky_bucket::{LeakyBucket, Shaper};
+pub use sliding_counter::SlidingCounter;
+pub use sliding_log::{Log, SlidingLog};
+pub use token_bucket::TokenBucket;
+
+use crate::error::{Error, ErrorKind};
+use crate::time::Nanos;
+
+/// What one limit says about one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether this limit admits the request.
+    pub allowed: bool,
+    /// The limit's size in requests (capacity, burst or window limit).
+    pub limit: u64,
+    /// Requests of cost 1 still admissible right now, after this one if admitted.
+    pub remaining: u64,
+    /// Time until the limit is back to its fresh, full state (if this request is charged).
+    pub reset: Nanos,
+    /// When denied: time after which the same request would be admitted;
+    /// [`Nanos::MAX`] if never (the cost exceeds the limit). Zero when admitted.
+    pub retry_after: Nanos,
+    /// When admitted by a [`Shaper`]: how long the request must wait in the queue.
+    pub wait: Nanos,
+}
+
+impl Verdict {
+    pub(crate) fn admit(limit: u64, remaining: u64, reset: Nanos) -> Verdict {
+        Verdict {
+            allowed: true,
+            limit,
+            remaining,
+            reset,
+            retry_after: Nanos::ZERO,
+            wait: Nanos::ZERO,
+        }
+    }
+
+    pub(crate) fn deny(limit: u64, remaining: u64, reset: Nanos, retry_after: Nanos) -> Verdict {
+        Verdict {
+            allowed: false,
+            limit,
+            remaining,
+            reset,
+            retry_after,
+            wait: Nanos::ZERO,
+        }
+    }
+}
+
+/// A rate: `count` units per `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    count: u64,
+    per: Nanos,
+    /// Nanoseconds per unit, rounded up: rounding up makes every algorithm
+    /// err on the side of admitting less, by under a nanosecond per unit.
+    interval: u64,
+}
+
+impl Rate {
+    /// `count` units every `per`.
+    ///
+    /// # Errors
+    /// Zero count or period, or more than one unit per nanosecond.
+    pub fn new(count: u64, per: Nanos) -> Result<Rate, Error> {
+        if count == 0 {
+            return Err(ErrorKind::Zero("rate count").into());
+        }
+        if per.0 == 0 {
+            return Err(ErrorKind::ZeroDuration("rate period").into());
+        }
+        if count > per.0 {
+            return Err(ErrorKind::RateTooHigh {
+                count,
+                per_nanos: per.0,
+            }
+            .into());
+        }
+        Ok(Rate {
+            count,
+            per,
+            interval: per.0.div_ceil(count),
+        })
+    }
+
+    /// Units in the period.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period.
+    pub fn per(&self) -> Nanos {
+        self.per
+    }
+
+    /// Nanoseconds per unit (rounded up).
+    pub fn interval(&self) -> u64 {
+        self.interval
+    }
+
+    /// Time to drain or refill `units` units.
+    pub(crate) fn span(&self, units: u64) -> u64 {
+        units.saturating_mul(self.interval)
+    }
+}
+
+/// Parameter check shared by the constructors.
+pub(crate) fn nonzero(what: &'static str, v: u64) -> Result<u64, Error> {
+    if v == 0 {
+        Err(ErrorKind::Zero(what).into())
+    } else {
+        Ok(v)
+    }
+}
+
+/// Two words of state, for the algorithms that need more than a timestamp.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wide {
+    /// First word; by convention the time after which the state is fresh.
+    pub a: u64,
+    /// Second word.
+    pub b: u64,
+}
+
+/// Which kind of state an algorithm keeps, so a store knows where to put it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateKind {
+    /// One `u64` (a timestamp).
+    Narrow,
+    /// A [`Wide`].
+    Wide,
+    /// A [`Log`] of timestamps.
+    Log,
+}
+
+/// One limit of a rule: an algorithm with its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limit {
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`LeakyBucket`].
+    LeakyBucket(LeakyBucket),
+    /// See [`Shaper`].
+    Shaper(Shaper),
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+    /// See [`SlidingLog`].
+    SlidingLog(SlidingLog),
+    /// See [`SlidingCounter`].
+    SlidingCounter(SlidingCounter),
+    /// See [`Gcra`].
+    Gcra(Gcra),
+}
+
+impl Limit {
+    /// Where this limit's state lives.
+    pub fn state_kind(&self) -> StateKind {
+        match self {
+            Limit::TokenBucket(_) | Limit::Shaper(_) | Limit::Gcra(_) => StateKind::Narrow,
+            Limit::LeakyBucket(_) | Limit::FixedWindow(_) | Limit::SlidingCounter(_) => {
+                StateKind::Wide
+            }
+            Limit::SlidingLog(_) => StateKind::Log,
+        }
+    }
+
+    /// The limit's size in requests.
+    pub fn size(&self) -> u64 {
+        match self {
+            Limit::TokenBucket(a) => a.capacity(),
+            Limit::LeakyBucket(a) => a.capacity(),
+            Limit::Shaper(a) => a.capacity(),
+            Limit::FixedWindow(a) => a.limit(),
+            Limit::SlidingLog(a) => a.limit(),
+            Limit::SlidingCounter(a) => a.limit(),
+            Limit::Gcra(a) => a.burst(),
+        }
+    }
+
+    /// The window or period the limit is expressed over (for `RateLimit-Policy`).
+    pub fn window(&self) -> Nanos {
+        match self {
+            Limit::TokenBucket(a) => Nanos(a.refill().span(a.capacity())),
+            Limit::LeakyBucket(a) => Nanos(a.leak().span(a.capacity())),
+            Limit::Shaper(a) => Nanos(a.leak().span(a.capacity())),
+            Limit::FixedWindow(a) => a.window(),
+            Limit::SlidingLog(a) => a.window(),
+            Limit::SlidingCounter(a) => a.window(),
+            Limit::Gcra(a) => Nanos(a.rate().span(a.burst())),
+        }
+    }
+
+    /// The same limit with its size raised by `percent` (soft mode), rounded down,
+    /// never below the original.
+    pub fn scaled(&self, percent: u32) -> Limit {
+        let up = |n: u64| -> u64 {
+            let extra = (u128::from(n) * u128::from(percent) / 100) as u64;
+            n.saturating_add(extra)
+        };
+        match self {
+            Limit::TokenBucket(a) => Limit::TokenBucket(a.with_capacity(up(a.capacity()))),
+            Limit::LeakyBucket(a) => Limit::LeakyBucket(a.with_capacity(up(a.capacity()))),
+            Limit::Shaper(a) => Limit::Shaper(a.with_capacity(up(a.capacity()))),
+            Limit::FixedWindow(a) => Limit::FixedWindow(a.with_limit(up(a.limit()))),
+            Limit::SlidingLog(a) => Limit::SlidingLog(a.with_limit(up(a.limit()))),
+            Limit::SlidingCounter(a) => Limit::SlidingCounter(a.with_limit(up(a.limit()))),
+            Limit::Gcra(a) => Limit::Gcra(a.with_burst(up(a.burst()))),
+        }
+    }
+
+    /// Decides for a narrow-state limit; `None` if this limit keeps another kind of state.
+    pub fn decide_narrow(&self, state: u64, now: Nanos, cost: u64) -> Option<(Verdict, u64)> {
+        Some(match self {
+            Limit::TokenBucket(a) => a.decide(state, now, cost),
+            Limit::Shaper(a) => a.decide(state, now, cost),
+            Limit::Gcra(a) => a.decide(state, now, cost),
+            _ => return None,
+        })
+    }
+
+    /// Decides for a wide-state limit; `None` if this limit keeps another kind of state.
+    pub fn decide_wide(&self, state: Wide, now: Nanos, cost: u64) -> Option<(Verdict, Wide)> {
+        Some(match self {
+            Limit::LeakyBucket(a) => a.decide(state, now, cost),
+            Limit::FixedWindow(a) => a.decide(state, now, cost),
+            Limit::SlidingCounter(a) => a.decide(state, now, cost),
+            _ => return None,
+        })
+    }
+
+    /// A short name of the algorithm, as written in rules files.
+    pub fn algorithm_name(&self) -> &'static str {
+        match self {
+            Limit::TokenBucket(_) => "token_bucket",
+            Limit::LeakyBucket(_) => "leaky_bucket",
+            Limit::Shaper(_) => "leaky_bucket_shaper",
+            Limit::FixedWindow(_) => "fixed_window",
+            Limit::SlidingLog(_) => "sliding_window_log",
+            Limit::SlidingCounter(_) => "sliding_window_counter",
+            Limit::Gcra(_) => "gcra",
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use super::*;
+    pub fn secs(s: u64) -> Nanos {
+        Nanos::from_secs(s)
+    }
+    pub fn rate(n: u64, per_secs: u64) -> Rate {
+        Rate::new(n, secs(per_secs)).unwrap()
+    }
+}

@@ -1,0 +1,216 @@
+use std::collections::VecDeque;
+
+use super::{Verdict, nonzero};
+use crate::error::{Error, ErrorKind};
+use crate::time::Nanos;
+
+/// Sliding window log: at most `limit` requests in any window of length `window`, exactly.
+///
+/// The log keeps the time of every admitted request still inside the window;
+/// a request passes if the log holds at most `limit - cost` of them. Denied
+/// requests are not logged, so a client hammering a closed limit costs no memory.
+///
+/// **Choose it** when the limit is small and must hold exactly in every
+/// window (login attempts, password resets, OTP sends).
+///
+/// **Parameters**: `limit` (at most 2^24, to keep logs bounded) and `window`.
+///
+/// **State**: 4 bytes per logged request (offsets in a ring buffer, see [`Log`])
+/// plus a small header; up to `limit x 4` bytes per key: 500 per hour costs
+/// 2 KB per active client.
+///
+/// **Weaknesses**: memory and work grow with the limit; use a counter
+/// algorithm for large limits. A cost of `k` writes `k` entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingLog {
+    limit: u64,
+    window: Nanos,
+    /// Timestamps are stored in units of `2^shift` ns, chosen so a whole
+    /// window fits in 31 bits of offset. Stored times are rounded up to the
+    /// unit: entries then expire a little later, never earlier, so the
+    /// "at most `limit` in any window" guarantee holds exactly.
+    shift: u32,
+}
+
+/// The largest limit a sliding log accepts.
+pub const MAX_LOG_LIMIT: u64 = 1 << 24;
+
+impl SlidingLog {
+    /// `limit` in any `window`.
+    ///
+    /// # Errors
+    /// Zero limit or window, or a limit above 2^24.
+    pub fn new(limit: u64, window: Nanos) -> Result<SlidingLog, Error> {
+        if window.0 == 0 {
+            return Err(ErrorKind::ZeroDuration("window").into());
+        }
+        if limit > MAX_LOG_LIMIT {
+            return Err(ErrorKind::LimitTooLarge {
+                what: "sliding_window_log limit",
+                value: limit,
+                max: MAX_LOG_LIMIT,
+            }
+            .into());
+        }
+        let mut shift = 0;
+        while (window.0 >> shift) >= (1 << 31) {
+            shift += 1;
+        }
+        Ok(SlidingLog {
+            limit: nonzero("limit", limit)?,
+            window,
+            shift,
+        })
+    }
+
+    /// Requests per window.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Window length.
+    pub fn window(&self) -> Nanos {
+        self.window
+    }
+
+    pub(crate) fn with_limit(&self, limit: u64) -> SlidingLog {
+        SlidingLog {
+            limit: limit.min(MAX_LOG_LIMIT),
+            ..*self
+        }
+    }
+
+    /// Decides `cost` at `now` against `log`, without changing it. Call
+    /// [`SlidingLog::commit`] to charge an admitted request.
+    pub fn decide(&self, log: &Log, now: Nanos, cost: u64) -> Verdict {
+        let w = self.window.0;
+        let live = log.live_from(now.0, w, self.shift);
+        let count = (log.ring.len() - live) as u64;
+        let newest_end = log
+            .ring
+            .back()
+            .map_or(0, |&o| log.time(o, self.shift).saturating_add(w));
+        let total = count.saturating_add(cost);
+        if total <= self.limit {
+            let entry_end = log.quantize(now.0, self.shift).saturating_add(w);
+            let reset = Nanos(entry_end.max(newest_end) - now.0);
+            Verdict::admit(self.limit, self.limit - total, reset)
+        } else {
+            let reset = Nanos(newest_end.saturating_sub(now.0));
+            let retry = if cost > self.limit {
+                Nanos::MAX
+            } else {
+                // The oldest `total - limit` live entries must leave first.
+                let idx = live + (total - self.limit - 1) as usize;
+                let end = log.time(log.ring[idx], self.shift).saturating_add(w);
+                Nanos(end.saturating_sub(now.0))
+            };
+            Verdict::deny(
+                self.limit,
+                self.limit.saturating_sub(count),
+                reset,
+                retry,
+            )
+        }
+    }
+
+    /// Charges `cost` requests at `now` to `log`, dropping entries that have left the window.
+    pub fn commit(&self, log: &mut Log, now: Nanos, cost: u64) {
+        let w = self.window.0;
+        let live = log.live_from(now.0, w, self.shift);
+        log.ring.drain(..live);
+        let t = log.quantize(now.0, self.shift);
+        // Keep the log sorted even if the clock stepped back: such an entry
+        // is filed as late as the newest, which only delays its expiry.
+        let offset = log.offset_for(t, self.shift).max(log.ring.back().copied().unwrap_or(0));
+        let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
+        let want = log.ring.len() + n;
+        if log.ring.capacity() < want {
+            log.ring.reserve_exact(want - log.ring.len());
+        }
+        log.ring.extend(std::iter::repeat_n(offset, n));
+        log.expires = log.expires.max(t.saturating_add(w));
+        if log.ring.capacity() > 2 * log.ring.len() + 8 {
+            log.ring.shrink_to_fit();
+        }
+    }
+}
+
+/// A sliding window log: admitted requests' times as 32-bit offsets from a
+/// base, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Log {
+    /// Time of offset 0, in ns.
+    base: u64,
+    /// When every entry has left the window (the log is then as good as empty).
+    expires: u64,
+    ring: VecDeque<u32>,
+}
+
+impl Log {
+    /// An empty log.
+    pub fn new() -> Log {
+        Log::default()
+    }
+
+    /// The time after which the log holds nothing that counts.
+    pub fn expires_at(&self) -> Nanos {
+        Nanos(self.expires)
+    }
+
+    /// Entries currently stored (some may have left the window).
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// True if nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Bytes allocated for entries.
+    pub fn heap_bytes(&self) -> usize {
+        self.ring.capacity() * 4
+    }
+
+    fn time(&self, offset: u32, shift: u32) -> u64 {
+        self.base.saturating_add(u64::from(offset) << shift)
+    }
+
+    /// `t` rounded up to the log's unit.
+    fn quantize(&self, t: u64, shift: u32) -> u64 {
+        if t <= self.base {
+            return self.base.max(t);
+        }
+        let units = (t - self.base).div_ceil(1 << shift);
+        self.base.saturating_add(units << shift)
+    }
+
+    /// Index of the first entry still inside the window ending at `now`
+    /// (entries whose time + W <= now have left).
+    fn live_from(&self, now: u64, w: u64, shift: u32) -> usize {
+        self.ring
+            .partition_point(|&o| self.time(o, shift).saturating_add(w) <= now)
+    }
+
+    /// The offset for quantized time `t`, moving the base forward first if
+    /// `t` would not fit in 32 bits.
+    fn offset_for(&mut self, t: u64, shift: u32) -> u32 {
+        if self.ring.is_empty() {
+            self.base = t;
+            return 0;
+        }
+        let units = t.saturating_sub(self.base) >> shift;
+        if let Ok(o) = u32::try_from(units) {
+            return o;
+        }
+        // Rebase to the oldest live entry: all live entries lie within one
+        // window (< 2^31 units) of `t`, so everything fits again.
+        let first = u64::from(self.ring[0]);
+        self.base = self.base.saturating_add(first << shift);
+        for o in self.ring.iter_mut() {
+            *o -= first as u32;
+        }
+        u32::try_from(t.saturating_sub(self.base) >> shift).unwrap_or(u32::MAX)
+    }
+}

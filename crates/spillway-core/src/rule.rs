@@ -1,0 +1,438 @@
+//! Rules: which requests a limit applies to, how clients are told apart, and
+//! what happens when a limit is exceeded.
+
+use std::fmt;
+
+use crate::algo::Limit;
+use crate::error::{Error, ErrorKind};
+use crate::time::Nanos;
+
+/// What happens when a rule's limits are exceeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Deny (the default).
+    #[default]
+    Hard,
+    /// Admit up to `percent` % above every limit, and say so.
+    Soft {
+        /// How far above each limit requests are still admitted.
+        percent: u32,
+    },
+    /// Never deny; report what a hard rule would have done.
+    Shadow,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Hard => f.write_str("hard"),
+            Mode::Soft { percent } => write!(f, "soft {percent}%"),
+            Mode::Shadow => f.write_str("shadow"),
+        }
+    }
+}
+
+/// What to do when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailPolicy {
+    /// Admit (fail open).
+    #[default]
+    Allow,
+    /// Deny (fail closed).
+    Deny,
+}
+
+/// One part of a client's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyPart {
+    /// The authenticated user (or API key) the caller names.
+    User,
+    /// The client's IP address.
+    Ip,
+    /// A request header, by lower-case name.
+    Header(String),
+    /// Any other named value (an Envoy descriptor entry, a tenant id, ...).
+    Descriptor(String),
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyPart::User => f.write_str("user"),
+            KeyPart::Ip => f.write_str("ip"),
+            KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Descriptor(d) => f.write_str(d),
+        }
+    }
+}
+
+/// How a rule tells clients apart: one or more [`KeyPart`]s, joined by `+`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeySpec {
+    parts: Vec<KeyPart>,
+}
+
+impl KeySpec {
+    /// Parses `user`, `ip`, `user+ip`, `header:<Name>` or any descriptor name,
+    /// and combinations joined with `+`.
+    ///
+    /// # Errors
+    /// An empty part, or a header part with no name.
+    pub fn parse(s: &str) -> Result<KeySpec, Error> {
+        let mut parts = Vec::new();
+        for raw in s.split('+') {
+            let p = raw.trim();
+            if p.is_empty() {
+                return Err(ErrorKind::BadKey(format!("empty part in {s:?}")).into());
+            }
+            let part = match p {
+                "user" => KeyPart::User,
+                "ip" => KeyPart::Ip,
+                _ => match p.strip_prefix("header:") {
+                    Some(h) if !h.trim().is_empty() => {
+                        KeyPart::Header(h.trim().to_ascii_lowercase())
+                    }
+                    Some(_) => {
+                        return Err(ErrorKind::BadKey(format!("no header name in {s:?}")).into());
+                    }
+                    None => KeyPart::Descriptor(p.to_string()),
+                },
+            };
+            if parts.contains(&part) {
+                return Err(ErrorKind::BadKey(format!("{part} appears twice in {s:?}")).into());
+            }
+            parts.push(part);
+        }
+        Ok(KeySpec { parts })
+    }
+
+    /// A spec from parts; an empty list keys every request to one shared counter.
+    pub fn from_parts(parts: Vec<KeyPart>) -> KeySpec {
+        KeySpec { parts }
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> &[KeyPart] {
+        &self.parts
+    }
+}
+
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A route pattern: an optional method and a path of literal segments,
+/// `{param}` segments (match any one segment) and an optional trailing `*`
+/// (matches the rest of the path, including nothing).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Route {
+    method: Option<String>,
+    segments: Vec<Segment>,
+    prefix: bool,
+    text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl Route {
+    /// Parses `"METHOD /path"` or `"/path"`.
+    ///
+    /// # Errors
+    /// A path that does not start with `/`, an empty method, `*` anywhere but the end.
+    pub fn parse(s: &str) -> Result<Route, Error> {
+        let text = s.trim();
+        let (method, path) = match text.split_once(char::is_whitespace) {
+            Some((m, p)) => (Some(m.to_ascii_uppercase()), p.trim()),
+            None => (None, text),
+        };
+        if let Some(m) = &method
+            && !m.bytes().all(|b| b.is_ascii_alphabetic())
+        {
+            return Err(ErrorKind::BadRoute(format!("{m:?} is not an HTTP method")).into());
+        }
+        let Some(rest) = path.strip_prefix('/') else {
+            return Err(ErrorKind::BadRoute(format!("path {path:?} must start with /")).into());
+        };
+        let mut segments = Vec::new();
+        let mut prefix = false;
+        let raw: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/').collect()
+        };
+        for (i, seg) in raw.iter().enumerate() {
+            if *seg == "*" {
+                if i + 1 != raw.len() {
+                    return Err(
+                        ErrorKind::BadRoute(format!("* must be last in {path:?}")).into()
+                    );
+                }
+                prefix = true;
+            } else if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {
+                segments.push(Segment::Param);
+            } else if seg.contains(['{', '}', '*']) {
+                return Err(ErrorKind::BadRoute(format!("bad segment {seg:?} in {path:?}")).into());
+            } else {
+                segments.push(Segment::Literal((*seg).to_string()));
+            }
+        }
+        Ok(Route {
+            method,
+            segments,
+            prefix,
+            text: text.to_string(),
+        })
+    }
+
+    /// True if a request with `method` (may be absent) and `path` matches.
+    /// A route with a method never matches a request without one.
+    pub fn matches(&self, method: Option<&str>, path: &str) -> bool {
+        if let Some(m) = &self.method {
+            match method {
+                Some(rm) if rm.eq_ignore_ascii_case(m) => {}
+                _ => return false,
+            }
+        }
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let Some(rest) = path.strip_prefix('/') else {
+            return false;
+        };
+        let mut segs = (!rest.is_empty())
+            .then(|| rest.split('/'))
+            .into_iter()
+            .flatten();
+        for want in &self.segments {
+            match (want, segs.next()) {
+                (Segment::Literal(l), Some(got)) if l == got => {}
+                (Segment::Param, Some(got)) if !got.is_empty() => {}
+                _ => return false,
+            }
+        }
+        self.prefix || segs.next().is_none()
+    }
+
+    /// The route as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// Where a request's identity values come from.
+pub trait Attributes {
+    /// The user, if the caller knows one.
+    fn user(&self) -> Option<&str>;
+    /// The client IP, if known.
+    fn ip(&self) -> Option<&str>;
+    /// A header by lower-case name.
+    fn header(&self, name: &str) -> Option<&str>;
+    /// Any other named value.
+    fn descriptor(&self, name: &str) -> Option<&str>;
+
+    /// The value of one key part.
+    fn part(&self, part: &KeyPart) -> Option<&str> {
+        match part {
+            KeyPart::User => self.user(),
+            KeyPart::Ip => self.ip(),
+            KeyPart::Header(h) => self.header(h),
+            KeyPart::Descriptor(d) => self.descriptor(d),
+        }
+    }
+}
+
+/// A rule: a route, a key, limits that must all admit, and a mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    name: String,
+    route: Option<Route>,
+    by: KeySpec,
+    limits: Vec<Limit>,
+    /// `limits` raised by the soft percentage; empty unless the mode is soft.
+    soft_limits: Vec<Limit>,
+    mode: Mode,
+    on_store_error: Option<FailPolicy>,
+    fingerprint: u64,
+}
+
+impl Rule {
+    /// A rule named `name` (unique within a rule set).
+    ///
+    /// # Errors
+    /// No limits.
+    pub fn new(
+        name: impl Into<String>,
+        route: Option<Route>,
+        by: KeySpec,
+        limits: Vec<Limit>,
+        mode: Mode,
+    ) -> Result<Rule, Error> {
+        if limits.is_empty() {
+            return Err(ErrorKind::NoLimits.into());
+        }
+        let soft_limits = match mode {
+            Mode::Soft { percent } => limits.iter().map(|l| l.scaled(percent)).collect(),
+            _ => Vec::new(),
+        };
+        let name = name.into();
+        // The fingerprint names the rule's counters: a rule whose key or
+        // limits change gets fresh counters, an unchanged one keeps its own
+        // across reloads (the mode and route do not enter it).
+        let fingerprint = fnv1a(format!("{name}\u{0}{by:?}\u{0}{limits:?}").as_bytes());
+        Ok(Rule {
+            name,
+            route,
+            by,
+            limits,
+            soft_limits,
+            mode,
+            on_store_error: None,
+            fingerprint,
+        })
+    }
+
+    /// Sets this rule's own store-failure policy.
+    pub fn with_fail_policy(mut self, policy: FailPolicy) -> Rule {
+        self.on_store_error = Some(policy);
+        self
+    }
+
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The route, if the rule is limited to one.
+    pub fn route(&self) -> Option<&Route> {
+        self.route.as_ref()
+    }
+
+    /// How clients are keyed.
+    pub fn by(&self) -> &KeySpec {
+        &self.by
+    }
+
+    /// The limits, all of which must admit.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// The limits the soft mode enforces (the raised ones); `limits()` otherwise.
+    pub fn enforced_limits(&self) -> &[Limit] {
+        if self.soft_limits.is_empty() {
+            &self.limits
+        } else {
+            &self.soft_limits
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The rule's own store-failure policy, if it sets one.
+    pub fn fail_policy(&self) -> Option<FailPolicy> {
+        self.on_store_error
+    }
+
+    /// A stable hash of the name, key and limits (see [`Rule::new`]).
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// True if the rule applies to a request for `method` and `path`.
+    /// A rule without a route applies to every request.
+    pub fn applies_to(&self, method: Option<&str>, path: Option<&str>) -> bool {
+        match (&self.route, path) {
+            (None, _) => true,
+            (Some(r), Some(p)) => r.matches(method, p),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// The identity values of a request under this rule's key, or `None` if
+    /// the request lacks one of them (the rule then does not apply).
+    pub fn key_values<'a, A: Attributes + ?Sized>(
+        &self,
+        attrs: &'a A,
+    ) -> Option<impl Iterator<Item = &'a str> + Clone> {
+        if self.by.parts.iter().any(|p| attrs.part(p).is_none()) {
+            return None;
+        }
+        Some(
+            self.by
+                .parts
+                .iter()
+                .map(move |p| attrs.part(p).unwrap_or_default()),
+        )
+    }
+
+    /// The longest window among the limits (how long a key may matter).
+    pub fn longest_window(&self) -> Nanos {
+        self.limits
+            .iter()
+            .map(Limit::window)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// 64-bit FNV-1a: stable across processes and versions, unlike std's hasher.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_match_exact_param_and_prefix() {
+        let r = Route::parse("POST /v1/login").unwrap();
+        assert!(r.matches(Some("POST"), "/v1/login"));
+        assert!(r.matches(Some("post"), "/v1/login?x=1"));
+        assert!(!r.matches(Some("GET"), "/v1/login"));
+        assert!(!r.matches(None, "/v1/login"));
+        assert!(!r.matches(Some("POST"), "/v1/login/x"));
+        let p = Route::parse("/users/{id}").unwrap();
+        assert!(p.matches(Some("GET"), "/users/42"));
+        assert!(p.matches(None, "/users/42"));
+        assert!(!p.matches(None, "/users/"));
+        assert!(!p.matches(None, "/users/42/x"));
+        let w = Route::parse("GET /v1/*").unwrap();
+        assert!(w.matches(Some("GET"), "/v1/a/b"));
+        assert!(w.matches(Some("GET"), "/v1"));
+        assert!(!w.matches(Some("GET"), "/v2/a"));
+        let root = Route::parse("/").unwrap();
+        assert!(root.matches(None, "/"));
+        assert!(!root.matches(None, "/a"));
+    }
+
+    #[test]
+    fn bad_routes_and_keys_are_errors() {
+        assert!(Route::parse("v1/login").is_err());
+        assert!(Route::parse("/a/*/b").is_err());
+        assert!(Route::parse("P0ST /a").is_err());
+        assert!(KeySpec::parse("user+").is_err());
+        assert!(KeySpec::parse("header:").is_err());
+        assert!(KeySpec::parse("ip+ip").is_err());
+        let k = KeySpec::parse("user+header:X-Api-Key").unwrap();
+        assert_eq!(k.to_string(), "user+header:x-api-key");
+    }
+}

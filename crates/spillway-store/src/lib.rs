@@ -1,0 +1,185 @@
+//! # spillway-store
+//!
+//! Where rate limit state lives, and the [`Limiter`] that matches a request
+//! to rules and asks a store to decide.
+//!
+//! - [`MemoryStore`]: embedded, sharded, bounded; the default.
+//! - [`Store`]: the one async interface every store implements.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use spillway_core::{KeySpec, Limit, Gcra, Rate, ManualClock, Mode, Nanos, Rule};
+//! use spillway_store::{Limiter, MemoryStore, Request, RuleSet, SimpleAttributes};
+//!
+//! let rule = Rule::new("api", None, KeySpec::parse("user")?,
+//!     vec![Limit::Gcra(Gcra::new(Rate::new(10, Nanos::from_secs(1))?, 1)?)], Mode::Hard)?;
+//! let clock = ManualClock::new(Nanos::from_secs(100));
+//! let limiter = Limiter::new(MemoryStore::new(clock, Default::default()), RuleSet::new(vec![rule]));
+//! let attrs = SimpleAttributes { user: Some("alice"), ..Default::default() };
+//! let req = Request { method: None, path: None, attrs: &attrs, cost: 1 };
+//! let first = futures_lite_block_on(limiter.check(&req));
+//! assert!(first.decision.allowed);
+//! let second = futures_lite_block_on(limiter.check(&req));
+//! assert!(!second.decision.allowed);
+//! # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     spillway_store::block_on(f)
+//! # }
+//! # Ok::<(), spillway_core::Error>(())
+//! ```
+
+mod clock;
+mod limiter;
+mod memory;
+mod table;
+
+use std::fmt;
+use std::future::Future;
+
+pub use clock::SystemClock;
+pub use limiter::{Checked, Limiter, Request, RuleSet, SimpleAttributes};
+pub use memory::{MemoryConfig, MemoryStore, MemoryUsage};
+use spillway_core::{Clock, Decision, Rule};
+
+/// The most parts a key may have (`user+ip+header:x+tenant`).
+pub const MAX_KEY_PARTS: usize = 4;
+
+/// A client's identity under one rule: the values of the rule's key parts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Key<'a> {
+    parts: [&'a str; MAX_KEY_PARTS],
+    len: usize,
+}
+
+impl<'a> Key<'a> {
+    /// A key from up to [`MAX_KEY_PARTS`] values (extra ones are ignored).
+    pub fn from_parts<I: IntoIterator<Item = &'a str>>(parts: I) -> Key<'a> {
+        let mut k = Key::default();
+        for p in parts.into_iter().take(MAX_KEY_PARTS) {
+            k.parts[k.len] = p;
+            k.len += 1;
+        }
+        k
+    }
+
+    /// The values.
+    pub fn parts(&self) -> &[&'a str] {
+        &self.parts[..self.len]
+    }
+
+    /// A keyed 64-bit hash of the rule's fingerprint and the values, each
+    /// length-prefixed so `("ab","c")` and `("a","bc")` differ. Never 0.
+    pub fn hash(&self, fingerprint: u64, seed: u64) -> u64 {
+        let mut buf = [0u8; 256];
+        let mut n = 0;
+        let mut fits = true;
+        let mut push = |b: &[u8], n: &mut usize| {
+            if *n + b.len() <= buf.len() {
+                buf[*n..*n + b.len()].copy_from_slice(b);
+                *n += b.len();
+            } else {
+                fits = false;
+            }
+        };
+        push(&fingerprint.to_le_bytes(), &mut n);
+        for p in self.parts() {
+            push(&(p.len() as u32).to_le_bytes(), &mut n);
+            push(p.as_bytes(), &mut n);
+        }
+        let h = if fits {
+            xxhash_rust::xxh3::xxh3_64_with_seed(&buf[..n], seed)
+        } else {
+            let mut s = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+            s.update(&fingerprint.to_le_bytes());
+            for p in self.parts() {
+                s.update(&(p.len() as u32).to_le_bytes());
+                s.update(p.as_bytes());
+            }
+            s.digest()
+        };
+        if h == 0 { 1 } else { h }
+    }
+}
+
+/// One rule to charge, with the client's key under it.
+#[derive(Debug, Clone, Copy)]
+pub struct Charge<'a> {
+    /// The rule.
+    pub rule: &'a Rule,
+    /// The client's key values under `rule`.
+    pub key: &'a Key<'a>,
+}
+
+/// Why a store could not decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError {
+    /// Whether retrying later may succeed (timeouts, lost connections) or not
+    /// (a script error, a misconfiguration).
+    pub transient: bool,
+    /// What happened.
+    pub message: String,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.transient {
+            "transient"
+        } else {
+            "permanent"
+        };
+        write!(f, "store error ({kind}): {}", self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Where state lives. One decision is one atomic step: every limit of every
+/// charge is checked and, if all admit, charged, or none is.
+pub trait Store: Send + Sync + 'static {
+    /// Decides a request of `cost` against `charges`.
+    fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Keys currently held, if the store can tell cheaply.
+    fn keys(&self) -> Option<usize> {
+        None
+    }
+
+    /// Housekeeping the owner should call about once a second.
+    fn maintain(&self) {}
+}
+
+impl<C: Clock> Store for MemoryStore<C> {
+    fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(Ok(self.decide_now(charges, cost)))
+    }
+
+    fn keys(&self) -> Option<usize> {
+        Some(self.usage().keys)
+    }
+
+    fn maintain(&self) {
+        let _ = self.sweep(4096);
+    }
+}
+
+/// Runs a future to completion on the current thread. For the in-memory
+/// store, whose futures are always ready, this is how sync code calls it.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}

@@ -1,0 +1,245 @@
+//! Matching requests to rules and asking the store.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use spillway_core::{Attributes, Decision, FailPolicy, Mode, Nanos, Outcome, Rule, RuleDecision};
+
+use crate::{Charge, Key, Store};
+
+/// The rules in force, replaced whole on reload.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    rules: Vec<Rule>,
+    /// Policy for rules that set none, when the store fails.
+    pub on_store_error: FailPolicy,
+    /// Increases with every reload; shown on the status endpoint.
+    pub version: u64,
+}
+
+impl RuleSet {
+    /// A rule set; names are expected to be unique (the config layer checks).
+    pub fn new(rules: Vec<Rule>) -> RuleSet {
+        RuleSet {
+            rules,
+            on_store_error: FailPolicy::Allow,
+            version: 1,
+        }
+    }
+
+    /// The rules, in file order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The rule at `index`.
+    pub fn get(&self, index: usize) -> Option<&Rule> {
+        self.rules.get(index)
+    }
+}
+
+/// A request to decide.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    /// HTTP method, if any.
+    pub method: Option<&'a str>,
+    /// Path (the API), if any; rules with a route need it.
+    pub path: Option<&'a str>,
+    /// Identity values.
+    pub attrs: &'a dyn Attributes,
+    /// What the request costs (1 for a plain request).
+    pub cost: u64,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Attributes from plain values: what an HTTP check body or a test has.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SimpleAttributes<'a> {
+    /// The user.
+    pub user: Option<&'a str>,
+    /// The client IP.
+    pub ip: Option<&'a str>,
+    /// Headers as `(lower-case name, value)`.
+    pub headers: &'a [(&'a str, &'a str)],
+    /// Other named values.
+    pub descriptors: &'a [(&'a str, &'a str)],
+}
+
+impl Attributes for SimpleAttributes<'_> {
+    fn user(&self) -> Option<&str> {
+        self.user
+    }
+    fn ip(&self) -> Option<&str> {
+        self.ip
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
+    }
+    fn descriptor(&self, name: &str) -> Option<&str> {
+        self.descriptors
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+    }
+}
+
+/// A decision, with the rules it refers to.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// The decision; `RuleDecision::rule` indexes `rules`.
+    pub decision: Decision,
+    /// The rule set the decision was made under.
+    pub rules: Arc<RuleSet>,
+    /// Rules that matched the route but were skipped because the request
+    /// lacked a part of their key (indexes into `rules`).
+    pub skipped: Vec<usize>,
+    /// Set when the store failed and the failure policy decided.
+    pub store_error: Option<crate::StoreError>,
+}
+
+impl Checked {
+    /// The rule behind a rule decision.
+    pub fn rule(&self, d: &RuleDecision) -> Option<&Rule> {
+        self.rules.get(d.rule)
+    }
+}
+
+/// Matches requests to rules and decides them through a store. Cheap to share
+/// behind an `Arc`; rules can be replaced while it serves.
+#[derive(Debug)]
+pub struct Limiter<S> {
+    rules: ArcSwap<RuleSet>,
+    store: S,
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter over `store` with `rules`.
+    pub fn new(store: S, rules: RuleSet) -> Limiter<S> {
+        Limiter {
+            rules: ArcSwap::from_pointee(rules),
+            store,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The rules in force.
+    pub fn rules(&self) -> Arc<RuleSet> {
+        self.rules.load_full()
+    }
+
+    /// Replaces the rules. Counters of rules whose name, key and limits are
+    /// unchanged carry over (they are keyed by [`Rule::fingerprint`]).
+    pub fn replace_rules(&self, rules: RuleSet) {
+        self.rules.store(Arc::new(rules));
+    }
+
+    /// Decides `req` against every rule whose route matches it and whose key
+    /// parts it has.
+    pub async fn check(&self, req: &Request<'_>) -> Checked {
+        let rules = self.rules.load_full();
+        let mut matched: Vec<usize> = Vec::new();
+        let mut keys: Vec<Key<'_>> = Vec::new();
+        let mut skipped = Vec::new();
+        for (i, rule) in rules.rules().iter().enumerate() {
+            if !rule.applies_to(req.method, req.path) {
+                continue;
+            }
+            match rule.key_values(req.attrs) {
+                Some(values) => {
+                    matched.push(i);
+                    keys.push(Key::from_parts(values));
+                }
+                None => skipped.push(i),
+            }
+        }
+        let charges: Vec<Charge<'_>> = matched
+            .iter()
+            .zip(&keys)
+            .map(|(&i, key)| Charge {
+                rule: &rules.rules()[i],
+                key,
+            })
+            .collect();
+        let cost = req.cost;
+        let (mut decision, store_error) = if charges.is_empty() {
+            (Decision::unlimited(), None)
+        } else {
+            match self.store.decide(&charges, cost).await {
+                Ok(d) => (d, None),
+                Err(e) => (by_policy(&rules, &matched), Some(e)),
+            }
+        };
+        drop(charges);
+        for d in decision.rules.iter_mut() {
+            d.rule = matched[d.rule];
+        }
+        if let Some(d) = decision.deciding.as_mut() {
+            d.rule = matched[d.rule];
+        }
+        Checked {
+            decision,
+            rules,
+            skipped,
+            store_error,
+        }
+    }
+}
+
+/// The decision when the store is unavailable: each rule's own failure
+/// policy, or the rule set's; a shadow rule never denies.
+fn by_policy(rules: &RuleSet, matched: &[usize]) -> Decision {
+    let mut out = Decision::unlimited();
+    for (ri, &i) in matched.iter().enumerate() {
+        let rule = &rules.rules()[i];
+        let policy = rule.fail_policy().unwrap_or(rules.on_store_error);
+        let deny = policy == FailPolicy::Deny && rule.mode() != Mode::Shadow;
+        let size = rule.limits().first().map_or(0, |l| l.size());
+        let verdict = spillway_core::Verdict {
+            allowed: !deny,
+            limit: size,
+            remaining: 0,
+            reset: Nanos::ZERO,
+            retry_after: if deny {
+                Nanos::from_secs(1)
+            } else {
+                Nanos::ZERO
+            },
+            wait: Nanos::ZERO,
+        };
+        let rd = RuleDecision {
+            rule: ri,
+            limit: 0,
+            verdict,
+            outcome: if deny {
+                Outcome::Denied
+            } else {
+                Outcome::Allowed
+            },
+        };
+        if deny && out.allowed {
+            out.allowed = false;
+            out.deciding = Some(rd);
+        }
+        out.rules.push(rd);
+    }
+    if out.allowed {
+        out.deciding = out.rules.first().copied();
+    }
+    out
+}

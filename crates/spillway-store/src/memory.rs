@@ -1,0 +1,371 @@
+//! The embedded in-memory store: sharded, bounded, expiring.
+
+use std::fmt;
+
+use parking_lot::{Mutex, MutexGuard};
+use spillway_core::{
+    Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, decide,
+};
+
+use crate::table::Table;
+use crate::Charge;
+
+/// Settings of a [`MemoryStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Most keys held at once, across all shards (per kind of state). When
+    /// reached, a new key evicts an expired key near its slot or, if none,
+    /// the sampled key whose state would expire soonest.
+    pub max_keys: usize,
+    /// Number of shards, rounded up to a power of two. More shards, less
+    /// contention between threads; each shard has its own lock.
+    pub shards: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> MemoryConfig {
+        MemoryConfig {
+            max_keys: 10_000_000,
+            shards: 256,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    narrow: Table<u64>,
+    wide: Table<Wide>,
+    logs: Table<Log>,
+}
+
+/// Pads a shard to its own cache lines so two threads on different shards
+/// do not fight over one line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(Mutex<Shard>);
+
+impl<S: crate::table::SlotState> Default for Table<S> {
+    fn default() -> Table<S> {
+        Table::new()
+    }
+}
+
+/// The in-memory store.
+///
+/// Keys are hashed (keyed xxh3, random seed per store) to a 64-bit tag; the
+/// high bits choose a shard, so one rule's limits for one client always live
+/// in one shard and are charged under one lock. A decision over several
+/// rules locks their shards in ascending order, so it never deadlocks.
+///
+/// # Examples
+/// ```
+/// use spillway_core::{FixedWindow, KeySpec, Limit, ManualClock, Mode, Nanos, Rule};
+/// use spillway_store::{Charge, Key, MemoryStore};
+/// let clock = ManualClock::new(Nanos::from_secs(1_000));
+/// let store = MemoryStore::new(clock.clone(), Default::default());
+/// let rule = Rule::new("r", None, KeySpec::parse("user")?,
+///     vec![Limit::FixedWindow(FixedWindow::new(2, Nanos::from_secs(60))?)], Mode::Hard)?;
+/// let key = Key::from_parts(["alice"]);
+/// let charges = [Charge { rule: &rule, key: &key }];
+/// assert!(store.decide_now(&charges, 1).allowed);
+/// assert!(store.decide_now(&charges, 1).allowed);
+/// assert!(!store.decide_now(&charges, 1).allowed);
+/// # Ok::<(), spillway_core::Error>(())
+/// ```
+pub struct MemoryStore<C> {
+    shards: Box<[Padded]>,
+    shard_shift: u32,
+    per_shard_cap: usize,
+    seed: u64,
+    clock: C,
+}
+
+impl<C> fmt::Debug for MemoryStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("per_shard_cap", &self.per_shard_cap)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Memory held by a store, for metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Keys held (one per limit of each client of each rule).
+    pub keys: usize,
+    /// Bytes of tables and logs.
+    pub bytes: usize,
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store reading time from `clock`.
+    pub fn new(clock: C, config: MemoryConfig) -> MemoryStore<C> {
+        let n = config.shards.clamp(1, 1 << 16).next_power_of_two();
+        let shard_shift = 64 - n.trailing_zeros();
+        let shards = (0..n).map(|_| Padded::default()).collect();
+        let per_shard_cap = config.max_keys.div_ceil(n).max(1);
+        // A random seed: tags cannot be predicted, so clients cannot craft
+        // identities that collide or pile into one shard.
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0x5350_494c_4c57_4159);
+            h.finish()
+        };
+        MemoryStore {
+            shards,
+            shard_shift: if n == 1 { 64 } else { shard_shift },
+            per_shard_cap,
+            seed,
+            clock,
+        }
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Decides at the clock's current time.
+    pub fn decide_now(&self, charges: &[Charge<'_>], cost: u64) -> Decision {
+        self.decide_at(charges, cost, self.clock.now())
+    }
+
+    /// Decides `charges` (rules with their clients' keys) at `now`, all-or-none
+    /// across every rule and limit: see [`spillway_core::decide`].
+    pub fn decide_at(&self, charges: &[Charge<'_>], cost: u64, now: Nanos) -> Decision {
+        match charges {
+            [] => Decision::unlimited(),
+            [one] => {
+                let h = self.hash(one);
+                let mut guard = self.shard(h).0.lock();
+                let mut view = View {
+                    shards: std::slice::from_mut(&mut guard),
+                    keys: &[(0, h)],
+                    cap: self.per_shard_cap,
+                };
+                decide(&[one.rule], &mut view, now, cost)
+            }
+            many => {
+                let hashes: Vec<u64> = many.iter().map(|c| self.hash(c)).collect();
+                let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
+                order.sort_unstable();
+                order.dedup();
+                let mut guards: Vec<MutexGuard<'_, Shard>> =
+                    order.iter().map(|&i| self.shards[i].0.lock()).collect();
+                let keys: Vec<(usize, u64)> = hashes
+                    .iter()
+                    .map(|&h| {
+                        let si = self.shard_index(h);
+                        (order.binary_search(&si).unwrap_or(0), h)
+                    })
+                    .collect();
+                let rules: Vec<&Rule> = many.iter().map(|c| c.rule).collect();
+                let mut view = View {
+                    shards: &mut guards,
+                    keys: &keys,
+                    cap: self.per_shard_cap,
+                };
+                decide(&rules, &mut view, now, cost)
+            }
+        }
+    }
+
+    /// Decides one limit for one key, without rules: the fastest path, used by
+    /// benchmarks and by callers that manage their own keys. `key` is any
+    /// byte string naming the client; `limit` must be the same for a key
+    /// across calls.
+    pub fn check(&self, key: &[u8], limit: &Limit, cost: u64, now: Nanos) -> Verdict {
+        let tag = nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed));
+        let mut shard = self.shard(tag).0.lock();
+        apply(&mut shard, tag, limit, now, cost, self.per_shard_cap, true)
+    }
+
+    /// Hints the CPU to load `key`'s slot, for callers that have several
+    /// requests at hand: prefetch them all, then [`MemoryStore::check`] each.
+    pub fn prefetch(&self, key: &[u8], kind: StateKind) {
+        let tag = nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed));
+        // Reading without the lock is fine for a hint: a torn view only
+        // prefetches the wrong line.
+        if let Some(shard) = self.shard(tag).0.try_lock() {
+            match kind {
+                StateKind::Narrow => shard.narrow.prefetch(tag),
+                StateKind::Wide => shard.wide.prefetch(tag),
+                StateKind::Log => shard.logs.prefetch(tag),
+            }
+        }
+    }
+
+    /// Drops expired keys from up to `budget` slots per shard per kind,
+    /// continuing from where the last call stopped. Returns keys dropped.
+    /// Idle keys also vanish lazily as tables grow or evict; call this
+    /// periodically to return memory sooner.
+    pub fn sweep(&self, budget: usize) -> usize {
+        let now = self.clock.now().as_u64();
+        let mut dropped = 0;
+        for p in self.shards.iter() {
+            let mut s = p.0.lock();
+            let before = s.narrow.len() + s.wide.len() + s.logs.len();
+            // Sweep from the start each time but only `budget` slots: cheap
+            // and bounded; full purges happen on growth.
+            let _ = s.narrow.purge_some(0, budget, now);
+            let _ = s.wide.purge_some(0, budget, now);
+            let _ = s.logs.purge_some(0, budget, now);
+            dropped += before - (s.narrow.len() + s.wide.len() + s.logs.len());
+        }
+        dropped
+    }
+
+    /// Drops every expired key now (takes each shard's lock for a full pass).
+    pub fn purge(&self) -> usize {
+        let now = self.clock.now().as_u64();
+        self.shards
+            .iter()
+            .map(|p| {
+                let mut s = p.0.lock();
+                s.narrow.purge(now) + s.wide.purge(now) + s.logs.purge(now)
+            })
+            .sum()
+    }
+
+    /// Keys and bytes held.
+    pub fn usage(&self) -> MemoryUsage {
+        let mut u = MemoryUsage::default();
+        for p in self.shards.iter() {
+            let s = p.0.lock();
+            u.keys += s.narrow.len() + s.wide.len() + s.logs.len();
+            u.bytes += s.narrow.bytes() + s.wide.bytes() + s.logs.bytes();
+        }
+        u
+    }
+
+    fn hash(&self, c: &Charge<'_>) -> u64 {
+        c.key.hash(c.rule.fingerprint(), self.seed)
+    }
+
+    #[inline]
+    fn shard_index(&self, h: u64) -> usize {
+        h.checked_shr(self.shard_shift).unwrap_or(0) as usize
+    }
+
+    #[inline]
+    fn shard(&self, h: u64) -> &Padded {
+        &self.shards[self.shard_index(h)]
+    }
+}
+
+#[inline]
+fn nonzero(h: u64) -> u64 {
+    if h == 0 { 1 } else { h }
+}
+
+/// The tag of limit `index` of a rule whose client hashes to `h`: keeps the
+/// shard bits (the top ones) and mixes the index into the rest.
+#[inline]
+fn limit_tag(h: u64, index: usize) -> u64 {
+    let mixed = h ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 16;
+    nonzero(mixed)
+}
+
+/// Applies one limit to the state under `tag` in `shard`: decides, and if
+/// `commit` and admitted, stores the new state.
+#[inline]
+fn apply(
+    shard: &mut Shard,
+    tag: u64,
+    limit: &Limit,
+    now: Nanos,
+    cost: u64,
+    cap: usize,
+    commit: bool,
+) -> Verdict {
+    match limit.state_kind() {
+        StateKind::Narrow => {
+            let state = shard.narrow.get(tag).copied().unwrap_or_default();
+            let (v, next) = limit
+                .decide_narrow(state, now, cost)
+                .unwrap_or((deny_all(limit), state));
+            if commit && v.allowed {
+                *shard.narrow.entry(tag, cap, now.as_u64()) = next;
+            }
+            v
+        }
+        StateKind::Wide => {
+            let state = shard.wide.get(tag).copied().unwrap_or_default();
+            let (v, next) = limit
+                .decide_wide(state, now, cost)
+                .unwrap_or((deny_all(limit), state));
+            if commit && v.allowed {
+                *shard.wide.entry(tag, cap, now.as_u64()) = next;
+            }
+            v
+        }
+        StateKind::Log => {
+            let Limit::SlidingLog(sl) = limit else {
+                return deny_all(limit);
+            };
+            let v = match shard.logs.get(tag) {
+                Some(log) => sl.decide(log, now, cost),
+                None => sl.decide(&Log::new(), now, cost),
+            };
+            if commit && v.allowed {
+                sl.commit(shard.logs.entry(tag, cap, now.as_u64()), now, cost);
+            }
+            v
+        }
+    }
+}
+
+/// Unreachable in practice (kinds and decide methods agree); a denial keeps it safe.
+fn deny_all(limit: &Limit) -> Verdict {
+    Verdict {
+        allowed: false,
+        limit: limit.size(),
+        remaining: 0,
+        reset: Nanos::ZERO,
+        retry_after: Nanos::MAX,
+        wait: Nanos::ZERO,
+    }
+}
+
+struct View<'a, 'g> {
+    shards: &'a mut [MutexGuard<'g, Shard>],
+    keys: &'a [(usize, u64)],
+    cap: usize,
+}
+
+impl StateView for View<'_, '_> {
+    fn verdict(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Verdict {
+        let (si, h) = self.keys[charge];
+        apply(
+            &mut self.shards[si],
+            limit_tag(h, index),
+            limit,
+            now,
+            cost,
+            self.cap,
+            false,
+        )
+    }
+
+    fn commit(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64) {
+        let (si, h) = self.keys[charge];
+        let _ = apply(
+            &mut self.shards[si],
+            limit_tag(h, index),
+            limit,
+            now,
+            cost,
+            self.cap,
+            true,
+        );
+    }
+}

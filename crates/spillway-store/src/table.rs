@@ -1,0 +1,339 @@
+//! A compact open-addressing hash table keyed by 64-bit tags.
+//!
+//! Entries are `(tag, state)` pairs stored inline: 16 bytes for a timestamp
+//! state, 24 for a two-word state. There is no key: the tag is a 64-bit keyed
+//! hash of the client's identity, and two identities share a slot only if
+//! their tags collide (about 1 in 2^64 per pair; at a million keys, odds of
+//! any collision are about 3 in 100 million). Indexing uses the high bits via
+//! a multiply (`tag * capacity >> 64`), so capacity need not be a power of
+//! two and grows by 1.5x, keeping memory per key between 1.25x and 1.9x the
+//! slot size. Linear probing with backward-shift deletion keeps a key's
+//! probe run in one or two cache lines.
+
+use spillway_core::{Log, Wide};
+
+/// A state that can say when it becomes the same as a fresh one.
+pub(crate) trait SlotState: Default {
+    /// After this time (ns) the state is indistinguishable from a fresh one
+    /// and the entry can be dropped.
+    fn expires_at(&self) -> u64;
+    /// Heap bytes owned beyond the slot.
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl SlotState for u64 {
+    fn expires_at(&self) -> u64 {
+        *self
+    }
+}
+
+impl SlotState for Wide {
+    fn expires_at(&self) -> u64 {
+        self.a
+    }
+}
+
+impl SlotState for Log {
+    fn expires_at(&self) -> u64 {
+        Log::expires_at(self).as_u64()
+    }
+    fn heap_bytes(&self) -> usize {
+        Log::heap_bytes(self)
+    }
+}
+
+const EMPTY: u64 = 0;
+/// Highest load before growing: 4/5.
+const MAX_LOAD_NUM: usize = 4;
+const MAX_LOAD_DEN: usize = 5;
+/// Slots examined when choosing an entry to evict.
+const EVICT_SAMPLE: usize = 16;
+
+pub(crate) struct Table<S> {
+    slots: Vec<(u64, S)>,
+    len: usize,
+}
+
+impl<S: SlotState> Table<S> {
+    pub(crate) fn new() -> Table<S> {
+        Table {
+            slots: Vec::new(),
+            len: 0,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<(u64, S)>()
+            + self
+                .slots
+                .iter()
+                .filter(|s| s.0 != EMPTY)
+                .map(|s| s.1.heap_bytes())
+                .sum::<usize>()
+    }
+
+    #[inline]
+    fn home(&self, tag: u64) -> usize {
+        ((u128::from(tag) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn find(&self, tag: u64) -> Option<usize> {
+        let n = self.slots.len();
+        if n == 0 {
+            return None;
+        }
+        let mut i = self.home(tag);
+        loop {
+            let t = self.slots[i].0;
+            if t == tag {
+                return Some(i);
+            }
+            if t == EMPTY {
+                return None;
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, tag: u64) -> Option<&S> {
+        self.find(tag).map(|i| &self.slots[i].1)
+    }
+
+    /// Hint the CPU to fetch `tag`'s home slot.
+    #[inline]
+    pub(crate) fn prefetch(&self, tag: u64) {
+        if !self.slots.is_empty() {
+            let p = &self.slots[self.home(tag)] as *const (u64, S);
+            prefetch_read(p.cast());
+        }
+    }
+
+    /// The state for `tag`, inserted fresh if absent. `cap` bounds the
+    /// entries (an entry is evicted first if the table is at `cap`); `now`
+    /// tells expired entries apart.
+    pub(crate) fn entry(&mut self, tag: u64, cap: usize, now: u64) -> &mut S {
+        if let Some(i) = self.find(tag) {
+            return &mut self.slots[i].1;
+        }
+        if self.len >= cap {
+            self.evict_near(tag, now);
+        }
+        if (self.len + 1) * MAX_LOAD_DEN > self.slots.len() * MAX_LOAD_NUM {
+            self.purge(now);
+            if (self.len + 1) * MAX_LOAD_DEN > self.slots.len() * MAX_LOAD_NUM {
+                self.grow(cap);
+            }
+        }
+        let n = self.slots.len();
+        let mut i = self.home(tag);
+        while self.slots[i].0 != EMPTY {
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        self.slots[i] = (tag, S::default());
+        self.len += 1;
+        &mut self.slots[i].1
+    }
+
+    /// Removes the entry at `i`, shifting later members of its probe run back.
+    fn remove_at(&mut self, mut i: usize) {
+        let n = self.slots.len();
+        self.slots[i] = (EMPTY, S::default());
+        self.len -= 1;
+        let mut j = i;
+        loop {
+            j += 1;
+            if j == n {
+                j = 0;
+            }
+            let t = self.slots[j].0;
+            if t == EMPTY {
+                return;
+            }
+            let h = self.home(t);
+            // Move j back to i if its home is not in the cyclic range (i, j].
+            let in_range = if i <= j {
+                i < h && h <= j
+            } else {
+                i < h || h <= j
+            };
+            if !in_range {
+                self.slots.swap(i, j);
+                i = j;
+            }
+        }
+    }
+
+    /// Removes one entry near `tag`'s home: an expired one if the sample has
+    /// one, else the one that expires soonest (the client that loses least).
+    fn evict_near(&mut self, tag: u64, now: u64) {
+        let n = self.slots.len();
+        if n == 0 || self.len == 0 {
+            return;
+        }
+        let mut i = self.home(tag);
+        let mut best: Option<(usize, u64)> = None;
+        let mut seen = 0;
+        let mut scanned = 0;
+        while seen < EVICT_SAMPLE && scanned < n {
+            let (t, s) = &self.slots[i];
+            if *t != EMPTY {
+                let e = s.expires_at();
+                if e <= now {
+                    best = Some((i, e));
+                    break;
+                }
+                if best.is_none_or(|(_, be)| e < be) {
+                    best = Some((i, e));
+                }
+                seen += 1;
+            }
+            scanned += 1;
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        if let Some((i, _)) = best {
+            self.remove_at(i);
+        }
+    }
+
+    /// Drops every entry that has expired by `now`. Returns how many.
+    pub(crate) fn purge(&mut self, now: u64) -> usize {
+        let before = self.len;
+        if before == 0 {
+            return 0;
+        }
+        let live: Vec<(u64, S)> = std::mem::take(&mut self.slots)
+            .into_iter()
+            .filter(|(t, s)| *t != EMPTY && s.expires_at() > now)
+            .collect();
+        let target = (live.len() * MAX_LOAD_DEN / MAX_LOAD_NUM + 1).max(live.len() * 3 / 2);
+        self.rebuild(live, if target < 8 { 0 } else { target });
+        before - self.len
+    }
+
+    /// Drops expired entries among up to `budget` slots from `start`;
+    /// returns where to continue (0 after the end).
+    pub(crate) fn purge_some(&mut self, start: usize, budget: usize, now: u64) -> usize {
+        let n = self.slots.len();
+        let mut i = start.min(n);
+        let end = (start + budget).min(n);
+        while i < end {
+            let (t, s) = &self.slots[i];
+            if *t != EMPTY && s.expires_at() <= now {
+                // The shift may move a later entry into i: look at i again.
+                self.remove_at(i);
+                continue;
+            }
+            i += 1;
+        }
+        if end >= n { 0 } else { end }
+    }
+
+    fn grow(&mut self, cap: usize) {
+        let want = (self.slots.len() * 3 / 2).max(8);
+        // Never size far beyond what the cap can fill.
+        let limit = cap.saturating_mul(MAX_LOAD_DEN) / MAX_LOAD_NUM + 8;
+        let new_len = want.min(limit).max(self.len + 2);
+        let old = std::mem::take(&mut self.slots);
+        let live = old.into_iter().filter(|(t, _)| *t != EMPTY).collect();
+        self.rebuild(live, new_len);
+    }
+
+    fn rebuild(&mut self, live: Vec<(u64, S)>, slots: usize) {
+        let mut v = Vec::with_capacity(slots);
+        v.resize_with(slots, || (EMPTY, S::default()));
+        self.slots = v;
+        self.len = 0;
+        for (tag, s) in live {
+            let n = self.slots.len();
+            let mut i = self.home(tag);
+            while self.slots[i].0 != EMPTY {
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
+            }
+            self.slots[i] = (tag, s);
+            self.len += 1;
+        }
+    }
+}
+
+#[inline]
+fn prefetch_read(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint; it never faults, even on an invalid address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_find_remove_keeps_every_other_key() {
+        let mut t: Table<u64> = Table::new();
+        let tags: Vec<u64> = (1..2000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+            .collect();
+        for (i, &tag) in tags.iter().enumerate() {
+            *t.entry(tag, usize::MAX, 0) = i as u64 + 100;
+        }
+        assert_eq!(t.len(), tags.len());
+        for (i, &tag) in tags.iter().enumerate() {
+            assert_eq!(t.get(tag), Some(&(i as u64 + 100)));
+        }
+        // Expire every other entry and purge incrementally.
+        for (i, &tag) in tags.iter().enumerate() {
+            if i % 2 == 0 {
+                *t.entry(tag, usize::MAX, 0) = 1;
+            }
+        }
+        let mut at = 0;
+        loop {
+            at = t.purge_some(at, 97, 50);
+            if at == 0 {
+                break;
+            }
+        }
+        for (i, &tag) in tags.iter().enumerate() {
+            if i % 2 == 0 {
+                assert_eq!(t.get(tag), None);
+            } else {
+                assert_eq!(t.get(tag), Some(&(i as u64 + 100)), "tag {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn cap_is_never_exceeded_and_soonest_expiring_goes_first() {
+        let mut t: Table<u64> = Table::new();
+        for i in 1..=1000u64 {
+            *t.entry(i.wrapping_mul(0x9e37_79b9_7f4a_7c15), 100, 0) = 1_000_000 + i;
+            assert!(t.len() <= 100);
+        }
+        assert_eq!(t.len(), 100);
+        // The slots hold no more than the cap allows for.
+        assert!(t.slots.len() <= 100 * 5 / 4 + 8);
+    }
+}

@@ -36,6 +36,8 @@ struct Shard {
     narrow: Table<u64>,
     wide: Table<Wide>,
     logs: Table<Log>,
+    /// Where the incremental sweep of each table continues.
+    cursor: [usize; 3],
 }
 
 /// Pads a shard to its own cache lines so two threads on different shards
@@ -207,11 +209,13 @@ impl<C: Clock> MemoryStore<C> {
         for p in self.shards.iter() {
             let mut s = p.0.lock();
             let before = s.narrow.len() + s.wide.len() + s.logs.len();
-            // Sweep from the start each time but only `budget` slots: cheap
-            // and bounded; full purges happen on growth.
-            let _ = s.narrow.purge_some(0, budget, now);
-            let _ = s.wide.purge_some(0, budget, now);
-            let _ = s.logs.purge_some(0, budget, now);
+            // Only `budget` slots per table per call: the lock is held briefly.
+            let [a, b, c] = s.cursor;
+            s.cursor = [
+                s.narrow.purge_some(a, budget, now),
+                s.wide.purge_some(b, budget, now),
+                s.logs.purge_some(c, budget, now),
+            ];
             dropped += before - (s.narrow.len() + s.wide.len() + s.logs.len());
         }
         dropped

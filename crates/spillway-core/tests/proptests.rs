@@ -1,0 +1,333 @@
+//! Property tests: each algorithm's defining invariant, on a virtual clock.
+
+use proptest::prelude::*;
+use spillway_core::{
+    FixedWindow, Gcra, LeakyBucket, Limit, Log, Nanos, Rate, Shaper, SlidingCounter, SlidingLog,
+    TokenBucket, Verdict, Wide,
+};
+
+/// A limit with its state, so every algorithm can be driven the same way.
+#[derive(Debug, Clone)]
+struct Driven {
+    limit: Limit,
+    narrow: u64,
+    wide: Wide,
+    log: Log,
+}
+
+impl Driven {
+    fn new(limit: Limit) -> Driven {
+        Driven {
+            limit,
+            narrow: 0,
+            wide: Wide::default(),
+            log: Log::new(),
+        }
+    }
+
+    /// Decides without changing anything.
+    fn peek(&self, now: u64, cost: u64) -> Verdict {
+        let now = Nanos(now);
+        if let Some((v, _)) = self.limit.decide_narrow(self.narrow, now, cost) {
+            return v;
+        }
+        if let Some((v, _)) = self.limit.decide_wide(self.wide, now, cost) {
+            return v;
+        }
+        match &self.limit {
+            Limit::SlidingLog(l) => l.decide(&self.log, now, cost),
+            _ => unreachable!("every limit has a state kind"),
+        }
+    }
+
+    /// Decides and charges if admitted.
+    fn hit(&mut self, now: u64, cost: u64) -> Verdict {
+        let t = Nanos(now);
+        if let Some((v, next)) = self.limit.decide_narrow(self.narrow, t, cost) {
+            if v.allowed {
+                self.narrow = next;
+            } else {
+                assert_eq!(next, self.narrow, "a denial changed the state");
+            }
+            return v;
+        }
+        if let Some((v, next)) = self.limit.decide_wide(self.wide, t, cost) {
+            if v.allowed {
+                self.wide = next;
+            } else {
+                assert_eq!(next, self.wide, "a denial changed the state");
+            }
+            return v;
+        }
+        let Limit::SlidingLog(l) = &self.limit else {
+            unreachable!()
+        };
+        let v = l.decide(&self.log, t, cost);
+        if v.allowed {
+            l.commit(&mut self.log, t, cost);
+        }
+        v
+    }
+}
+
+const SEC: u64 = 1_000_000_000;
+/// A start far from zero, like a real epoch time.
+const T0: u64 = 1_700_000_000 * SEC;
+
+fn rate() -> impl Strategy<Value = Rate> {
+    (1u64..50, prop_oneof![Just(SEC), Just(60 * SEC), 1u64..5 * SEC])
+        .prop_map(|(n, per)| Rate::new(n, Nanos(per.max(n))).unwrap())
+}
+
+fn window() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(SEC), Just(60 * SEC), 1_000u64..10 * SEC]
+}
+
+fn any_limit() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        (1u64..20, rate()).prop_map(|(c, r)| Limit::TokenBucket(TokenBucket::new(c, r).unwrap())),
+        (1u64..20, rate()).prop_map(|(c, r)| Limit::LeakyBucket(LeakyBucket::new(c, r).unwrap())),
+        (1u64..20, rate(), 0u64..10 * SEC)
+            .prop_map(|(c, r, w)| Limit::Shaper(Shaper::new(c, r, Nanos(w)).unwrap())),
+        (1u64..20, window()).prop_map(|(n, w)| Limit::FixedWindow(
+            FixedWindow::new(n, Nanos(w)).unwrap()
+        )),
+        (1u64..20, window()).prop_map(|(n, w)| Limit::SlidingLog(
+            SlidingLog::new(n, Nanos(w)).unwrap()
+        )),
+        (1u64..20, window()).prop_map(|(n, w)| Limit::SlidingCounter(
+            SlidingCounter::new(n, Nanos(w)).unwrap()
+        )),
+        (1u64..20, rate()).prop_map(|(b, r)| Limit::Gcra(Gcra::new(r, b).unwrap())),
+    ]
+}
+
+/// Gaps between requests: many at the same instant, some small, some long.
+fn gaps(max: u64) -> impl Strategy<Value = Vec<u64>> {
+    prop::collection::vec(
+        prop_oneof![3 => Just(0u64), 5 => 0u64..max / 10 + 1, 1 => 0u64..max * 3],
+        1..200,
+    )
+}
+
+fn times(start: u64, gaps: &[u64]) -> Vec<u64> {
+    let mut t = start;
+    gaps.iter()
+        .map(|g| {
+            t = t.saturating_add(*g);
+            t
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sliding_log_never_admits_more_than_n_in_any_window(
+        n in 1u64..20, w in window(), g in gaps(2 * SEC), costs in prop::collection::vec(1u64..4, 200)
+    ) {
+        let sl = SlidingLog::new(n, Nanos(w)).unwrap();
+        let mut d = Driven::new(Limit::SlidingLog(sl));
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (i, t) in times(T0, &g).into_iter().enumerate() {
+            let c = costs[i % costs.len()];
+            if d.hit(t, c).allowed {
+                admitted.push((t, c));
+            }
+        }
+        // Any window [s, s + w) starting at an admitted request.
+        for (i, &(s, _)) in admitted.iter().enumerate() {
+            let inside: u64 = admitted[i..].iter().take_while(|(t, _)| *t < s + w).map(|(_, c)| c).sum();
+            prop_assert!(inside <= n, "{inside} > {n} in window from {s}");
+        }
+    }
+
+    #[test]
+    fn token_bucket_admits_at_most_capacity_plus_refill(
+        c in 1u64..20, r in rate(), g in gaps(SEC), costs in prop::collection::vec(1u64..4, 200)
+    ) {
+        let tb = TokenBucket::new(c, r).unwrap();
+        let mut d = Driven::new(Limit::TokenBucket(tb));
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (i, t) in times(T0, &g).into_iter().enumerate() {
+            let k = costs[i % costs.len()];
+            if d.hit(t, k).allowed {
+                admitted.push((t, k));
+            }
+        }
+        for i in 0..admitted.len() {
+            let mut sum = 0u128;
+            for &(t, k) in &admitted[i..] {
+                sum += u128::from(k);
+                let elapsed = u128::from(t - admitted[i].0);
+                // sum <= c + elapsed / interval, in integers.
+                prop_assert!(sum * u128::from(r.interval()) <= u128::from(c) * u128::from(r.interval()) + elapsed);
+            }
+        }
+    }
+
+    #[test]
+    fn gcra_agrees_with_leaky_bucket_meter(
+        b in 1u64..20, r in rate(), g in gaps(SEC), costs in prop::collection::vec(1u64..4, 200)
+    ) {
+        let mut gcra = Driven::new(Limit::Gcra(Gcra::new(r, b).unwrap()));
+        let mut meter = Driven::new(Limit::LeakyBucket(LeakyBucket::new(b, r).unwrap()));
+        for (i, t) in times(T0, &g).into_iter().enumerate() {
+            let k = costs[i % costs.len()];
+            let a = gcra.hit(t, k);
+            let m = meter.hit(t, k);
+            prop_assert_eq!(a.allowed, m.allowed, "at request {}", i);
+            prop_assert_eq!(a.remaining, m.remaining);
+            prop_assert_eq!(a.retry_after, m.retry_after);
+            prop_assert_eq!(a.reset, m.reset);
+        }
+    }
+
+    #[test]
+    fn fixed_window_admits_at_most_n_per_aligned_window(
+        n in 1u64..20, w in window(), g in gaps(2 * SEC), costs in prop::collection::vec(1u64..4, 200)
+    ) {
+        let mut d = Driven::new(Limit::FixedWindow(FixedWindow::new(n, Nanos(w)).unwrap()));
+        let mut per_window = std::collections::HashMap::<u64, u64>::new();
+        for (i, t) in times(T0, &g).into_iter().enumerate() {
+            let k = costs[i % costs.len()];
+            if d.hit(t, k).allowed {
+                *per_window.entry(t / w).or_default() += k;
+            }
+        }
+        for (win, count) in per_window {
+            prop_assert!(count <= n, "window {win}: {count} > {n}");
+        }
+    }
+
+    #[test]
+    fn sliding_counter_stays_within_twice_the_limit_and_n_per_window(
+        n in 1u64..20, w in window(), g in gaps(2 * SEC)
+    ) {
+        let mut d = Driven::new(Limit::SlidingCounter(SlidingCounter::new(n, Nanos(w)).unwrap()));
+        let mut admitted = Vec::new();
+        for t in times(T0, &g) {
+            if d.hit(t, 1).allowed {
+                admitted.push(t);
+            }
+        }
+        for (i, &s) in admitted.iter().enumerate() {
+            let inside = admitted[i..].iter().take_while(|t| **t < s + w).count() as u64;
+            prop_assert!(inside <= 2 * n);
+            let aligned = admitted.iter().filter(|t| **t / w == s / w).count() as u64;
+            prop_assert!(aligned <= n);
+        }
+    }
+
+    #[test]
+    fn retry_after_is_exact(limit in any_limit(), g in gaps(SEC), cost in 1u64..4) {
+        let mut d = Driven::new(limit);
+        for t in times(T0, &g) {
+            let v = d.hit(t, cost);
+            if v.allowed || v.retry_after.is_never() {
+                prop_assert!(v.allowed || cost > d.limit.size());
+                continue;
+            }
+            let r = v.retry_after.as_u64();
+            prop_assert!(r > 0, "denied but retry_after is zero: {:?}", v);
+            prop_assert!(!d.peek(t + r - 1, cost).allowed, "admitted before retry_after {:?}", v);
+            prop_assert!(d.peek(t + r, cost).allowed, "denied at retry_after {:?}", v);
+        }
+    }
+
+    #[test]
+    fn a_clock_stepping_back_never_creates_capacity(
+        limit in any_limit(), g in gaps(SEC), back in prop::collection::vec(0u64..5 * SEC, 200)
+    ) {
+        let mut d = Driven::new(limit);
+        let mut latest = T0;
+        for (i, t) in times(T0, &g).into_iter().enumerate() {
+            // Every other request comes from a clock that is behind.
+            let now = if i % 2 == 1 { t.saturating_sub(back[i % back.len()]) } else { t };
+            let before = d.clone();
+            let v = d.hit(now, 1);
+            latest = latest.max(t);
+            if v.allowed {
+                // Whatever a lagging clock admits, the latest time would have admitted too.
+                prop_assert!(before.peek(latest.max(now), 1).allowed || now >= latest,
+                    "admitted at {now} but not at {latest}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_input_panics(
+        limit in any_limit(),
+        steps in prop::collection::vec((any::<u64>(), any::<u64>()), 1..50)
+    ) {
+        let mut d = Driven::new(limit);
+        for (now, cost) in steps {
+            let _ = d.hit(now, cost);
+            let _ = d.peek(u64::MAX, cost);
+            let _ = d.peek(0, u64::MAX);
+        }
+    }
+
+    #[test]
+    fn extreme_parameters_do_not_panic(
+        n in any::<u64>(), per in any::<u64>(), w in any::<u64>(), now in any::<u64>(), cost in any::<u64>()
+    ) {
+        let mut limits = Vec::new();
+        if let Ok(r) = Rate::new(n, Nanos(per)) {
+            limits.push(Limit::TokenBucket(TokenBucket::new(n.max(1), r).unwrap()));
+            limits.push(Limit::Gcra(Gcra::new(r, n.max(1)).unwrap()));
+            limits.push(Limit::LeakyBucket(LeakyBucket::new(n.max(1), r).unwrap()));
+            limits.push(Limit::Shaper(Shaper::new(n.max(1), r, Nanos(w)).unwrap()));
+        }
+        if let Ok(f) = FixedWindow::new(n, Nanos(w)) { limits.push(Limit::FixedWindow(f)); }
+        if let Ok(f) = SlidingCounter::new(n, Nanos(w)) { limits.push(Limit::SlidingCounter(f)); }
+        if let Ok(f) = SlidingLog::new(n.min(1000), Nanos(w)) { limits.push(Limit::SlidingLog(f)); }
+        for l in limits {
+            let mut d = Driven::new(l.clone());
+            let _ = d.hit(now, cost);
+            let _ = d.hit(now.saturating_add(1), 1);
+            let _ = d.hit(u64::MAX, 1);
+            let _ = l.scaled(u32::MAX);
+        }
+    }
+
+    #[test]
+    fn shaper_waits_grow_by_the_interval_and_never_exceed_max_wait(
+        c in 1u64..20, r in rate(), max_wait in 0u64..10 * SEC, g in gaps(SEC)
+    ) {
+        let mut d = Driven::new(Limit::Shaper(Shaper::new(c, r, Nanos(max_wait)).unwrap()));
+        let mut last_departure = 0u64;
+        for t in times(T0, &g) {
+            let v = d.hit(t, 1);
+            if v.allowed {
+                prop_assert!(v.wait.as_u64() <= max_wait);
+                let departs = t + v.wait.as_u64();
+                // Departures keep the outflow rate.
+                if last_departure != 0 {
+                    prop_assert!(departs >= last_departure + r.interval());
+                }
+                last_departure = departs;
+            }
+        }
+    }
+}
+
+#[test]
+fn fixed_window_is_aligned_to_the_epoch() {
+    let fw = FixedWindow::new(1, Nanos::from_secs(60)).unwrap();
+    let (v, s) = fw.decide(Wide::default(), Nanos::from_secs(6_000 + 59), 1);
+    assert!(v.allowed);
+    assert_eq!(v.reset, Nanos::from_secs(1));
+    let (v, _) = fw.decide(s, Nanos::from_secs(6_000 + 59), 1);
+    assert!(!v.allowed);
+    assert_eq!(v.retry_after, Nanos::from_secs(1));
+}
+
+#[test]
+fn a_cost_above_the_limit_is_never_admitted() {
+    let fw = FixedWindow::new(5, Nanos::from_secs(1)).unwrap();
+    let (v, _) = fw.decide(Wide::default(), Nanos::from_secs(10), 6);
+    assert!(!v.allowed);
+    assert!(v.retry_after.is_never());
+}

@@ -1,0 +1,213 @@
+//! The in-memory store: all-or-none charging, exactness under threads, bounds and expiry.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use proptest::prelude::*;
+use spillway_core::{
+    FixedWindow, Gcra, KeySpec, Limit, ManualClock, Mode, Nanos, Rate, Rule, SlidingLog,
+    TokenBucket,
+};
+use spillway_store::{Charge, Key, MemoryConfig, MemoryStore};
+
+const T0: u64 = 1_700_000_000_000_000_000;
+
+fn clock() -> ManualClock {
+    ManualClock::new(Nanos(T0))
+}
+
+fn rule(name: &str, limits: Vec<Limit>, mode: Mode) -> Rule {
+    Rule::new(name, None, KeySpec::parse("user").unwrap(), limits, mode).unwrap()
+}
+
+fn fw(n: u64, secs: u64) -> Limit {
+    Limit::FixedWindow(FixedWindow::new(n, Nanos::from_secs(secs)).unwrap())
+}
+
+fn log(n: u64, secs: u64) -> Limit {
+    Limit::SlidingLog(SlidingLog::new(n, Nanos::from_secs(secs)).unwrap())
+}
+
+#[test]
+fn ten_per_minute_and_fifteen_per_hour_are_charged_together() {
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let r = rule("multi", vec![log(10, 60), log(15, 3600)], Mode::Hard);
+    let key = Key::from_parts(["alice"]);
+    let charges = [Charge { rule: &r, key: &key }];
+    let mut admitted = 0;
+    for minute in 0..5 {
+        for _ in 0..20 {
+            if store.decide_now(&charges, 1).allowed {
+                admitted += 1;
+            }
+        }
+        assert!(admitted <= 15, "minute {minute}: {admitted}");
+        c.advance(Nanos::from_secs(61));
+    }
+    // 10 in the first minute, 5 in the second, none after: the hour limit
+    // was not charged by the requests the minute limit denied.
+    assert_eq!(admitted, 15);
+}
+
+#[test]
+fn a_denied_request_is_charged_to_no_rule() {
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let wide = rule("wide", vec![fw(100, 60)], Mode::Hard);
+    let narrow = rule("narrow", vec![fw(1, 60)], Mode::Hard);
+    let key = Key::from_parts(["bob"]);
+    let both = [
+        Charge { rule: &wide, key: &key },
+        Charge { rule: &narrow, key: &key },
+    ];
+    assert!(store.decide_now(&both, 1).allowed);
+    for _ in 0..50 {
+        let d = store.decide_now(&both, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.deciding.unwrap().rule, 1);
+    }
+    let alone = [Charge { rule: &wide, key: &key }];
+    let d = store.decide_now(&alone, 1);
+    assert_eq!(d.deciding.unwrap().verdict.remaining, 98);
+}
+
+#[test]
+fn shadow_never_denies_and_soft_admits_ten_percent_more() {
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let shadow = rule("s", vec![fw(5, 60)], Mode::Shadow);
+    let soft = rule("t", vec![fw(10, 60)], Mode::Soft { percent: 10 });
+    let key = Key::from_parts(["carol"]);
+    let mut shadow_denied = 0;
+    for _ in 0..8 {
+        let d = store.decide_now(&[Charge { rule: &shadow, key: &key }], 1);
+        assert!(d.allowed);
+        if d.outcome() == spillway_core::Outcome::ShadowDenied {
+            shadow_denied += 1;
+        }
+    }
+    assert_eq!(shadow_denied, 3);
+    let mut outcomes = Vec::new();
+    for _ in 0..13 {
+        outcomes.push(store.decide_now(&[Charge { rule: &soft, key: &key }], 1).outcome());
+    }
+    use spillway_core::Outcome::*;
+    assert_eq!(&outcomes[..10], &[Allowed; 10]);
+    assert_eq!(outcomes[10], SoftExceeded);
+    assert_eq!(&outcomes[11..], &[Denied, Denied]);
+}
+
+#[test]
+fn many_threads_on_one_key_admit_exactly_the_limit() {
+    for limit in [
+        fw(1000, 3600),
+        log(1000, 3600),
+        Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 1000).unwrap()),
+        Limit::TokenBucket(
+            TokenBucket::new(1000, Rate::new(1, Nanos::from_secs(3600)).unwrap()).unwrap(),
+        ),
+    ] {
+        let store = Arc::new(MemoryStore::new(clock(), MemoryConfig::default()));
+        let r = Arc::new(rule("hot", vec![limit.clone()], Mode::Hard));
+        let admitted = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, r, admitted) = (store.clone(), r.clone(), admitted.clone());
+                std::thread::spawn(move || {
+                    let key = Key::from_parts(["same"]);
+                    for _ in 0..500 {
+                        if store.decide_now(&[Charge { rule: &r, key: &key }], 1).allowed {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(admitted.load(Ordering::Relaxed), 1000, "{}", limit.algorithm_name());
+    }
+}
+
+#[test]
+fn the_key_cap_holds_under_a_flood_and_idle_keys_expire() {
+    let c = clock();
+    let store = MemoryStore::new(
+        c.clone(),
+        MemoryConfig {
+            max_keys: 10_000,
+            shards: 16,
+        },
+    );
+    let r = rule("flood", vec![fw(5, 1)], Mode::Hard);
+    for i in 0..200_000u32 {
+        let id = i.to_string();
+        let key = Key::from_parts([id.as_str()]);
+        assert!(store.decide_now(&[Charge { rule: &r, key: &key }], 1).allowed);
+    }
+    let u = store.usage();
+    assert!(u.keys <= 10_000, "{u:?}");
+    assert!(u.keys >= 9_000, "{u:?}");
+    c.advance(Nanos::from_secs(2));
+    assert_eq!(store.purge(), u.keys);
+    assert_eq!(store.usage().keys, 0);
+}
+
+#[test]
+fn sweep_returns_memory_of_idle_keys() {
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let r = rule("idle", vec![fw(5, 1)], Mode::Hard);
+    // 40 keys per shard on average, swept 8 slots at a time.
+    for i in 0..10_000u32 {
+        let id = i.to_string();
+        let key = Key::from_parts([id.as_str()]);
+        store.decide_now(&[Charge { rule: &r, key: &key }], 1);
+    }
+    assert_eq!(store.usage().keys, 10_000);
+    c.advance(Nanos::from_secs(1));
+    let mut dropped = 0;
+    for _ in 0..100 {
+        dropped += store.sweep(8);
+    }
+    assert_eq!(dropped, 10_000);
+    assert_eq!(store.usage().keys, 0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The store decides exactly what the pure algorithm decides, per key.
+    #[test]
+    fn store_matches_the_pure_algorithm(
+        ops in prop::collection::vec((0u8..4, 0u64..200_000_000, 1u64..3), 1..300)
+    ) {
+        let c = clock();
+        let store = MemoryStore::new(c.clone(), MemoryConfig { max_keys: 1 << 20, shards: 4 });
+        let limit = Limit::Gcra(Gcra::new(Rate::new(5, Nanos::from_secs(1)).unwrap(), 3).unwrap());
+        let r = rule("p", vec![limit.clone()], Mode::Hard);
+        let mut states = [0u64; 4];
+        for (user, gap, cost) in ops {
+            c.advance(Nanos(gap));
+            let name = user.to_string();
+            let key = Key::from_parts([name.as_str()]);
+            let got = store.decide_now(&[Charge { rule: &r, key: &key }], cost);
+            let (want, next) = limit.decide_narrow(states[user as usize], c.now_value(), cost).unwrap();
+            if want.allowed { states[user as usize] = next; }
+            prop_assert_eq!(got.allowed, want.allowed);
+            prop_assert_eq!(got.deciding.unwrap().verdict, want);
+        }
+    }
+}
+
+trait NowValue {
+    fn now_value(&self) -> Nanos;
+}
+
+impl NowValue for ManualClock {
+    fn now_value(&self) -> Nanos {
+        spillway_core::Clock::now(self)
+    }
+}

@@ -4,8 +4,8 @@
 //! state, 24 for a two-word state. There is no key: the tag is a 64-bit keyed
 //! hash of the client's identity, and two identities share a slot only if
 //! their tags collide (about 1 in 2^64 per pair; at a million keys, odds of
-//! any collision are about 3 in 100 million). Indexing uses the high bits via
-//! a multiply (`tag * capacity >> 64`), so capacity need not be a power of
+//! any collision are about 3 in 100 million). Indexing multiplies the mixed
+//! tag by the capacity and keeps the high word, so capacity need not be a power of
 //! two and grows by 1.5x, keeping memory per key between 1.25x and 1.9x the
 //! slot size. Linear probing with backward-shift deletion keeps a key's
 //! probe run in one or two cache lines.
@@ -80,7 +80,11 @@ impl<S: SlotState> Table<S> {
 
     #[inline]
     fn home(&self, tag: u64) -> usize {
-        ((u128::from(tag) * self.slots.len() as u128) >> 64) as usize
+        // All tags in one shard share their top bits (they chose the shard),
+        // so spread the rest over the top first: an odd multiply carries every
+        // low bit upwards.
+        let spread = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((u128::from(spread) * self.slots.len() as u128) >> 64) as usize
     }
 
     #[inline]

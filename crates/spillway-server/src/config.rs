@@ -1,0 +1,642 @@
+//! The rules file: raw YAML (with locations) → validated [`Config`].
+//!
+//! Parsing happens in two stages, as in ripgrep's flags: serde reads the file
+//! into raw structs that keep each value's line and column, then
+//! [`validate`] turns them into core types, collecting every error it finds
+//! with the location it belongs to.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+use spillway_core::{
+    FailPolicy, FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, Mode, Nanos, Rate, Route, Rule,
+    Shaper, SlidingCounter, SlidingLog, TokenBucket,
+};
+
+/// The rules file compiled into the binary, used when no `--config` is given.
+pub const EXAMPLE_RULES: &str = include_str!("../../../examples/rules.yaml");
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where state lives.
+    pub store: StoreConfig,
+    /// Failure policy for rules that set none.
+    pub on_store_error: FailPolicy,
+    /// The rules, in file order.
+    pub rules: Vec<Rule>,
+    /// Address from the file's `listen` field, if any (the flag wins).
+    pub listen: Option<SocketAddr>,
+}
+
+/// Which store to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// The embedded in-memory store.
+    Memory {
+        /// Most keys held.
+        max_keys: usize,
+    },
+}
+
+/// One problem in a rules file, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<example>` for the built-in one).
+    pub file: String,
+    /// 1-based line; 0 if unknown.
+    pub line: u64,
+    /// 1-based column; 0 if unknown.
+    pub column: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file, self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+/// Every problem found in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    store: Option<Spanned<RawStore>>,
+    #[serde(default)]
+    on_store_error: Option<Spanned<String>>,
+    #[serde(default)]
+    listen: Option<Spanned<String>>,
+    rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawStore {
+    Name(String),
+    Map(RawStoreMap),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStoreMap {
+    #[serde(default)]
+    memory: Option<RawMemory>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    #[serde(default)]
+    max_keys: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Spanned<String>,
+    #[serde(default)]
+    api: Option<Spanned<String>>,
+    #[serde(default)]
+    by: Option<Spanned<String>>,
+    limits: Vec<Spanned<RawLimit>>,
+    #[serde(default)]
+    mode: Option<Spanned<String>>,
+    #[serde(default)]
+    on_store_error: Option<Spanned<String>>,
+    #[serde(default)]
+    queue: Option<Spanned<RawQueue>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    max_wait: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+enum RawLimit {
+    TokenBucket(RawBucket),
+    LeakyBucket(RawLeaky),
+    FixedWindow(RawWindow),
+    SlidingWindowLog(RawWindow),
+    SlidingWindowCounter(RawWindow),
+    Gcra(RawGcra),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    limit: Spanned<i64>,
+    window: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBucket {
+    capacity: Spanned<i64>,
+    refill: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLeaky {
+    capacity: Spanned<i64>,
+    leak: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGcra {
+    rate: Spanned<String>,
+    #[serde(default)]
+    burst: Option<Spanned<i64>>,
+}
+
+/// Reads and validates the file at `path`.
+///
+/// # Errors
+/// The file cannot be read, is not valid YAML, or fails validation.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: name.clone(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    parse(&name, &text)
+}
+
+/// The configuration source: a file, or the built-in example.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The rules file at this path.
+    File(PathBuf),
+    /// The built-in `examples/rules.yaml`.
+    Example,
+}
+
+impl Source {
+    /// Loads and validates.
+    ///
+    /// # Errors
+    /// As [`load`].
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
+        match self {
+            Source::File(p) => load(p),
+            Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
+        }
+    }
+}
+
+/// Parses and validates YAML `text`; `file` names it in errors.
+///
+/// # Errors
+/// Every problem found, each with line and column.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    if text.len() > 16 << 20 {
+        return Err(ConfigErrors(vec![ConfigError {
+            file: file.to_string(),
+            line: 0,
+            column: 0,
+            message: "file larger than 16 MiB".to_string(),
+        }]));
+    }
+    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map_or((0, 0), |l| (l.line(), l.column()));
+        ConfigErrors(vec![ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message: first_line(&e.to_string()),
+        }])
+    })?;
+    validate(file, raw)
+}
+
+/// serde-saphyr renders a snippet after the message; the message is the first line.
+fn first_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or(s).trim();
+    // Drop a trailing " at line X column Y" the library may add: we print our own.
+    match line.find(" at line ") {
+        Some(i) => line[..i].to_string(),
+        None => line.to_string(),
+    }
+}
+
+struct Errors<'a> {
+    file: &'a str,
+    list: Vec<ConfigError>,
+}
+
+impl Errors<'_> {
+    fn at<T>(&mut self, span: &Spanned<T>, message: impl Into<String>) {
+        self.list.push(ConfigError {
+            file: self.file.to_string(),
+            line: span.referenced.line(),
+            column: span.referenced.column(),
+            message: message.into(),
+        });
+    }
+}
+
+fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+    let mut errs = Errors {
+        file,
+        list: Vec::new(),
+    };
+    let store = match &raw.store {
+        None => StoreConfig::Memory {
+            max_keys: DEFAULT_MAX_KEYS,
+        },
+        Some(s) => match &s.value {
+            RawStore::Name(n) if n == "memory" => StoreConfig::Memory {
+                max_keys: DEFAULT_MAX_KEYS,
+            },
+            RawStore::Name(n) => {
+                errs.at(s, format!("unknown store {n:?}: expected \"memory\""));
+                StoreConfig::Memory {
+                    max_keys: DEFAULT_MAX_KEYS,
+                }
+            }
+            RawStore::Map(m) => {
+                let mem = m.memory.as_ref();
+                let max_keys = mem.and_then(|m| m.max_keys).unwrap_or(DEFAULT_MAX_KEYS as u64);
+                if max_keys == 0 {
+                    errs.at(s, "store.memory.max_keys must be at least 1");
+                }
+                if mem.is_none() {
+                    errs.at(s, "store needs one of: memory");
+                }
+                StoreConfig::Memory {
+                    max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
+                }
+            }
+        },
+    };
+    let on_store_error = raw
+        .on_store_error
+        .as_ref()
+        .map(|p| policy(&mut errs, p))
+        .unwrap_or_default();
+    let listen = raw.listen.as_ref().and_then(|l| match l.value.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.at(l, format!("listen {:?} is not an address like 127.0.0.1:8080", l.value));
+            None
+        }
+    });
+    let mut rules = Vec::new();
+    let mut names: Vec<&Spanned<String>> = Vec::new();
+    for r in &raw.rules {
+        if let Some(prev) = names.iter().find(|n| n.value == r.value.name.value) {
+            errs.at(
+                &r.value.name,
+                format!(
+                    "duplicate rule name {:?} (first used at line {})",
+                    r.value.name.value,
+                    prev.referenced.line()
+                ),
+            );
+        }
+        names.push(&r.value.name);
+        if let Some(rule) = rule(&mut errs, r) {
+            rules.push(rule);
+        }
+    }
+    if errs.list.is_empty() {
+        Ok(Config {
+            store,
+            on_store_error,
+            rules,
+            listen,
+        })
+    } else {
+        Err(ConfigErrors(errs.list))
+    }
+}
+
+/// Default cap on keys in the memory store.
+pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+fn policy(errs: &mut Errors<'_>, p: &Spanned<String>) -> FailPolicy {
+    match p.value.as_str() {
+        "allow" => FailPolicy::Allow,
+        "deny" => FailPolicy::Deny,
+        other => {
+            errs.at(p, format!("on_store_error {other:?}: expected allow or deny"));
+            FailPolicy::Allow
+        }
+    }
+}
+
+fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> {
+    let raw = &r.value;
+    let before = errs.list.len();
+    let name = raw.name.value.trim();
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        errs.at(&raw.name, "rule name must be 1 to 128 printable characters");
+    }
+    let route = raw.api.as_ref().and_then(|a| match Route::parse(&a.value) {
+        Ok(route) => Some(route),
+        Err(e) => {
+            errs.at(a, format!("api: {e}"));
+            None
+        }
+    });
+    let by = match &raw.by {
+        None => KeySpec::from_parts(Vec::new()),
+        Some(b) => match KeySpec::parse(&b.value) {
+            Ok(k) if k.parts().len() > spillway_store::MAX_KEY_PARTS => {
+                errs.at(b, format!("by: at most {} parts", spillway_store::MAX_KEY_PARTS));
+                k
+            }
+            Ok(k) => k,
+            Err(e) => {
+                errs.at(b, format!("by: {e}"));
+                KeySpec::from_parts(Vec::new())
+            }
+        },
+    };
+    let mode = raw.mode.as_ref().map_or(Mode::Hard, |m| mode(errs, m));
+    let max_wait = raw.queue.as_ref().and_then(|q| {
+        let mw = &q.value.max_wait;
+        duration(errs, mw, "queue.max_wait", true)
+    });
+    if raw.limits.is_empty() {
+        errs.at(r, format!("rule {name:?} needs at least one limit"));
+    }
+    let mut limits = Vec::new();
+    for l in &raw.limits {
+        if let Some(limit) = limit(errs, l, max_wait) {
+            limits.push(limit);
+        }
+    }
+    if let (Some(q), Some(_)) = (&raw.queue, max_wait)
+        && !limits.iter().any(|l| matches!(l, Limit::Shaper(_)))
+    {
+        errs.at(q, "queue needs a leaky_bucket limit in the same rule to shape with");
+    }
+    let policy = raw.on_store_error.as_ref().map(|p| policy(errs, p));
+    if errs.list.len() != before {
+        return None;
+    }
+    match Rule::new(name, route, by, limits, mode) {
+        Ok(rule) => Some(match policy {
+            Some(p) => rule.with_fail_policy(p),
+            None => rule,
+        }),
+        Err(e) => {
+            errs.at(r, e.to_string());
+            None
+        }
+    }
+}
+
+fn mode(errs: &mut Errors<'_>, m: &Spanned<String>) -> Mode {
+    let v = m.value.trim();
+    match v {
+        "hard" => Mode::Hard,
+        "shadow" => Mode::Shadow,
+        _ => {
+            let pct = v
+                .strip_prefix("soft")
+                .map(str::trim)
+                .and_then(|p| p.strip_suffix('%'))
+                .map(|p| p.trim().parse::<u32>());
+            match pct {
+                Some(Ok(p)) if p <= 1000 => Mode::Soft { percent: p },
+                _ => {
+                    errs.at(
+                        m,
+                        format!("mode {v:?}: expected hard, shadow or soft N% (0 to 1000)"),
+                    );
+                    Mode::Hard
+                }
+            }
+        }
+    }
+}
+
+fn count(errs: &mut Errors<'_>, n: &Spanned<i64>, what: &str) -> Option<u64> {
+    if n.value <= 0 {
+        errs.at(n, format!("{what} must be at least 1, not {}", n.value));
+        return None;
+    }
+    Some(n.value as u64)
+}
+
+fn limit(errs: &mut Errors<'_>, l: &Spanned<RawLimit>, max_wait: Option<Nanos>) -> Option<Limit> {
+    let built = match &l.value {
+        RawLimit::TokenBucket(b) => {
+            let c = count(errs, &b.capacity, "capacity");
+            let r = rate(errs, &b.refill, "refill");
+            TokenBucket::new(c?, r?).map(Limit::TokenBucket)
+        }
+        RawLimit::LeakyBucket(b) => {
+            let c = count(errs, &b.capacity, "capacity");
+            let r = rate(errs, &b.leak, "leak");
+            match max_wait {
+                Some(w) => Shaper::new(c?, r?, w).map(Limit::Shaper),
+                None => LeakyBucket::new(c?, r?).map(Limit::LeakyBucket),
+            }
+        }
+        RawLimit::FixedWindow(w) => {
+            let n = count(errs, &w.limit, "limit");
+            let d = duration(errs, &w.window, "window", false);
+            FixedWindow::new(n?, d?).map(Limit::FixedWindow)
+        }
+        RawLimit::SlidingWindowLog(w) => {
+            let n = count(errs, &w.limit, "limit");
+            let d = duration(errs, &w.window, "window", false);
+            SlidingLog::new(n?, d?).map(Limit::SlidingLog)
+        }
+        RawLimit::SlidingWindowCounter(w) => {
+            let n = count(errs, &w.limit, "limit");
+            let d = duration(errs, &w.window, "window", false);
+            SlidingCounter::new(n?, d?).map(Limit::SlidingCounter)
+        }
+        RawLimit::Gcra(g) => {
+            let r = rate(errs, &g.rate, "rate");
+            let b = match &g.burst {
+                Some(b) => count(errs, b, "burst"),
+                None => Some(1),
+            };
+            Gcra::new(r?, b?).map(Limit::Gcra)
+        }
+    };
+    match built {
+        Ok(limit) => Some(limit),
+        Err(e) => {
+            errs.at(l, e.to_string());
+            None
+        }
+    }
+}
+
+/// Parses `500ms`, `1s`, `1m`, `1h`, `1d` (also `us`, `ns`; a decimal like `1.5s`).
+pub fn parse_duration(s: &str) -> Result<Nanos, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{s:?} has no unit: write e.g. 500ms, 1s, 1m, 1h, 1d"))?;
+    let (num, unit) = s.split_at(split);
+    let unit_ns: u128 = match unit.trim() {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "sec" => 1_000_000_000,
+        "m" | "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}: use ms, s, m, h or d"
+            ));
+        }
+    };
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() {
+        return Err(format!("{s:?} has no number"));
+    }
+    let int: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| format!("{s:?} is not a number"))?
+    };
+    let mut total = int.saturating_mul(unit_ns);
+    if !frac.is_empty() {
+        if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("{s:?}: at most 9 decimals"));
+        }
+        let f: u128 = frac.parse().map_err(|_| format!("{s:?} is not a number"))?;
+        total = total.saturating_add(f * unit_ns / 10u128.pow(frac.len() as u32));
+    }
+    let ns = u64::try_from(total).map_err(|_| format!("{s:?} is too long"))?;
+    Ok(Nanos(ns))
+}
+
+/// Parses `N/s`, `N/m`, `N/h`, `N/d` or `N/<duration>` such as `100/1m`.
+pub fn parse_rate(s: &str) -> Result<Rate, String> {
+    let (n, per) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not a rate: write e.g. 5/s, 100/1m"))?;
+    let n: u64 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("{:?} in rate {s:?} is not a whole number", n.trim()))?;
+    let per = per.trim();
+    let per = if per.starts_with(|c: char| c.is_ascii_digit()) {
+        parse_duration(per)?
+    } else {
+        parse_duration(&format!("1{per}"))?
+    };
+    Rate::new(n, per).map_err(|e| format!("rate {s:?}: {e}"))
+}
+
+fn duration(
+    errs: &mut Errors<'_>,
+    d: &Spanned<String>,
+    what: &str,
+    zero_ok: bool,
+) -> Option<Nanos> {
+    match parse_duration(&d.value) {
+        Ok(n) if n.as_u64() == 0 && !zero_ok => {
+            errs.at(d, format!("{what} must be longer than zero"));
+            None
+        }
+        Ok(n) => Some(n),
+        Err(e) => {
+            errs.at(d, format!("{what}: {e}"));
+            None
+        }
+    }
+}
+
+fn rate(errs: &mut Errors<'_>, r: &Spanned<String>, what: &str) -> Option<Rate> {
+    match parse_rate(&r.value) {
+        Ok(rate) => Some(rate),
+        Err(e) => {
+            errs.at(r, format!("{what}: {e}"));
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_rates() {
+        assert_eq!(parse_duration("500ms").unwrap(), Nanos::from_millis(500));
+        assert_eq!(parse_duration("1d").unwrap(), Nanos::from_secs(86_400));
+        assert_eq!(parse_duration("1.5s").unwrap(), Nanos::from_millis(1500));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1y").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+        let r = parse_rate("100/1m").unwrap();
+        assert_eq!((r.count(), r.per()), (100, Nanos::from_secs(60)));
+        let r = parse_rate("5/s").unwrap();
+        assert_eq!((r.count(), r.per()), (5, Nanos::from_secs(1)));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("5").is_err());
+        assert!(parse_rate("x/s").is_err());
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let c = parse("example", EXAMPLE_RULES).unwrap();
+        assert!(c.rules.len() >= 4);
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let text = "rules:\n  - name: a\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n";
+        let e = parse("f.yaml", text).unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!((e.0[0].line, e.0[0].column), (4, 31), "{e}");
+        let text = "rules:\n  - name: a\n    bogus: 1\n    limits: []\n";
+        let e = parse("f.yaml", text).unwrap_err();
+        assert_eq!(e.0[0].line, 3, "{e}");
+    }
+}

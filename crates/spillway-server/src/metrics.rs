@@ -1,0 +1,252 @@
+//! Prometheus metrics, written by hand: a few atomics, no registry.
+//!
+//! Labels are rule names and outcomes only, never client keys, so the number
+//! of series is bounded by the rules file.
+
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use spillway_core::Outcome;
+use spillway_store::RuleSet;
+
+const OUTCOMES: [Outcome; 4] = [
+    Outcome::Allowed,
+    Outcome::Denied,
+    Outcome::ShadowDenied,
+    Outcome::SoftExceeded,
+];
+
+fn slot(o: Outcome) -> usize {
+    match o {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::ShadowDenied => 2,
+        Outcome::SoftExceeded => 3,
+    }
+}
+
+/// Decisions of one rule by outcome.
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    by_outcome: [AtomicU64; 4],
+}
+
+/// Upper bounds of the latency histogram, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.1,
+];
+
+/// Every metric the server exports.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Counters per rule, indexed like the rule set they were built for.
+    rules: ArcSwap<(u64, Vec<(String, Arc<RuleCounters>)>)>,
+    /// Counters of rules that have been removed or renamed: kept so a
+    /// counter never goes backwards within a process.
+    unlimited: AtomicU64,
+    latency_buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_ns: AtomicU64,
+    reloads: AtomicU64,
+    reload_errors: AtomicU64,
+    store_errors: AtomicU64,
+    bad_requests: AtomicU64,
+}
+
+impl Metrics {
+    /// Metrics for the rules in `set`.
+    pub fn new(set: &RuleSet) -> Metrics {
+        let m = Metrics {
+            rules: ArcSwap::from_pointee((0, Vec::new())),
+            unlimited: AtomicU64::new(0),
+            latency_buckets: Default::default(),
+            latency_count: AtomicU64::new(0),
+            latency_sum_ns: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            reload_errors: AtomicU64::new(0),
+            store_errors: AtomicU64::new(0),
+            bad_requests: AtomicU64::new(0),
+        };
+        m.rules_changed(set);
+        m
+    }
+
+    /// Re-indexes counters for a new rule set, keeping the counts of rules
+    /// whose names stay.
+    pub fn rules_changed(&self, set: &RuleSet) {
+        let old = self.rules.load();
+        let by_name: HashMap<&str, &Arc<RuleCounters>> =
+            old.1.iter().map(|(n, c)| (n.as_str(), c)).collect();
+        let mut list: Vec<(String, Arc<RuleCounters>)> = set
+            .rules()
+            .iter()
+            .map(|r| {
+                let c = by_name.get(r.name()).map_or_else(Default::default, |c| (*c).clone());
+                (r.name().to_string(), c)
+            })
+            .collect();
+        // Keep removed rules' series too: Prometheus counters must not vanish mid-process.
+        for (n, c) in &old.1 {
+            if !list.iter().any(|(m, _)| m == n) {
+                list.push((n.clone(), c.clone()));
+            }
+        }
+        self.rules.store(Arc::new((set.version, list)));
+    }
+
+    /// Counts one rule's outcome. `index` is the rule's index in the set of `version`.
+    pub fn count(&self, version: u64, index: usize, name: &str, outcome: Outcome) {
+        let rules = self.rules.load();
+        let counters = if rules.0 == version {
+            rules.1.get(index).map(|(_, c)| c)
+        } else {
+            rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+        };
+        if let Some(c) = counters {
+            c.by_outcome[slot(outcome)].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a request no rule applied to.
+    pub fn count_unlimited(&self) {
+        self.unlimited.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records how long a decision took.
+    pub fn observe_latency(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
+            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_ns.fetch_add(
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Counts a successful reload.
+    pub fn reloaded(&self) {
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a rejected reload.
+    pub fn reload_failed(&self) {
+        self.reload_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a decision made without the store.
+    pub fn store_failed(&self) {
+        self.store_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request rejected as malformed.
+    pub fn bad_request(&self) {
+        self.bad_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self, keys: Option<usize>) -> String {
+        let mut out = String::with_capacity(4096);
+        let _ = writeln!(
+            out,
+            "# HELP spillway_decisions_total Decisions by rule and outcome."
+        );
+        let _ = writeln!(out, "# TYPE spillway_decisions_total counter");
+        let rules = self.rules.load();
+        for (name, c) in &rules.1 {
+            for o in OUTCOMES {
+                let _ = writeln!(
+                    out,
+                    "spillway_decisions_total{{rule=\"{}\",outcome=\"{}\"}} {}",
+                    escape(name),
+                    o.as_str(),
+                    c.by_outcome[slot(o)].load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_unlimited_total Requests no rule applied to (allowed)."
+        );
+        let _ = writeln!(out, "# TYPE spillway_unlimited_total counter");
+        let _ = writeln!(
+            out,
+            "spillway_unlimited_total {}",
+            self.unlimited.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP spillway_decision_duration_seconds Time to decide, from parsed request to decision."
+        );
+        let _ = writeln!(out, "# TYPE spillway_decision_duration_seconds histogram");
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += self.latency_buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "spillway_decision_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}"
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "spillway_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "spillway_decision_duration_seconds_sum {}",
+            self.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+        );
+        let _ = writeln!(out, "spillway_decision_duration_seconds_count {count}");
+        let simple = [
+            (
+                "spillway_keys",
+                "gauge",
+                "Keys held by the store.",
+                keys.map_or(0, |k| k as u64),
+            ),
+            (
+                "spillway_rules_reloads_total",
+                "counter",
+                "Rules files loaded by reload.",
+                self.reloads.load(Ordering::Relaxed),
+            ),
+            (
+                "spillway_rules_reload_errors_total",
+                "counter",
+                "Reloads rejected because the file was invalid.",
+                self.reload_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "spillway_store_errors_total",
+                "counter",
+                "Decisions made by failure policy because the store failed.",
+                self.store_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "spillway_bad_requests_total",
+                "counter",
+                "Requests rejected as malformed.",
+                self.bad_requests.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, kind, help, v) in simple {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            let _ = writeln!(out, "{name} {v}");
+        }
+        out
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

@@ -89,8 +89,14 @@ impl Decision {
 /// index into that rule's limits.
 pub trait StateView {
     /// The verdict of `limit` for the request, without changing state.
-    fn verdict(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64)
-    -> Verdict;
+    fn verdict(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Verdict;
     /// Charges the request to `limit`: applies the transition `verdict`
     /// computed for the same limit, state and time (only called when it admitted).
     fn commit(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64);

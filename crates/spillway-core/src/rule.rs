@@ -175,9 +175,7 @@ impl Route {
         for (i, seg) in raw.iter().enumerate() {
             if *seg == "*" {
                 if i + 1 != raw.len() {
-                    return Err(
-                        ErrorKind::BadRoute(format!("* must be last in {path:?}")).into()
-                    );
+                    return Err(ErrorKind::BadRoute(format!("* must be last in {path:?}")).into());
                 }
                 prefix = true;
             } else if seg.starts_with('{') && seg.ends_with('}') && seg.len() > 2 {

@@ -75,7 +75,10 @@ const SEC: u64 = 1_000_000_000;
 const T0: u64 = 1_700_000_000 * SEC;
 
 fn rate() -> impl Strategy<Value = Rate> {
-    (1u64..50, prop_oneof![Just(SEC), Just(60 * SEC), 1u64..5 * SEC])
+    (
+        1u64..50,
+        prop_oneof![Just(SEC), Just(60 * SEC), 1u64..5 * SEC],
+    )
         .prop_map(|(n, per)| Rate::new(n, Nanos(per.max(n))).unwrap())
 }
 
@@ -89,15 +92,12 @@ fn any_limit() -> impl Strategy<Value = Limit> {
         (1u64..20, rate()).prop_map(|(c, r)| Limit::LeakyBucket(LeakyBucket::new(c, r).unwrap())),
         (1u64..20, rate(), 0u64..10 * SEC)
             .prop_map(|(c, r, w)| Limit::Shaper(Shaper::new(c, r, Nanos(w)).unwrap())),
-        (1u64..20, window()).prop_map(|(n, w)| Limit::FixedWindow(
-            FixedWindow::new(n, Nanos(w)).unwrap()
-        )),
-        (1u64..20, window()).prop_map(|(n, w)| Limit::SlidingLog(
-            SlidingLog::new(n, Nanos(w)).unwrap()
-        )),
-        (1u64..20, window()).prop_map(|(n, w)| Limit::SlidingCounter(
-            SlidingCounter::new(n, Nanos(w)).unwrap()
-        )),
+        (1u64..20, window())
+            .prop_map(|(n, w)| Limit::FixedWindow(FixedWindow::new(n, Nanos(w)).unwrap())),
+        (1u64..20, window())
+            .prop_map(|(n, w)| Limit::SlidingLog(SlidingLog::new(n, Nanos(w)).unwrap())),
+        (1u64..20, window())
+            .prop_map(|(n, w)| Limit::SlidingCounter(SlidingCounter::new(n, Nanos(w)).unwrap())),
         (1u64..20, rate()).prop_map(|(b, r)| Limit::Gcra(Gcra::new(r, b).unwrap())),
     ]
 }

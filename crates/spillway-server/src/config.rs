@@ -239,9 +239,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
         }]));
     }
     let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e
-            .location()
-            .map_or((0, 0), |l| (l.line(), l.column()));
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
         ConfigErrors(vec![ConfigError {
             file: file.to_string(),
             line,
@@ -299,7 +297,9 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             }
             RawStore::Map(m) => {
                 let mem = m.memory.as_ref();
-                let max_keys = mem.and_then(|m| m.max_keys).unwrap_or(DEFAULT_MAX_KEYS as u64);
+                let max_keys = mem
+                    .and_then(|m| m.max_keys)
+                    .unwrap_or(DEFAULT_MAX_KEYS as u64);
                 if max_keys == 0 {
                     errs.at(s, "store.memory.max_keys must be at least 1");
                 }
@@ -320,7 +320,10 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
     let listen = raw.listen.as_ref().and_then(|l| match l.value.parse() {
         Ok(a) => Some(a),
         Err(_) => {
-            errs.at(l, format!("listen {:?} is not an address like 127.0.0.1:8080", l.value));
+            errs.at(
+                l,
+                format!("listen {:?} is not an address like 127.0.0.1:8080", l.value),
+            );
             None
         }
     });
@@ -362,7 +365,10 @@ fn policy(errs: &mut Errors<'_>, p: &Spanned<String>) -> FailPolicy {
         "allow" => FailPolicy::Allow,
         "deny" => FailPolicy::Deny,
         other => {
-            errs.at(p, format!("on_store_error {other:?}: expected allow or deny"));
+            errs.at(
+                p,
+                format!("on_store_error {other:?}: expected allow or deny"),
+            );
             FailPolicy::Allow
         }
     }
@@ -386,7 +392,10 @@ fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> {
         None => KeySpec::from_parts(Vec::new()),
         Some(b) => match KeySpec::parse(&b.value) {
             Ok(k) if k.parts().len() > spillway_store::MAX_KEY_PARTS => {
-                errs.at(b, format!("by: at most {} parts", spillway_store::MAX_KEY_PARTS));
+                errs.at(
+                    b,
+                    format!("by: at most {} parts", spillway_store::MAX_KEY_PARTS),
+                );
                 k
             }
             Ok(k) => k,
@@ -413,7 +422,10 @@ fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> {
     if let (Some(q), Some(_)) = (&raw.queue, max_wait)
         && !limits.iter().any(|l| matches!(l, Limit::Shaper(_)))
     {
-        errs.at(q, "queue needs a leaky_bucket limit in the same rule to shape with");
+        errs.at(
+            q,
+            "queue needs a leaky_bucket limit in the same rule to shape with",
+        );
     }
     let policy = raw.on_store_error.as_ref().map(|p| policy(errs, p));
     if errs.list.len() != before {
@@ -631,10 +643,11 @@ mod tests {
 
     #[test]
     fn errors_name_line_and_column() {
-        let text = "rules:\n  - name: a\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n";
+        let text =
+            "rules:\n  - name: a\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n";
         let e = parse("f.yaml", text).unwrap_err();
         assert_eq!(e.0.len(), 1);
-        assert_eq!((e.0[0].line, e.0[0].column), (4, 31), "{e}");
+        assert_eq!((e.0[0].line, e.0[0].column), (4, 32), "{e}");
         let text = "rules:\n  - name: a\n    bogus: 1\n    limits: []\n";
         let e = parse("f.yaml", text).unwrap_err();
         assert_eq!(e.0[0].line, 3, "{e}");

@@ -1,1 +1,125 @@
-fn main(){}
+//! `spillway`: the rate limiting service.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use spillway_server::config::{self, Source};
+use spillway_server::{ServeOptions, http, run, shutdown_signal};
+
+/// A rate limiting service: asks "may this request go through?" and answers
+/// with the rules of a YAML file.
+#[derive(Debug, Parser)]
+#[command(name = "spillway", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP decision API.
+    Serve {
+        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+    },
+    /// Validate a rules file and print what it means.
+    CheckConfig {
+        /// The rules file.
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Command::Serve { config, listen } => serve(config, listen),
+        Command::CheckConfig { file } => check_config(&file),
+    }
+}
+
+fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>) -> ExitCode {
+    let source = config.map_or(Source::Example, Source::File);
+    let cfg = match source.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let addr = listen
+        .or(cfg.listen)
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = ServeOptions {
+        source,
+        config: cfg,
+        poll_interval: Duration::from_millis(500),
+    };
+    let result = runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        run(opts, listener, shutdown_signal()).await?;
+        Ok::<(), anyhow::Error>(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spillway: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match config::load(file) {
+        Ok(cfg) => {
+            println!("{}: ok, {} rules", file.display(), cfg.rules.len());
+            println!("store: memory, on_store_error: {:?}", cfg.on_store_error);
+            for r in &cfg.rules {
+                println!(
+                    "- {} (api: {}, by: {}, mode: {})",
+                    r.name(),
+                    r.route().map_or("every API", |x| x.as_str()),
+                    if r.by().parts().is_empty() {
+                        "everyone (one shared counter)".to_string()
+                    } else {
+                        r.by().to_string()
+                    },
+                    r.mode()
+                );
+                for l in r.limits() {
+                    println!("    {}", http::describe_limit(l));
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -86,7 +86,9 @@ impl Metrics {
             .rules()
             .iter()
             .map(|r| {
-                let c = by_name.get(r.name()).map_or_else(Default::default, |c| (*c).clone());
+                let c = by_name
+                    .get(r.name())
+                    .map_or_else(Default::default, |c| (*c).clone());
                 (r.name().to_string(), c)
             })
             .collect();

@@ -122,7 +122,9 @@ fn run_threads<F: Fn(usize, u64) + Sync>(threads: usize, iters: u64, f: F) -> Du
             }
         });
     }
-    start.elapsed().mul_f64(iters as f64 / (per * threads as u64) as f64)
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per * threads as u64) as f64)
 }
 
 criterion_group!(benches, bench);

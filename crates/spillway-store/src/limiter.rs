@@ -46,7 +46,7 @@ pub struct Request<'a> {
     /// Path (the API), if any; rules with a route need it.
     pub path: Option<&'a str>,
     /// Identity values.
-    pub attrs: &'a dyn Attributes,
+    pub attrs: &'a (dyn Attributes + Sync),
     /// What the request costs (1 for a plain request).
     pub cost: u64,
 }

@@ -7,8 +7,8 @@ use spillway_core::{
     Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, decide,
 };
 
-use crate::table::Table;
 use crate::Charge;
+use crate::table::Table;
 
 /// Settings of a [`MemoryStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

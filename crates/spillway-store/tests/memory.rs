@@ -34,7 +34,10 @@ fn ten_per_minute_and_fifteen_per_hour_are_charged_together() {
     let store = MemoryStore::new(c.clone(), MemoryConfig::default());
     let r = rule("multi", vec![log(10, 60), log(15, 3600)], Mode::Hard);
     let key = Key::from_parts(["alice"]);
-    let charges = [Charge { rule: &r, key: &key }];
+    let charges = [Charge {
+        rule: &r,
+        key: &key,
+    }];
     let mut admitted = 0;
     for minute in 0..5 {
         for _ in 0..20 {
@@ -58,8 +61,14 @@ fn a_denied_request_is_charged_to_no_rule() {
     let narrow = rule("narrow", vec![fw(1, 60)], Mode::Hard);
     let key = Key::from_parts(["bob"]);
     let both = [
-        Charge { rule: &wide, key: &key },
-        Charge { rule: &narrow, key: &key },
+        Charge {
+            rule: &wide,
+            key: &key,
+        },
+        Charge {
+            rule: &narrow,
+            key: &key,
+        },
     ];
     assert!(store.decide_now(&both, 1).allowed);
     for _ in 0..50 {
@@ -67,7 +76,10 @@ fn a_denied_request_is_charged_to_no_rule() {
         assert!(!d.allowed);
         assert_eq!(d.deciding.unwrap().rule, 1);
     }
-    let alone = [Charge { rule: &wide, key: &key }];
+    let alone = [Charge {
+        rule: &wide,
+        key: &key,
+    }];
     let d = store.decide_now(&alone, 1);
     assert_eq!(d.deciding.unwrap().verdict.remaining, 98);
 }
@@ -81,7 +93,13 @@ fn shadow_never_denies_and_soft_admits_ten_percent_more() {
     let key = Key::from_parts(["carol"]);
     let mut shadow_denied = 0;
     for _ in 0..8 {
-        let d = store.decide_now(&[Charge { rule: &shadow, key: &key }], 1);
+        let d = store.decide_now(
+            &[Charge {
+                rule: &shadow,
+                key: &key,
+            }],
+            1,
+        );
         assert!(d.allowed);
         if d.outcome() == spillway_core::Outcome::ShadowDenied {
             shadow_denied += 1;
@@ -90,7 +108,17 @@ fn shadow_never_denies_and_soft_admits_ten_percent_more() {
     assert_eq!(shadow_denied, 3);
     let mut outcomes = Vec::new();
     for _ in 0..13 {
-        outcomes.push(store.decide_now(&[Charge { rule: &soft, key: &key }], 1).outcome());
+        outcomes.push(
+            store
+                .decide_now(
+                    &[Charge {
+                        rule: &soft,
+                        key: &key,
+                    }],
+                    1,
+                )
+                .outcome(),
+        );
     }
     use spillway_core::Outcome::*;
     assert_eq!(&outcomes[..10], &[Allowed; 10]);
@@ -117,7 +145,16 @@ fn many_threads_on_one_key_admit_exactly_the_limit() {
                 std::thread::spawn(move || {
                     let key = Key::from_parts(["same"]);
                     for _ in 0..500 {
-                        if store.decide_now(&[Charge { rule: &r, key: &key }], 1).allowed {
+                        if store
+                            .decide_now(
+                                &[Charge {
+                                    rule: &r,
+                                    key: &key,
+                                }],
+                                1,
+                            )
+                            .allowed
+                        {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
                     }
@@ -127,7 +164,12 @@ fn many_threads_on_one_key_admit_exactly_the_limit() {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(admitted.load(Ordering::Relaxed), 1000, "{}", limit.algorithm_name());
+        assert_eq!(
+            admitted.load(Ordering::Relaxed),
+            1000,
+            "{}",
+            limit.algorithm_name()
+        );
     }
 }
 
@@ -145,7 +187,17 @@ fn the_key_cap_holds_under_a_flood_and_idle_keys_expire() {
     for i in 0..200_000u32 {
         let id = i.to_string();
         let key = Key::from_parts([id.as_str()]);
-        assert!(store.decide_now(&[Charge { rule: &r, key: &key }], 1).allowed);
+        assert!(
+            store
+                .decide_now(
+                    &[Charge {
+                        rule: &r,
+                        key: &key
+                    }],
+                    1
+                )
+                .allowed
+        );
     }
     let u = store.usage();
     assert!(u.keys <= 10_000, "{u:?}");
@@ -164,7 +216,13 @@ fn sweep_returns_memory_of_idle_keys() {
     for i in 0..10_000u32 {
         let id = i.to_string();
         let key = Key::from_parts([id.as_str()]);
-        store.decide_now(&[Charge { rule: &r, key: &key }], 1);
+        store.decide_now(
+            &[Charge {
+                rule: &r,
+                key: &key,
+            }],
+            1,
+        );
     }
     assert_eq!(store.usage().keys, 10_000);
     c.advance(Nanos::from_secs(1));

@@ -79,10 +79,7 @@ impl LeakyBucket {
             };
             let remaining = ((full - level.min(full)) / interval).min(self.capacity);
             let reset = Nanos((at - now.0).saturating_add(level));
-            (
-                Verdict::deny(self.capacity, remaining, reset, retry),
-                state,
-            )
+            (Verdict::deny(self.capacity, remaining, reset, retry), state)
         }
     }
 }

@@ -102,7 +102,9 @@ impl SlidingCounter {
                 .saturating_sub(estimate_ceil.saturating_add(cost));
             (Verdict::admit(self.limit, remaining, reset), next)
         } else {
-            let retry = self.retry_at(start, prev, cur, cost).map_or(Nanos::MAX, |t| Nanos(t.saturating_sub(now.0)));
+            let retry = self
+                .retry_at(start, prev, cur, cost)
+                .map_or(Nanos::MAX, |t| Nanos(t.saturating_sub(now.0)));
             let remaining = self.limit.saturating_sub(estimate_ceil);
             (Verdict::deny(self.limit, remaining, reset, retry), state)
         }

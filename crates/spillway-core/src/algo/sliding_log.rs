@@ -105,12 +105,7 @@ impl SlidingLog {
                 let end = log.time(log.ring[idx], self.shift).saturating_add(w);
                 Nanos(end.saturating_sub(now.0))
             };
-            Verdict::deny(
-                self.limit,
-                self.limit.saturating_sub(count),
-                reset,
-                retry,
-            )
+            Verdict::deny(self.limit, self.limit.saturating_sub(count), reset, retry)
         }
     }
 
@@ -122,7 +117,9 @@ impl SlidingLog {
         let t = log.quantize(now.0, self.shift);
         // Keep the log sorted even if the clock stepped back: such an entry
         // is filed as late as the newest, which only delays its expiry.
-        let offset = log.offset_for(t, self.shift).max(log.ring.back().copied().unwrap_or(0));
+        let offset = log
+            .offset_for(t, self.shift)
+            .max(log.ring.back().copied().unwrap_or(0));
         let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
         let want = log.ring.len() + n;
         if log.ring.capacity() < want {

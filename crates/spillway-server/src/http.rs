@@ -1,0 +1,441 @@
+//! The HTTP API (axum): `/v1/check`, `/v1/limit`, `/v1/rules`, `/v1/status`,
+//! `/metrics`, `/healthz`, `/readyz`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use spillway_core::{Limit, Outcome, Rule};
+use spillway_store::{Checked, Request, SimpleAttributes};
+
+use crate::AppState;
+use crate::headers::rate_limit_headers;
+
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Largest accepted identity value (user, ip, header, descriptor), in bytes.
+pub const MAX_VALUE: usize = 1024;
+/// Most descriptors or headers in one check.
+pub const MAX_ENTRIES: usize = 64;
+
+/// The router, with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/limit", get(limit))
+        .route("/v1/rules", get(rules))
+        .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// An API error, rendered as an RFC 9457 problem document.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    title: &'static str,
+    detail: String,
+}
+
+impl ApiError {
+    fn bad_request(detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            title: "bad request",
+            detail: detail.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "type": "about:blank",
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+            "error": self.detail,
+        });
+        let mut resp = (self.status, body.to_string()).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        resp
+    }
+}
+
+/// The body of `POST /v1/check`. Every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    api: Option<String>,
+    user: Option<String>,
+    ip: Option<String>,
+    #[serde(default)]
+    descriptors: BTreeMap<String, String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    cost: Option<u64>,
+}
+
+/// One rule's part of the answer.
+#[derive(Debug, Serialize)]
+struct RuleJson<'a> {
+    rule: &'a str,
+    outcome: &'static str,
+    algorithm: &'static str,
+    limit: u64,
+    remaining: u64,
+    reset_ms: u64,
+    retry_after_ms: u64,
+}
+
+async fn check(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let body = body.map_err(|e| {
+        state.metrics.bad_request();
+        ApiError {
+            status: e.status(),
+            title: "bad request body",
+            detail: format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
+        }
+    })?;
+    // Any content type is read as JSON: `curl -d` sends form encoding by
+    // default, and refusing it would only trip people up.
+    let body: CheckBody = if body.is_empty() {
+        CheckBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            state.metrics.bad_request();
+            ApiError::bad_request(format!("invalid JSON body: {e}"))
+        })?
+    };
+    validate_body(&body).inspect_err(|_| state.metrics.bad_request())?;
+    let (method, path) = split_api(body.api.as_deref());
+    let descriptors: Vec<(&str, &str)> = body
+        .descriptors
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let hdrs: Vec<(&str, &str)> = body
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let attrs = SimpleAttributes {
+        user: body.user.as_deref(),
+        ip: body.ip.as_deref(),
+        headers: &hdrs,
+        descriptors: &descriptors,
+    };
+    let req = Request {
+        method,
+        path,
+        attrs: &attrs,
+        cost: body.cost.unwrap_or(1),
+    };
+    let checked = state.limiter.check(&req).await;
+    state.record(&checked, started);
+    Ok(render(&checked))
+}
+
+fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
+    let too_long = |what: &str, v: &str| -> Result<(), ApiError> {
+        if v.len() > MAX_VALUE {
+            Err(ApiError::bad_request(format!(
+                "{what} is {} bytes; at most {MAX_VALUE}",
+                v.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if let Some(api) = &b.api {
+        too_long("api", api)?;
+        if api.trim().is_empty() {
+            return Err(ApiError::bad_request("api is empty"));
+        }
+        let (_, path) = split_api(Some(api));
+        if !path.is_some_and(|p| p.starts_with('/')) {
+            return Err(ApiError::bad_request(format!(
+                "api {api:?}: expected \"METHOD /path\" or \"/path\""
+            )));
+        }
+    }
+    for (what, v) in [("user", &b.user), ("ip", &b.ip)] {
+        if let Some(v) = v {
+            too_long(what, v)?;
+        }
+    }
+    for (what, map) in [("descriptors", &b.descriptors), ("headers", &b.headers)] {
+        if map.len() > MAX_ENTRIES {
+            return Err(ApiError::bad_request(format!(
+                "{what} has {} entries; at most {MAX_ENTRIES}",
+                map.len()
+            )));
+        }
+        for (k, v) in map {
+            too_long(what, k)?;
+            too_long(what, v)?;
+        }
+    }
+    if b.cost == Some(0) {
+        return Err(ApiError::bad_request("cost must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Splits `"POST /v1/login"` into method and path; `"/v1/x"` has no method.
+fn split_api(api: Option<&str>) -> (Option<&str>, Option<&str>) {
+    match api.map(str::trim) {
+        None => (None, None),
+        Some(a) => match a.split_once(char::is_whitespace) {
+            Some((m, p)) => (Some(m), Some(p.trim())),
+            None => (None, Some(a)),
+        },
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct LimitQuery {
+    key: Option<String>,
+    api: Option<String>,
+    cost: Option<u64>,
+}
+
+async fn limit(
+    State(state): State<Arc<AppState>>,
+    q: Result<Query<LimitQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let Query(q) = q.map_err(|e| {
+        state.metrics.bad_request();
+        ApiError::bad_request(e.body_text())
+    })?;
+    let body = CheckBody {
+        api: q.api,
+        user: q.key,
+        cost: q.cost,
+        ..CheckBody::default()
+    };
+    validate_body(&body).inspect_err(|_| state.metrics.bad_request())?;
+    let (method, path) = split_api(body.api.as_deref());
+    let attrs = SimpleAttributes {
+        user: body.user.as_deref(),
+        ..SimpleAttributes::default()
+    };
+    let req = Request {
+        method,
+        path,
+        attrs: &attrs,
+        cost: body.cost.unwrap_or(1),
+    };
+    let checked = state.limiter.check(&req).await;
+    state.record(&checked, started);
+    Ok(render(&checked))
+}
+
+/// The decision as JSON with its status and headers.
+fn render(checked: &Checked) -> Response {
+    let d = &checked.decision;
+    let name_of = |rd: &spillway_core::RuleDecision| checked.rule(rd).map_or("", Rule::name);
+    let algorithm = |rd: &spillway_core::RuleDecision| {
+        checked
+            .rule(rd)
+            .and_then(|r| r.limits().get(rd.limit))
+            .map_or("", Limit::algorithm_name)
+    };
+    let rules: Vec<RuleJson<'_>> = d
+        .rules
+        .iter()
+        .map(|rd| RuleJson {
+            rule: name_of(rd),
+            outcome: rd.outcome.as_str(),
+            algorithm: algorithm(rd),
+            limit: rd.verdict.limit,
+            remaining: rd.verdict.remaining,
+            reset_ms: rd.verdict.reset.as_millis_ceil(),
+            retry_after_ms: retry_ms(rd),
+        })
+        .collect();
+    let with_outcome = |o: Outcome| -> Vec<&str> {
+        d.rules
+            .iter()
+            .filter(|r| r.outcome == o)
+            .map(name_of)
+            .collect()
+    };
+    let deciding = d.deciding.as_ref();
+    let skipped: Vec<&str> = checked
+        .skipped
+        .iter()
+        .filter_map(|&i| checked.rules.get(i).map(Rule::name))
+        .collect();
+    let body = json!({
+        "allowed": d.allowed,
+        "outcome": d.outcome().as_str(),
+        "rule": deciding.map(name_of),
+        "limit": deciding.map(|r| r.verdict.limit),
+        "remaining": deciding.map(|r| r.verdict.remaining),
+        "reset_ms": deciding.map_or(0, |r| r.verdict.reset.as_millis_ceil()),
+        "retry_after_ms": deciding.filter(|_| !d.allowed).map_or(0, retry_ms),
+        "wait_ms": d.wait.as_millis_ceil(),
+        "shadow_denied": with_outcome(Outcome::ShadowDenied),
+        "soft_exceeded": with_outcome(Outcome::SoftExceeded),
+        "skipped": skipped,
+        "store_error": checked.store_error.is_some(),
+        "rules": rules,
+    });
+    let status = if d.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut resp = (status, body.to_string()).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for (name, value) in rate_limit_headers(checked) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    resp
+}
+
+fn retry_ms(rd: &spillway_core::RuleDecision) -> u64 {
+    if rd.verdict.allowed {
+        0
+    } else if rd.verdict.retry_after.is_never() {
+        u64::MAX / 1_000_000
+    } else {
+        rd.verdict.retry_after.as_millis_ceil()
+    }
+}
+
+async fn rules(State(state): State<Arc<AppState>>) -> Response {
+    let set = state.limiter.rules();
+    let list: Vec<serde_json::Value> = set.rules().iter().map(rule_json).collect();
+    axum::Json(json!({ "version": set.version, "rules": list })).into_response()
+}
+
+/// A rule as the API and `check-config` show it.
+pub fn rule_json(r: &Rule) -> serde_json::Value {
+    json!({
+        "name": r.name(),
+        "api": r.route().map(|x| x.as_str()),
+        "by": r.by().to_string(),
+        "mode": r.mode().to_string(),
+        "limits": r.limits().iter().map(describe_limit).collect::<Vec<_>>(),
+    })
+}
+
+/// One limit in words, e.g. `sliding_window_log: 5 per 60s`.
+pub fn describe_limit(l: &Limit) -> String {
+    let secs = |n: spillway_core::Nanos| {
+        let ms = n.as_millis_ceil();
+        if ms % 1000 == 0 {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{ms}ms")
+        }
+    };
+    match l {
+        Limit::TokenBucket(a) => format!(
+            "token_bucket: capacity {}, refill {} per {}",
+            a.capacity(),
+            a.refill().count(),
+            secs(a.refill().per())
+        ),
+        Limit::LeakyBucket(a) => format!(
+            "leaky_bucket: capacity {}, leak {} per {}",
+            a.capacity(),
+            a.leak().count(),
+            secs(a.leak().per())
+        ),
+        Limit::Shaper(a) => format!(
+            "leaky_bucket (queue): capacity {}, leak {} per {}, max wait {}",
+            a.capacity(),
+            a.leak().count(),
+            secs(a.leak().per()),
+            secs(a.max_wait())
+        ),
+        Limit::FixedWindow(a) => {
+            format!("fixed_window: {} per {}", a.limit(), secs(a.window()))
+        }
+        Limit::SlidingLog(a) => {
+            format!("sliding_window_log: {} per {}", a.limit(), secs(a.window()))
+        }
+        Limit::SlidingCounter(a) => format!(
+            "sliding_window_counter: {} per {}",
+            a.limit(),
+            secs(a.window())
+        ),
+        Limit::Gcra(a) => format!(
+            "gcra: {} per {}, burst {}",
+            a.rate().count(),
+            secs(a.rate().per()),
+            a.burst()
+        ),
+    }
+}
+
+async fn status(State(state): State<Arc<AppState>>) -> Response {
+    let set = state.limiter.rules();
+    let reload = state.reload.lock().clone();
+    axum::Json(json!({
+        "version": set.version,
+        "rules": set.rules().len(),
+        "source": state.source_name,
+        "last_reload_error": reload.last_error,
+        "last_reload_unix_ms": reload.last_reload_unix_ms,
+        "keys": spillway_store::Store::keys(state.limiter.store()),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let keys = spillway_store::Store::keys(state.limiter.store());
+    let mut resp = state.metrics.render(keys).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    resp
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let set = state.limiter.rules();
+    axum::Json(json!({"status": "ready", "rules_version": set.version})).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        title: "not found",
+        detail: "no such endpoint; see docs/openapi.yaml".into(),
+    }
+}

@@ -1,0 +1,189 @@
+//! # spillway-server
+//!
+//! The `spillway` binary's library: configuration, the HTTP API, metrics and
+//! hot reload. [`run`] takes its listener and a shutdown future, so tests
+//! start it on port 0 in-process; `main` only parses flags and calls it.
+
+pub mod config;
+pub mod headers;
+pub mod http;
+pub mod metrics;
+mod reload;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use spillway_core::Outcome;
+use spillway_store::{Checked, Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
+use tokio::net::TcpListener;
+
+use crate::config::{Config, Source, StoreConfig};
+use crate::metrics::Metrics;
+
+/// The store the server runs on.
+pub type ServerStore = MemoryStore<SystemClock>;
+
+/// What every request handler shares.
+#[derive(Debug)]
+pub struct AppState {
+    /// Rules and store.
+    pub limiter: Limiter<ServerStore>,
+    /// Counters.
+    pub metrics: Metrics,
+    /// Outcome of the last reload.
+    pub reload: Mutex<ReloadStatus>,
+    /// Where rules come from, as shown on `/v1/status`.
+    pub source_name: String,
+}
+
+/// The last reload's result.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    /// The last rejected file's errors, cleared by a good reload.
+    pub last_error: Option<String>,
+    /// When rules were last (re)loaded.
+    pub last_reload_unix_ms: u64,
+}
+
+impl AppState {
+    /// Counts a decision in the metrics.
+    pub fn record(&self, checked: &Checked, started: Instant) {
+        let version = checked.rules.version;
+        if checked.decision.rules.is_empty() {
+            self.metrics.count_unlimited();
+        }
+        for rd in &checked.decision.rules {
+            let name = checked.rule(rd).map_or("", |r| r.name());
+            // A rule that let the request through but was not charged because
+            // another rule denied it still counts as allowed by itself.
+            let outcome = rd.outcome;
+            self.metrics.count(version, rd.rule, name, outcome);
+        }
+        if checked.store_error.is_some() {
+            self.metrics.store_failed();
+        }
+        let _ = Outcome::Allowed;
+        self.metrics.observe_latency(started.elapsed());
+    }
+}
+
+/// Everything `run` needs besides the listener.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Where rules come from.
+    pub source: Source,
+    /// The validated configuration loaded from `source`.
+    pub config: Config,
+    /// How often to look at the rules file for changes.
+    pub poll_interval: Duration,
+}
+
+/// Builds the shared state for `config`.
+pub fn build_state(opts: &ServeOptions) -> Arc<AppState> {
+    let StoreConfig::Memory { max_keys } = opts.config.store;
+    let store = MemoryStore::new(
+        SystemClock::new(),
+        MemoryConfig {
+            max_keys,
+            ..MemoryConfig::default()
+        },
+    );
+    let set = rule_set(&opts.config, 1);
+    let metrics = Metrics::new(&set);
+    let source_name = match &opts.source {
+        Source::File(p) => p.display().to_string(),
+        Source::Example => "<built-in examples/rules.yaml>".to_string(),
+    };
+    Arc::new(AppState {
+        limiter: Limiter::new(store, set),
+        metrics,
+        reload: Mutex::new(ReloadStatus {
+            last_error: None,
+            last_reload_unix_ms: unix_ms(),
+        }),
+        source_name,
+    })
+}
+
+/// The rule set for `config`, numbered `version`.
+pub fn rule_set(config: &Config, version: u64) -> RuleSet {
+    let mut set = RuleSet::new(config.rules.clone());
+    set.on_store_error = config.on_store_error;
+    set.version = version;
+    set
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Serves the HTTP API on `listener` until `shutdown` completes, reloading
+/// rules when the source file changes or on SIGHUP.
+///
+/// # Errors
+/// The listener fails.
+pub async fn run(
+    opts: ServeOptions,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = build_state(&opts);
+    let addr = listener.local_addr()?;
+    let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
+    tracing::info!(
+        %addr,
+        source = %state.source_name,
+        rules = ?names,
+        "spillway listening on http://{addr} with {} rules",
+        names.len()
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let reloader = tokio::spawn(reload::watch(state.clone(), opts.clone(), stop_rx.clone()));
+    let maintainer = tokio::spawn(maintain(state.clone(), stop_rx));
+    let app = http::router(state);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    let _ = stop_tx.send(true);
+    let _ = reloader.await;
+    let _ = maintainer.await;
+    tracing::info!("spillway stopped");
+    result
+}
+
+/// Sweeps idle keys once a second.
+async fn maintain(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => state.limiter.store().maintain(),
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT: shutting down"),
+        () = term => tracing::info!("SIGTERM: shutting down"),
+    }
+}

@@ -1,0 +1,94 @@
+//! Hot reload: poll the rules file (cheap: one `stat` a tick, a read only
+//! when size or mtime changed) and reload at once on SIGHUP. A file that
+//! fails validation is rejected whole; the last good rules stay in force.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::watch;
+
+use crate::config::Source;
+use crate::{AppState, ServeOptions, rule_set, unix_ms};
+
+#[derive(PartialEq, Eq, Clone, Copy, Debug)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+fn stamp(path: &std::path::Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some(Stamp {
+        len: m.len(),
+        modified: m.modified().ok(),
+    })
+}
+
+pub(crate) async fn watch(
+    state: Arc<AppState>,
+    opts: ServeOptions,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Source::File(path) = &opts.source else {
+        // The built-in example never changes; SIGHUP has nothing to reload.
+        let _ = stop.changed().await;
+        return;
+    };
+    let mut last = stamp(path);
+    let mut last_text = std::fs::read_to_string(path).ok();
+    let mut tick = tokio::time::interval(opts.poll_interval);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let sighup = async {
+            match hup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let sighup = std::future::pending::<()>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            () = sighup => true,
+            _ = stop.changed() => return,
+        };
+        let now = stamp(path);
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        let text = std::fs::read_to_string(path).ok();
+        if !forced && text == last_text {
+            continue;
+        }
+        last_text = text;
+        reload(&state, &opts.source);
+    }
+}
+
+/// Loads the source again and swaps the rules in if it is valid.
+pub(crate) fn reload(state: &AppState, source: &Source) {
+    match source.load() {
+        Ok(config) => {
+            let version = state.limiter.rules().version + 1;
+            let set = rule_set(&config, version);
+            state.metrics.rules_changed(&set);
+            state.limiter.replace_rules(set);
+            state.metrics.reloaded();
+            let mut r = state.reload.lock();
+            r.last_error = None;
+            r.last_reload_unix_ms = unix_ms();
+            let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
+            tracing::info!(version, rules = ?names, "rules reloaded");
+        }
+        Err(e) => {
+            state.metrics.reload_failed();
+            state.reload.lock().last_error = Some(e.to_string());
+            tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
+        }
+    }
+}

@@ -1,0 +1,523 @@
+//! End-to-end: the real `spillway` binary, over HTTP, with a real client.
+
+mod util;
+
+use std::time::Duration;
+
+use serde_json::json;
+use util::{Server, TempDir, check, client, header};
+
+#[tokio::test]
+async fn sixth_login_in_a_minute_gets_429_with_retry_after() {
+    let s = Server::start(&[]);
+    let c = client();
+    let body = json!({"api": "POST /v1/login", "ip": "203.0.113.7"});
+    for i in 0..5 {
+        let (status, h, j) = check(&c, &s, body.clone()).await;
+        assert_eq!(status, 200, "attempt {i}: {j}");
+        assert_eq!(j["rule"], "login");
+        assert_eq!(j["remaining"], 4 - i);
+        assert_eq!(header(&h, "x-ratelimit-remaining"), (4 - i).to_string());
+    }
+    let (status, h, j) = check(&c, &s, body.clone()).await;
+    assert_eq!(status, 429, "{j}");
+    assert_eq!(j["allowed"], false);
+    assert_eq!(j["rule"], "login");
+    let retry: u64 = header(&h, "retry-after").parse().unwrap();
+    assert!((59..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(header(&h, "x-ratelimit-retry-after"), retry.to_string());
+    let retry_ms = j["retry_after_ms"].as_u64().unwrap();
+    assert!((58_000..=60_000).contains(&retry_ms), "{retry_ms}");
+    assert_eq!(header(&h, "ratelimit-policy"), "\"login\";q=5;w=60");
+    assert!(header(&h, "ratelimit").starts_with("\"login\";r=0;t="));
+    // Another IP is not affected.
+    let (status, _, _) = check(
+        &c,
+        &s,
+        json!({"api": "POST /v1/login", "ip": "203.0.113.8"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn users_are_limited_independently_and_both_limits_apply() {
+    let s = Server::start(&[]);
+    let c = client();
+    // default: 10 per minute (sliding counter) and 500 per hour.
+    for i in 0..10 {
+        let (status, _, j) = check(&c, &s, json!({"user": "alice"})).await;
+        assert_eq!(status, 200, "request {i}: {j}");
+    }
+    let (status, _, j) = check(&c, &s, json!({"user": "alice"})).await;
+    assert_eq!(status, 429, "{j}");
+    assert_eq!(j["rule"], "default");
+    assert_eq!(j["rules"][0]["algorithm"], "sliding_window_counter");
+    let (status, _, j) = check(&c, &s, json!({"user": "bob"})).await;
+    assert_eq!(status, 200, "{j}");
+    // Both limits are reported; the hour limit was charged 10 times, not 11.
+    let (_, _, j) = check(&c, &s, json!({"user": "carol", "cost": 3})).await;
+    assert_eq!(j["remaining"], 7, "{j}");
+}
+
+#[tokio::test]
+async fn user_plus_ip_keys_and_soft_mode() {
+    let s = Server::start(&[]);
+    let c = client();
+    // uploads: token bucket 20 and leaky bucket 10 (2/s), soft 10%: 11 pass
+    // at once for one user+ip, the 11th as soft-exceeded.
+    let up = |user: &str, ip: &str| json!({"api": "POST /v1/upload", "user": user, "ip": ip});
+    let mut outcomes = Vec::new();
+    for _ in 0..12 {
+        let (status, _, j) = check(&c, &s, up("dave", "10.0.0.1")).await;
+        outcomes.push((status, j["outcome"].as_str().unwrap().to_string()));
+    }
+    // The default rule (by user) also applies: 10 per minute for dave.
+    assert!(
+        outcomes[..10]
+            .iter()
+            .all(|(s, o)| *s == 200 && o == "allowed"),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[10].0, 429, "{outcomes:?}");
+    // A different user on the same IP has a separate uploads key.
+    let (status, _, j) = check(&c, &s, up("erin", "10.0.0.1")).await;
+    assert_eq!(status, 200, "{j}");
+    // Missing ip: the user+ip rule is skipped and says so.
+    let (_, _, j) = check(&c, &s, json!({"api": "POST /v1/upload", "user": "frank"})).await;
+    assert!(
+        j["skipped"].as_array().unwrap().contains(&json!("uploads")),
+        "{j}"
+    );
+}
+
+const EVERY_ALGORITHM: &str = r#"
+rules:
+  - name: tb
+    api: /tb
+    by: user
+    limits: [ { token_bucket: { capacity: 3, refill: 1/h } } ]
+  - name: lb
+    api: /lb
+    by: user
+    limits: [ { leaky_bucket: { capacity: 3, leak: 1/h } } ]
+  - name: fw
+    api: /fw
+    by: user
+    limits: [ { fixed_window: { limit: 3, window: 1h } } ]
+  - name: swl
+    api: /swl
+    by: user
+    limits: [ { sliding_window_log: { limit: 3, window: 1h } } ]
+  - name: swc
+    api: /swc
+    by: user
+    limits: [ { sliding_window_counter: { limit: 3, window: 1h } } ]
+  - name: gcra
+    api: /gcra
+    by: user
+    limits: [ { gcra: { rate: 1/1h, burst: 3 } } ]
+  - name: shaped
+    api: /queue
+    by: user
+    queue: { max_wait: 10s }
+    limits: [ { leaky_bucket: { capacity: 3, leak: 1/s } } ]
+  - name: shadowed
+    api: /shadow
+    by: header:X-Api-Key
+    mode: shadow
+    limits: [ { fixed_window: { limit: 1, window: 1h } } ]
+  - name: tenant
+    api: /tenant
+    by: tenant
+    limits: [ { fixed_window: { limit: 1, window: 1h } } ]
+"#;
+
+#[tokio::test]
+async fn every_algorithm_admits_three_then_denies() {
+    let dir = TempDir::new("algos");
+    let file = dir.write("rules.yaml", EVERY_ALGORITHM);
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    for (api, algorithm) in [
+        ("/tb", "token_bucket"),
+        ("/lb", "leaky_bucket"),
+        ("/fw", "fixed_window"),
+        ("/swl", "sliding_window_log"),
+        ("/swc", "sliding_window_counter"),
+        ("/gcra", "gcra"),
+    ] {
+        for i in 0..3 {
+            let (status, h, j) = check(&c, &s, json!({"api": api, "user": "u"})).await;
+            assert_eq!(status, 200, "{api} #{i}: {j}");
+            assert_eq!(j["rules"][0]["algorithm"], algorithm);
+            assert_eq!(header(&h, "x-ratelimit-limit"), "3");
+            assert_eq!(
+                header(&h, "x-ratelimit-remaining"),
+                (2 - i).to_string(),
+                "{api}"
+            );
+        }
+        let (status, h, j) = check(&c, &s, json!({"api": api, "user": "u"})).await;
+        assert_eq!(status, 429, "{api}: {j}");
+        let retry: u64 = header(&h, "retry-after").parse().unwrap();
+        assert!(retry > 0 && retry <= 3600, "{api}: {retry}");
+    }
+    // The shaper queues instead of denying: waits grow by the leak interval.
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let (status, _, j) = check(&c, &s, json!({"api": "/queue", "user": "q"})).await;
+        waits.push((status, j["wait_ms"].as_u64().unwrap()));
+    }
+    assert_eq!(waits[0], (200, 0), "{waits:?}");
+    assert!(waits[1].1 > 900 && waits[1].1 <= 1000, "{waits:?}");
+    assert!(waits[2].1 > 1900 && waits[2].1 <= 2000, "{waits:?}");
+    assert_eq!(waits[3].0, 429, "{waits:?}");
+    // Shadow mode never denies but says it would have.
+    let hdr = json!({"api": "/shadow", "headers": {"X-Api-Key": "k1"}});
+    let (status, _, j) = check(&c, &s, hdr.clone()).await;
+    assert_eq!((status, j["outcome"].as_str()), (200, Some("allowed")));
+    let (status, _, j) = check(&c, &s, hdr).await;
+    assert_eq!(status, 200);
+    assert_eq!(j["outcome"], "shadow_denied");
+    assert_eq!(j["shadow_denied"], json!(["shadowed"]));
+    // Any descriptor can be a key.
+    let t = json!({"api": "/tenant", "descriptors": {"tenant": "acme"}});
+    assert_eq!(check(&c, &s, t.clone()).await.0, 200);
+    assert_eq!(check(&c, &s, t).await.0, 429);
+    let other = json!({"api": "/tenant", "descriptors": {"tenant": "globex"}});
+    assert_eq!(check(&c, &s, other).await.0, 200);
+}
+
+#[tokio::test]
+async fn minimal_get_form_and_unknown_api() {
+    let s = Server::start(&[]);
+    let c = client();
+    for i in 0..10 {
+        let r = c.get(s.url("/v1/limit?key=zoe")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{i}");
+    }
+    let r = c.get(s.url("/v1/limit?key=zoe")).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    // No rule applies: allowed, no limit, no headers.
+    let (status, h, j) = check(&c, &s, json!({"api": "GET /unknown"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(j["rule"], serde_json::Value::Null);
+    assert_eq!(j["limit"], serde_json::Value::Null);
+    assert!(!h.contains_key("x-ratelimit-limit"));
+}
+
+#[tokio::test]
+async fn malformed_input_gets_a_clear_4xx_json_error() {
+    let s = Server::start(&[]);
+    let c = client();
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16)> = vec![
+        ("bad json", c.post(s.url("/v1/check")).body("{bad"), 400),
+        (
+            "wrong type",
+            c.post(s.url("/v1/check")).body(r#"{"cost": "x"}"#),
+            400,
+        ),
+        (
+            "negative cost",
+            c.post(s.url("/v1/check")).body(r#"{"cost": -1}"#),
+            400,
+        ),
+        (
+            "zero cost",
+            c.post(s.url("/v1/check")).body(r#"{"cost": 0}"#),
+            400,
+        ),
+        (
+            "unknown field",
+            c.post(s.url("/v1/check")).body(r#"{"usr": "a"}"#),
+            400,
+        ),
+        (
+            "bad api",
+            c.post(s.url("/v1/check")).body(r#"{"api": "login"}"#),
+            400,
+        ),
+        (
+            "huge value",
+            c.post(s.url("/v1/check"))
+                .body(json!({"user": "x".repeat(5000)}).to_string()),
+            400,
+        ),
+        (
+            "oversized body",
+            c.post(s.url("/v1/check")).body(vec![b' '; 200_000]),
+            413,
+        ),
+        ("bad query", c.get(s.url("/v1/limit?key=a&cost=abc")), 400),
+        ("no endpoint", c.get(s.url("/v2/nothing")), 404),
+    ];
+    for (what, req, want) in cases {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), want, "{what}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{what}"
+        );
+        let j: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            j["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{what}: {j}"
+        );
+    }
+    // Still serving.
+    assert_eq!(check(&c, &s, json!({"user": "ok"})).await.0, 200);
+}
+
+#[tokio::test]
+async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
+    let dir = TempDir::new("reload");
+    let rules = |limit: u32| {
+        format!(
+            "rules:\n  - name: r\n    api: /r\n    by: user\n    limits:\n      - fixed_window: {{ limit: {limit}, window: 1h }}\n  - name: kept\n    api: /kept\n    by: user\n    limits:\n      - fixed_window: {{ limit: 2, window: 1h }}\n"
+        )
+    };
+    let file = dir.write("rules.yaml", &rules(1));
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    assert_eq!(
+        check(&c, &s, json!({"api": "/r", "user": "a"})).await.0,
+        200
+    );
+    assert_eq!(
+        check(&c, &s, json!({"api": "/r", "user": "a"})).await.0,
+        429
+    );
+    assert_eq!(
+        check(&c, &s, json!({"api": "/kept", "user": "a"})).await.0,
+        200
+    );
+    // A good change is picked up within 2 seconds.
+    dir.write("rules.yaml", &rules(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, _, j) = check(&c, &s, json!({"api": "/r", "user": "b"})).await;
+        if j["limit"] == 5 {
+            assert_eq!(status, 200);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not reloaded in 2s: {j}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The unchanged rule kept its counter (1 of 2 used).
+    let (_, _, j) = check(&c, &s, json!({"api": "/kept", "user": "a"})).await;
+    assert_eq!(
+        j["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["rule"] == "kept")
+            .unwrap()["remaining"],
+        0,
+        "{j}"
+    );
+    let status: serde_json::Value = c
+        .get(s.url("/v1/status"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["version"], 2);
+    // A bad file is rejected whole and reported; the rules stay.
+    dir.write(
+        "rules.yaml",
+        "rules:\n  - name: r\n    limits:\n      - fixed_window: { limit: -1, window: 1h }\n",
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let st: serde_json::Value = c
+            .get(s.url("/v1/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(e) = st["last_reload_error"].as_str() {
+            assert!(e.contains("rules.yaml:4:"), "{e}");
+            assert_eq!(st["version"], 2);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bad file not reported: {st}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, _, j) = check(&c, &s, json!({"api": "/r", "user": "c"})).await;
+    assert_eq!(j["limit"], 5);
+    let metrics = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("spillway_rules_reload_errors_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("spillway_rules_reloads_total 1"),
+        "{metrics}"
+    );
+    // SIGHUP reloads at once (same file: version goes up once it is fixed).
+    dir.write("rules.yaml", &rules(7));
+    s.signal("HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (_, _, j) = check(&c, &s, json!({"api": "/r", "user": "d"})).await;
+        if j["limit"] == 7 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP did not reload"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn metrics_health_rules_and_clean_shutdown() {
+    let mut s = Server::start(&[]);
+    let c = client();
+    check(&c, &s, json!({"user": "m"})).await;
+    check(
+        &c,
+        &s,
+        json!({"api": "GET /v1/search", "headers": {"x-api-key": "k"}}),
+    )
+    .await;
+    let m = c.get(s.url("/metrics")).send().await.unwrap();
+    assert!(
+        m.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let m = m.text().await.unwrap();
+    assert!(
+        m.contains("spillway_decisions_total{rule=\"default\",outcome=\"allowed\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("spillway_decisions_total{rule=\"search\",outcome=\"allowed\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("spillway_decision_duration_seconds_count 2"),
+        "{m}"
+    );
+    assert!(m.contains("spillway_keys "), "{m}");
+    assert!(!m.contains("\"m\""), "client keys must not be labels");
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(c.get(s.url(path)).send().await.unwrap().status(), 200);
+    }
+    let rules: serde_json::Value = c
+        .get(s.url("/v1/rules"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = rules["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["login", "default", "uploads", "search"]);
+    s.signal("TERM");
+    assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
+}
+
+#[test]
+fn check_config_prints_rules_or_every_error_with_its_location() {
+    let dir = TempDir::new("check");
+    let good = dir.write("good.yaml", EVERY_ALGORITHM);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["check-config", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("9 rules"), "{text}");
+    assert!(text.contains("gcra: 1 per 3600s, burst 3"), "{text}");
+    let bad = dir.write(
+        "bad.yaml",
+        "rules:\n  - name: a\n    by: user\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n  - name: a\n    mode: loud\n    limits:\n      - token_bucket: { capacity: 5, refill: 5/fortnight }\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let bad = bad.display().to_string();
+    for want in [
+        format!("{bad}:5:32: limit must be at least 1"),
+        format!("{bad}:6:11: duplicate rule name"),
+        format!("{bad}:7:11: mode \"loud\""),
+        format!("{bad}:9:46: refill:"),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+    for (text, want) in [
+        (
+            "rules:\n  - name: a\n    limits:\n      - nonsense: { limit: 1 }\n",
+            ":4:",
+        ),
+        (
+            "rules:\n  - name: a\n    colour: red\n    limits: []\n",
+            ":3:",
+        ),
+        ("rules: [\n", ":"),
+    ] {
+        let f = dir.write("x.yaml", text);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .args(["check-config", f.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("x.yaml{want}")), "{text}: {err}");
+    }
+}
+
+#[test]
+fn bad_flags_and_missing_files_fail_cleanly() {
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["serve", "--listen", "not-an-address"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));
+    let out = run(&["serve", "--config", "/nonexistent/rules.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    for sub in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["check-config", "--help"],
+    ] {
+        assert!(run(sub).status.success(), "{sub:?}");
+    }
+}

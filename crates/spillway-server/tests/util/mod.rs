@@ -1,0 +1,158 @@
+//! Fixtures: the real `spillway` binary on a free port, temp dirs, an HTTP client.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running `spillway serve`, killed on drop.
+pub struct Server {
+    child: Child,
+    pub addr: String,
+    pub logs: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// Starts `spillway serve --listen 127.0.0.1:0` with extra args and waits
+    /// for the line that says where it listens.
+    pub fn start(args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the spillway binary");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        let addr = loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                        break rest.split_whitespace().next().unwrap().to_string();
+                    }
+                    seen.push(line);
+                }
+                Err(_) => panic!("spillway did not say where it listens; it printed: {seen:#?}"),
+            }
+        };
+        Server {
+            child,
+            addr,
+            logs: rx,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns its status code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Log lines printed so far.
+    pub fn drain_logs(&self) -> Vec<String> {
+        self.logs.try_iter().collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("spillway-test-{}-{tag}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        // Write then rename so a watcher never sees half a file.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &p).unwrap();
+        p
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A blocking-free HTTP client.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// POSTs a check and returns status, headers and JSON body.
+pub async fn check(
+    c: &reqwest::Client,
+    s: &Server,
+    body: serde_json::Value,
+) -> (u16, reqwest::header::HeaderMap, serde_json::Value) {
+    let r = c.post(s.url("/v1/check")).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let json = r.json().await.unwrap();
+    (status, headers, json)
+}
+
+pub fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .unwrap_or_else(|| panic!("missing header {name}"))
+        .to_str()
+        .unwrap()
+        .to_string()
+}

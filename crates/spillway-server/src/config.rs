@@ -2,7 +2,7 @@
 //!
 //! Parsing happens in two stages, as in ripgrep's flags: serde reads the file
 //! into raw structs that keep each value's line and column, then
-//! [`validate`] turns them into core types, collecting every error it finds
+//! validation turns them into core types, collecting every error it finds
 //! with the location it belongs to.
 
 use std::fmt;

@@ -41,13 +41,16 @@ const BUCKETS: [f64; 12] = [
     0.01, 0.1,
 ];
 
+/// Per-rule counters for one rule set version, in rule order (removed
+/// rules' counters after them).
+type RuleTable = (u64, Vec<(String, Arc<RuleCounters>)>);
+
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct Metrics {
     /// Counters per rule, indexed like the rule set they were built for.
-    rules: ArcSwap<(u64, Vec<(String, Arc<RuleCounters>)>)>,
-    /// Counters of rules that have been removed or renamed: kept so a
-    /// counter never goes backwards within a process.
+    rules: ArcSwap<RuleTable>,
+    /// Requests no rule applied to.
     unlimited: AtomicU64,
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,

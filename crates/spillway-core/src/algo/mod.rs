@@ -270,14 +270,3 @@ impl Limit {
         }
     }
 }
-
-#[cfg(test)]
-pub(crate) mod testutil {
-    use super::*;
-    pub fn secs(s: u64) -> Nanos {
-        Nanos::from_secs(s)
-    }
-    pub fn rate(n: u64, per_secs: u64) -> Rate {
-        Rate::new(n, secs(per_secs)).unwrap()
-    }
-}

@@ -521,3 +521,104 @@ fn bad_flags_and_missing_files_fail_cleanly() {
         assert!(run(sub).status.success(), "{sub:?}");
     }
 }
+
+/// docs/openapi.yaml lists exactly the endpoints the server has, and the
+/// decision, rules, status and problem schemas list exactly the fields sent.
+#[tokio::test]
+async fn the_openapi_description_matches_the_server() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/openapi.yaml"
+    ))
+    .unwrap();
+    let spec: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let s = Server::start(&[]);
+    let c = client();
+    let paths = spec["paths"].as_object().unwrap();
+    for (path, ops) in paths {
+        for method in ops.as_object().unwrap().keys() {
+            let url = s.url(path);
+            let r = match method.as_str() {
+                "get" => c.get(url).send().await.unwrap(),
+                "post" => c.post(url).body("{}").send().await.unwrap(),
+                m => panic!("unexpected method {m}"),
+            };
+            assert_ne!(
+                r.status(),
+                404,
+                "{method} {path} is in the spec but not served"
+            );
+        }
+    }
+    for path in [
+        "/v1/check",
+        "/v1/limit",
+        "/v1/rules",
+        "/v1/status",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    ] {
+        assert!(
+            paths.contains_key(path),
+            "{path} is served but not in the spec"
+        );
+    }
+    let schema = |name: &str| spec["components"]["schemas"][name].clone();
+    let same_fields = |name: &str, value: &serde_json::Value| {
+        let s = schema(name);
+        let mut want: Vec<&str> = s["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut got: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want, "fields of {name}");
+        for req in s["required"].as_array().unwrap() {
+            assert!(
+                value.get(req.as_str().unwrap()).is_some(),
+                "{name} lacks required {req}"
+            );
+        }
+    };
+    let (_, _, d) = check(
+        &c,
+        &s,
+        json!({"api": "POST /v1/login", "ip": "1.2.3.4", "cost": 1}),
+    )
+    .await;
+    same_fields("Decision", &d);
+    same_fields("RuleResult", &d["rules"][0]);
+    let rules: serde_json::Value = c
+        .get(s.url("/v1/rules"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    same_fields("Rule", &rules["rules"][0]);
+    let problem: serde_json::Value = c
+        .post(s.url("/v1/check"))
+        .body("{")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    same_fields("Problem", &problem);
+    let request_schema = schema("CheckRequest");
+    let req_fields = request_schema["properties"].as_object().unwrap();
+    for f in ["api", "user", "ip", "descriptors", "headers", "cost"] {
+        assert!(req_fields.contains_key(f), "CheckRequest lacks {f}");
+    }
+}

@@ -226,8 +226,14 @@ impl<S: SlotState> Table<S> {
             .into_iter()
             .filter(|(t, s)| *t != EMPTY && s.expires_at() > now)
             .collect();
-        let target = (live.len() * MAX_LOAD_DEN / MAX_LOAD_NUM + 1).max(live.len() * 3 / 2);
-        self.rebuild(live, if target < 8 { 0 } else { target });
+        let target = if live.is_empty() {
+            0
+        } else {
+            (live.len() * MAX_LOAD_DEN / MAX_LOAD_NUM + 1)
+                .max(live.len() * 3 / 2)
+                .max(8)
+        };
+        self.rebuild(live, target);
         before - self.len
     }
 
@@ -327,6 +333,29 @@ mod tests {
                 assert_eq!(t.get(tag), Some(&(i as u64 + 100)), "tag {i}");
             }
         }
+    }
+
+    /// Regression: a purge that kept a handful of live entries sized the
+    /// table to zero slots and the reinsert indexed an empty table (a panic
+    /// under load in the server).
+    #[test]
+    fn purge_keeping_few_entries_then_growing_does_not_panic() {
+        let mut t: Table<u64> = Table::new();
+        // Six entries: three expire at 10, three live until 1000.
+        for i in 1..=6u64 {
+            *t.entry(i.wrapping_mul(0x1234_5678_9abc_def1), usize::MAX, 0) = if i % 2 == 0 { 10 } else { 1000 };
+        }
+        // Force purges with few survivors while inserting more keys at time 20.
+        for i in 7..200u64 {
+            *t.entry(i.wrapping_mul(0x1234_5678_9abc_def1), usize::MAX, 20) = 1000;
+        }
+        for i in (1..=6u64).filter(|i| i % 2 == 1) {
+            assert_eq!(t.get(i.wrapping_mul(0x1234_5678_9abc_def1)), Some(&1000));
+        }
+        assert_eq!(t.purge(2000), 196);
+        assert_eq!(t.len(), 0);
+        *t.entry(42, usize::MAX, 2000) = 1;
+        assert_eq!(t.get(42), Some(&1));
     }
 
     #[test]

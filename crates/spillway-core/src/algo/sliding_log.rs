@@ -123,7 +123,14 @@ impl SlidingLog {
         let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
         let want = log.ring.len() + n;
         if log.ring.capacity() < want {
-            log.ring.reserve_exact(want - log.ring.len());
+            // Grow by doubling, but never past the limit: a log that fills
+            // up holds exactly `limit` entries of 4 bytes.
+            let cap = want
+                .max(log.ring.capacity() * 2)
+                .max(4)
+                .min(usize::try_from(self.limit).unwrap_or(usize::MAX))
+                .max(want);
+            log.ring.reserve_exact(cap - log.ring.len());
         }
         log.ring.extend(std::iter::repeat_n(offset, n));
         log.expires = log.expires.max(t.saturating_add(w));
@@ -186,6 +193,13 @@ impl Log {
     /// Index of the first entry still inside the window ending at `now`
     /// (entries whose time + W <= now have left).
     fn live_from(&self, now: u64, w: u64, shift: u32) -> usize {
+        // Usually nothing has left since the last request: one look at the
+        // oldest entry instead of a binary search over the whole log.
+        match self.ring.front() {
+            None => return 0,
+            Some(&o) if self.time(o, shift).saturating_add(w) > now => return 0,
+            _ => {}
+        }
         self.ring
             .partition_point(|&o| self.time(o, shift).saturating_add(w) <= now)
     }

@@ -27,7 +27,10 @@ fn rss_bytes() -> u64 {
 fn main() {
     let mut args = std::env::args().skip(1);
     let algo = args.next().unwrap_or_else(|| "gcra".to_string());
-    let keys: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let keys: u64 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
     let per_key: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
     let ids: Vec<[u8; 16]> = (0..keys)
         .map(|i| {

@@ -343,7 +343,8 @@ mod tests {
         let mut t: Table<u64> = Table::new();
         // Six entries: three expire at 10, three live until 1000.
         for i in 1..=6u64 {
-            *t.entry(i.wrapping_mul(0x1234_5678_9abc_def1), usize::MAX, 0) = if i % 2 == 0 { 10 } else { 1000 };
+            *t.entry(i.wrapping_mul(0x1234_5678_9abc_def1), usize::MAX, 0) =
+                if i % 2 == 0 { 10 } else { 1000 };
         }
         // Force purges with few survivors while inserting more keys at time 20.
         for i in 7..200u64 {
@@ -368,5 +369,58 @@ mod tests {
         assert_eq!(t.len(), 100);
         // The slots hold no more than the cap allows for.
         assert!(t.slots.len() <= 100 * 5 / 4 + 8);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// The table behaves like a map from tag to state, whatever the mix of
+        /// inserts, updates, purges, sweeps and a cap.
+        #[test]
+        fn table_matches_a_map_model(
+            ops in proptest::collection::vec((0u8..5, 1u64..64, 0u64..100), 1..400),
+            cap in 1usize..80,
+        ) {
+            let mut t: Table<u64> = Table::new();
+            let mut model = std::collections::HashMap::<u64, u64>::new();
+            let mut now = 0u64;
+            let mut cursor = 0;
+            for (op, k, v) in ops {
+                let tag = k.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+                match op {
+                    0 | 1 => {
+                        if !model.contains_key(&tag) && model.len() >= cap {
+                            // The table evicts one entry of its choosing.
+                            *t.entry(tag, cap, now) = now + v;
+                            model.retain(|k, _| t.get(*k).is_some());
+                        } else {
+                            *t.entry(tag, cap, now) = now + v;
+                        }
+                        model.insert(tag, now + v);
+                    }
+                    2 => now += v,
+                    3 => {
+                        t.purge(now);
+                        model.retain(|_, e| *e > now);
+                    }
+                    _ => {
+                        cursor = t.purge_some(cursor, 7, now);
+                        // Entries not visited may stay; visited expired ones go.
+                        model.retain(|k, _| t.get(*k).is_some());
+                    }
+                }
+                // The table may drop expired entries whenever it likes
+                // (they equal fresh ones), and nothing else.
+                for (k, e) in &model {
+                    proptest::prop_assert!(t.get(*k).is_some() || *e <= now, "lost a live entry");
+                }
+                model.retain(|k, _| t.get(*k).is_some());
+                proptest::prop_assert!(t.len() <= cap);
+                proptest::prop_assert_eq!(t.len(), model.len());
+                for (k, e) in &model {
+                    proptest::prop_assert_eq!(t.get(*k), Some(e));
+                }
+            }
+        }
     }
 }

@@ -5,8 +5,18 @@
 use spillway_core::{Limit, Nanos, Rule, Verdict};
 use spillway_store::Checked;
 
+use axum::http::HeaderName;
+
 /// Header name/value pairs for a decision, in order.
-pub type HeaderList = Vec<(&'static str, String)>;
+pub type HeaderList = Vec<(HeaderName, String)>;
+
+const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
+const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
 
 /// The headers describing the deciding limit of `checked` (the denying one,
 /// or the one closest to denying); none when no rule applied.
@@ -30,18 +40,15 @@ fn push(out: &mut HeaderList, rule: &Rule, limit: Option<&Limit>, v: &Verdict, a
     let window_s = limit.map_or(0, |l| l.window().as_secs_ceil());
     let reset_s = v.reset.as_secs_ceil();
     let name = sf_string(rule.name());
-    out.push((
-        "ratelimit-policy",
-        format!("{name};q={};w={window_s}", v.limit),
-    ));
-    out.push(("ratelimit", format!("{name};r={};t={reset_s}", v.remaining)));
-    out.push(("x-ratelimit-limit", v.limit.to_string()));
-    out.push(("x-ratelimit-remaining", v.remaining.to_string()));
-    out.push(("x-ratelimit-reset", reset_s.to_string()));
+    out.push((POLICY, format!("{name};q={};w={window_s}", v.limit)));
+    out.push((RATELIMIT, format!("{name};r={};t={reset_s}", v.remaining)));
+    out.push((X_LIMIT, v.limit.to_string()));
+    out.push((X_REMAINING, v.remaining.to_string()));
+    out.push((X_RESET, reset_s.to_string()));
     if !allowed {
         let retry = retry_secs(v.retry_after);
-        out.push(("retry-after", retry.to_string()));
-        out.push(("x-ratelimit-retry-after", retry.to_string()));
+        out.push((RETRY_AFTER, retry.to_string()));
+        out.push((X_RETRY_AFTER, retry.to_string()));
     }
 }
 

@@ -252,6 +252,24 @@ async fn limit(
     Ok(render(&checked))
 }
 
+/// The JSON body of a decision (`Decision` in docs/openapi.yaml).
+#[derive(Debug, Serialize)]
+struct DecisionJson<'a> {
+    allowed: bool,
+    outcome: &'static str,
+    rule: Option<&'a str>,
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset_ms: u64,
+    retry_after_ms: u64,
+    wait_ms: u64,
+    shadow_denied: Vec<&'a str>,
+    soft_exceeded: Vec<&'a str>,
+    skipped: Vec<&'a str>,
+    store_error: bool,
+    rules: Vec<RuleJson<'a>>,
+}
+
 /// The decision as JSON with its status and headers.
 fn render(checked: &Checked) -> Response {
     let d = &checked.decision;
@@ -262,19 +280,6 @@ fn render(checked: &Checked) -> Response {
             .and_then(|r| r.limits().get(rd.limit))
             .map_or("", Limit::algorithm_name)
     };
-    let rules: Vec<RuleJson<'_>> = d
-        .rules
-        .iter()
-        .map(|rd| RuleJson {
-            rule: name_of(rd),
-            outcome: rd.outcome.as_str(),
-            algorithm: algorithm(rd),
-            limit: rd.verdict.limit,
-            remaining: rd.verdict.remaining,
-            reset_ms: rd.verdict.reset.as_millis_ceil(),
-            retry_after_ms: retry_ms(rd),
-        })
-        .collect();
     let with_outcome = |o: Outcome| -> Vec<&str> {
         d.rules
             .iter()
@@ -283,32 +288,44 @@ fn render(checked: &Checked) -> Response {
             .collect()
     };
     let deciding = d.deciding.as_ref();
-    let skipped: Vec<&str> = checked
-        .skipped
-        .iter()
-        .filter_map(|&i| checked.rules.get(i).map(Rule::name))
-        .collect();
-    let body = json!({
-        "allowed": d.allowed,
-        "outcome": d.outcome().as_str(),
-        "rule": deciding.map(name_of),
-        "limit": deciding.map(|r| r.verdict.limit),
-        "remaining": deciding.map(|r| r.verdict.remaining),
-        "reset_ms": deciding.map_or(0, |r| r.verdict.reset.as_millis_ceil()),
-        "retry_after_ms": deciding.filter(|_| !d.allowed).map_or(0, retry_ms),
-        "wait_ms": d.wait.as_millis_ceil(),
-        "shadow_denied": with_outcome(Outcome::ShadowDenied),
-        "soft_exceeded": with_outcome(Outcome::SoftExceeded),
-        "skipped": skipped,
-        "store_error": checked.store_error.is_some(),
-        "rules": rules,
-    });
+    let body = DecisionJson {
+        allowed: d.allowed,
+        outcome: d.outcome().as_str(),
+        rule: deciding.map(name_of),
+        limit: deciding.map(|r| r.verdict.limit),
+        remaining: deciding.map(|r| r.verdict.remaining),
+        reset_ms: deciding.map_or(0, |r| r.verdict.reset.as_millis_ceil()),
+        retry_after_ms: deciding.filter(|_| !d.allowed).map_or(0, retry_ms),
+        wait_ms: d.wait.as_millis_ceil(),
+        shadow_denied: with_outcome(Outcome::ShadowDenied),
+        soft_exceeded: with_outcome(Outcome::SoftExceeded),
+        skipped: checked
+            .skipped
+            .iter()
+            .filter_map(|&i| checked.rules.get(i).map(Rule::name))
+            .collect(),
+        store_error: checked.store_error.is_some(),
+        rules: d
+            .rules
+            .iter()
+            .map(|rd| RuleJson {
+                rule: name_of(rd),
+                outcome: rd.outcome.as_str(),
+                algorithm: algorithm(rd),
+                limit: rd.verdict.limit,
+                remaining: rd.verdict.remaining,
+                reset_ms: rd.verdict.reset.as_millis_ceil(),
+                retry_after_ms: retry_ms(rd),
+            })
+            .collect(),
+    };
     let status = if d.allowed {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let mut resp = (status, body.to_string()).into_response();
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let mut resp = (status, bytes).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

@@ -9,6 +9,11 @@ use clap::{Parser, Subcommand};
 use spillway_server::config::{self, Source};
 use spillway_server::{ServeOptions, http, run, shutdown_signal};
 
+/// mimalloc: the server allocates a few small buffers per request, and
+/// glibc's malloc showed as the top cost under load (see docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A rate limiting service: asks "may this request go through?" and answers
 /// with the rules of a YAML file.
 #[derive(Debug, Parser)]

@@ -155,12 +155,17 @@ pub async fn run(
     result
 }
 
-/// Sweeps idle keys once a second.
+/// Sweeps idle keys once a second, on a blocking thread: a sweep touches
+/// every shard and would otherwise stall the requests queued on the worker
+/// that runs it (it showed as a 4 ms p99 under load).
 async fn maintain(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
-            _ = tick.tick() => state.limiter.store().maintain(),
+            _ = tick.tick() => {
+                let state = state.clone();
+                let _ = tokio::task::spawn_blocking(move || state.limiter.store().maintain()).await;
+            }
             _ = stop.changed() => return,
         }
     }

@@ -1,0 +1,394 @@
+//! # spillway-redis
+//!
+//! The Redis store: many spillway instances share their counters through a
+//! Redis server or a Redis Cluster. One decision is one round trip: a Lua
+//! script (`lua/decide.lua`, loaded once and called by its SHA, reloaded
+//! transparently after `NOSCRIPT`) checks every limit of every rule and
+//! charges them all or none.
+//!
+//! - **Clock**: the script reads Redis's `TIME`, so instances with skewed
+//!   clocks agree. Times are in microseconds there (Lua numbers are doubles).
+//! - **Keys**: `<prefix>{<128-bit hash of rule and client>}:<limit>`: the
+//!   client's values are hashed, so key length is fixed whatever a client
+//!   sends, and the hash tag keeps one rule's limits in one cluster slot.
+//!   Every key gets a TTL in the same script: idle keys vanish.
+//! - **Failures**: every call has a timeout; errors are transient
+//!   [`StoreError`]s for the limiter's fail-open/closed policy. A circuit
+//!   breaker opens after repeated failures (answers at once, without waiting
+//!   for a hung server) and lets one probe through every
+//!   [`RedisConfig::probe_interval`]. Connecting happens in the background,
+//!   with backoff: the store serves (by policy) before Redis exists.
+//! - **Cluster**: decisions whose rules live in one slot are one atomic call.
+//!   Rules in different slots cannot share a script call; they are decided by
+//!   a dry run on every slot and then charged slot by slot, which is
+//!   all-or-none unless a concurrent request changes a counter in between.
+
+mod breaker;
+mod keys;
+mod reply;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use redis::Script;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use spillway_core::Decision;
+use spillway_store::{Charge, Store, StoreError};
+
+use breaker::Breaker;
+pub use breaker::BreakerState;
+
+/// The decision script, with its KEYS/ARGV contract written at its top.
+pub const DECIDE_LUA: &str = include_str!("../lua/decide.lua");
+
+/// Settings of a [`RedisStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port/db` or `rediss://...` for TLS.
+    /// Ignored when `cluster` is not empty.
+    pub url: String,
+    /// Seed nodes of a Redis Cluster, instead of `url`.
+    pub cluster: Vec<String>,
+    /// Longest wait for one decision.
+    pub timeout: Duration,
+    /// Prepended to every key.
+    pub prefix: String,
+    /// Consecutive failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// While open, how often one request may probe the server.
+    pub probe_interval: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> RedisConfig {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379/0".to_string(),
+            cluster: Vec::new(),
+            timeout: Duration::from_millis(50),
+            prefix: "spillway:".to_string(),
+            breaker_failures: 3,
+            probe_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+enum Target {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+struct Inner {
+    config: RedisConfig,
+    conn: RwLock<Option<Conn>>,
+    script: Script,
+    breaker: Breaker,
+    connected: tokio::sync::Notify,
+}
+
+/// The Redis / Redis Cluster store. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &redact(&self.inner.config.url))
+            .field("cluster", &self.inner.config.cluster.len())
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A URL with its password replaced, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_string(),
+    }
+}
+
+fn err(transient: bool, message: impl Into<String>) -> StoreError {
+    StoreError {
+        transient,
+        message: message.into(),
+    }
+}
+
+impl RedisStore {
+    /// Validates `config` and starts connecting in the background (it must
+    /// be called inside a Tokio runtime). Never fails because Redis is not
+    /// there yet: decisions fail (by policy) until it is.
+    ///
+    /// # Errors
+    /// A URL that does not parse.
+    pub fn new(config: RedisConfig) -> Result<RedisStore, StoreError> {
+        let target = if config.cluster.is_empty() {
+            Target::Single(
+                redis::Client::open(config.url.as_str())
+                    .map_err(|e| err(false, format!("redis url {}: {e}", redact(&config.url))))?,
+            )
+        } else {
+            Target::Cluster(
+                redis::cluster::ClusterClient::builder(config.cluster.clone())
+                    .connection_timeout(Duration::from_secs(1))
+                    .response_timeout(config.timeout.max(Duration::from_millis(10)))
+                    .build()
+                    .map_err(|e| err(false, format!("redis cluster: {e}")))?,
+            )
+        };
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                breaker: Breaker::new(config.breaker_failures, config.probe_interval),
+                config,
+                conn: RwLock::new(None),
+                script: Script::new(DECIDE_LUA),
+                connected: tokio::sync::Notify::new(),
+            }),
+        };
+        tokio::spawn(connect_loop(Arc::downgrade(&store.inner), target));
+        Ok(store)
+    }
+
+    /// True once a connection has been made (it may have failed since; the
+    /// breaker says whether it is healthy).
+    pub fn is_connected(&self) -> bool {
+        self.inner.conn.read().is_some()
+    }
+
+    /// The breaker's state: closed (healthy), open, or half-open.
+    pub fn breaker(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// True when connected and the breaker is closed.
+    pub fn is_healthy(&self) -> bool {
+        self.is_connected() && self.breaker() == BreakerState::Closed
+    }
+
+    /// Waits until connected or `timeout` passes; returns whether connected.
+    pub async fn wait_connected(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.inner.connected.notified();
+            if self.is_connected() {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.is_connected();
+            }
+        }
+    }
+
+    /// The Redis key of limit `index` for `charge`.
+    pub fn key(&self, charge: &Charge<'_>, index: usize) -> String {
+        keys::key(&self.inner.config.prefix, charge, index)
+    }
+
+    /// Decides with `now_us` as the time (microseconds since the epoch)
+    /// instead of Redis's clock; for tests that compare stores on a virtual
+    /// clock.
+    ///
+    /// # Errors
+    /// As [`Store::decide`].
+    pub async fn decide_at(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
+        self.run(charges, cost, now_us).await
+    }
+
+    async fn run(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
+        if charges.is_empty() {
+            return Ok(Decision::unlimited());
+        }
+        if cost > MAX_COST {
+            return Err(err(
+                false,
+                format!("cost {cost} is above the Redis store's maximum {MAX_COST}"),
+            ));
+        }
+        let inner = &self.inner;
+        if !inner.breaker.allow() {
+            return Err(err(true, "redis circuit breaker is open"));
+        }
+        let conn = inner.conn.read().clone();
+        let Some(conn) = conn else {
+            inner.breaker.failure();
+            return Err(err(true, "not connected to redis yet"));
+        };
+        let result =
+            tokio::time::timeout(inner.config.timeout, self.call(conn, charges, cost, now_us))
+                .await;
+        match result {
+            Ok(Ok(d)) => {
+                inner.breaker.success();
+                Ok(d)
+            }
+            Ok(Err(e)) => {
+                let transient = is_transient(&e);
+                if transient {
+                    inner.breaker.failure();
+                }
+                Err(err(transient, format!("redis: {e}")))
+            }
+            Err(_) => {
+                inner.breaker.failure();
+                Err(err(
+                    true,
+                    format!("redis did not answer within {:?}", inner.config.timeout),
+                ))
+            }
+        }
+    }
+
+    async fn call(
+        &self,
+        conn: Conn,
+        charges: &[Charge<'_>],
+        cost: u64,
+        now_us: u64,
+    ) -> redis::RedisResult<Decision> {
+        let prefix = &self.inner.config.prefix;
+        match conn {
+            Conn::Single(mut c) => {
+                let inv =
+                    keys::invocation(&self.inner.script, prefix, charges, cost, now_us, false);
+                let out: Vec<i64> = inv.invoke_async(&mut c).await?;
+                Ok(reply::decision(charges, &out, cost))
+            }
+            Conn::Cluster(mut c) => {
+                let groups = keys::slot_groups(prefix, charges);
+                if groups.len() == 1 {
+                    let inv =
+                        keys::invocation(&self.inner.script, prefix, charges, cost, now_us, false);
+                    let out: Vec<i64> = inv.invoke_async(&mut c).await?;
+                    return Ok(reply::decision(charges, &out, cost));
+                }
+                // Rules in several slots: dry-run everywhere, then charge.
+                let dry = self
+                    .cluster_round(&mut c, &groups, charges, cost, now_us, true)
+                    .await?;
+                let d = reply::decision_from_parts(charges, &dry, cost);
+                if !d.allowed {
+                    return Ok(d);
+                }
+                let outs = self
+                    .cluster_round(&mut c, &groups, charges, cost, now_us, false)
+                    .await?;
+                Ok(reply::decision_from_parts(charges, &outs, cost))
+            }
+        }
+    }
+
+    /// One script call per slot group; each charge's slice of the replies.
+    async fn cluster_round(
+        &self,
+        c: &mut redis::cluster_async::ClusterConnection,
+        groups: &[Vec<usize>],
+        charges: &[Charge<'_>],
+        cost: u64,
+        now_us: u64,
+        dry: bool,
+    ) -> redis::RedisResult<Vec<Vec<i64>>> {
+        let prefix = &self.inner.config.prefix;
+        let mut outs = vec![Vec::new(); charges.len()];
+        for group in groups {
+            let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
+            let inv = keys::invocation(&self.inner.script, prefix, &part, cost, now_us, dry);
+            let out: Vec<i64> = inv.invoke_async(c).await?;
+            for (j, &i) in group.iter().enumerate() {
+                outs[i] = reply::slice_for(&part, &out, j);
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// The largest cost the Redis store accepts: keeps every product in the
+/// script below 2^53, where doubles stop being exact.
+pub const MAX_COST: u64 = 1 << 32;
+
+fn is_transient(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
+                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
+        )
+}
+
+/// Connects (again and again, with backoff up to 500 ms) until it succeeds,
+/// then hands the connection to the store. The connection manager and the
+/// cluster connection reconnect by themselves afterwards.
+async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let Some(inner) = store.upgrade() else { return };
+        let attempt = match &target {
+            Target::Single(client) => {
+                let cfg = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(1)))
+                    .set_response_timeout(None)
+                    .set_number_of_retries(2)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(300));
+                tokio::time::timeout(
+                    Duration::from_secs(2),
+                    ConnectionManager::new_with_config(client.clone(), cfg),
+                )
+                .await
+                .map(|r| r.map(Conn::Single))
+            }
+            Target::Cluster(client) => {
+                tokio::time::timeout(Duration::from_secs(2), client.get_async_connection())
+                    .await
+                    .map(|r| r.map(Conn::Cluster))
+            }
+        };
+        match attempt {
+            Ok(Ok(conn)) => {
+                *inner.conn.write() = Some(conn);
+                inner.breaker.success();
+                inner.connected.notify_waiters();
+                tracing::info!("connected to redis");
+                return;
+            }
+            Ok(Err(e)) => tracing::debug!("redis not reachable yet: {e}"),
+            Err(_) => tracing::debug!("redis connect timed out"),
+        }
+        drop(inner);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+impl Store for RedisStore {
+    fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
+        self.run(charges, cost, 0)
+    }
+}

@@ -1,0 +1,370 @@
+//! The Redis store against real redis-server processes (and a real cluster).
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use spillway_core::{
+    FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, ManualClock, Mode, Nanos, Rate, Rule, Shaper,
+    SlidingCounter, SlidingLog, TokenBucket,
+};
+use spillway_redis::{BreakerState, RedisConfig, RedisStore};
+use spillway_store::{Charge, Key, MemoryConfig, MemoryStore, Store};
+use spillway_testkit::{RedisCluster, RedisServer};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn config(url: String) -> RedisConfig {
+    RedisConfig {
+        url,
+        timeout: Duration::from_millis(50),
+        ..RedisConfig::default()
+    }
+}
+
+async fn connected(url: String) -> RedisStore {
+    let s = RedisStore::new(config(url)).unwrap();
+    assert!(
+        s.wait_connected(Duration::from_secs(5)).await,
+        "could not connect"
+    );
+    s
+}
+
+const SEC_US: u64 = 1_000_000;
+/// A start time in whole microseconds, far from zero.
+const T0_US: u64 = 1_700_000_000 * SEC_US;
+
+/// Limits whose parameters are whole microseconds, so both stores compute
+/// with the same numbers (the Redis script works in microseconds).
+fn limits() -> Vec<Limit> {
+    let r = Rate::new(4, Nanos::from_secs(1)).unwrap();
+    let w = Nanos::from_secs(2);
+    vec![
+        Limit::TokenBucket(TokenBucket::new(5, r).unwrap()),
+        Limit::LeakyBucket(LeakyBucket::new(5, r).unwrap()),
+        Limit::Shaper(Shaper::new(5, r, Nanos::from_millis(600)).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(5, w).unwrap()),
+        Limit::SlidingLog(SlidingLog::new(5, w).unwrap()),
+        Limit::SlidingCounter(SlidingCounter::new(5, w).unwrap()),
+        Limit::Gcra(Gcra::new(r, 3).unwrap()),
+    ]
+}
+
+fn rules() -> Vec<Rule> {
+    let by = || KeySpec::parse("user").unwrap();
+    let mut out: Vec<Rule> = limits()
+        .into_iter()
+        .map(|l| Rule::new(l.algorithm_name(), None, by(), vec![l], Mode::Hard).unwrap())
+        .collect();
+    let l = limits();
+    out.push(
+        Rule::new(
+            "multi",
+            None,
+            by(),
+            vec![l[4].clone(), l[6].clone()],
+            Mode::Hard,
+        )
+        .unwrap(),
+    );
+    out.push(
+        Rule::new(
+            "soft",
+            None,
+            by(),
+            vec![l[3].clone(), l[5].clone()],
+            Mode::Soft { percent: 40 },
+        )
+        .unwrap(),
+    );
+    out.push(Rule::new("shadow", None, by(), vec![l[0].clone()], Mode::Shadow).unwrap());
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Both stores give the same decisions for the same requests at the same
+    /// times (microsecond times and parameters; Redis works in microseconds).
+    #[test]
+    fn redis_and_memory_stores_agree(
+        ops in prop::collection::vec((0usize..10, 0u8..3, prop_oneof![3 => Just(0u64), 3 => 0u64..300_000, 1 => 0u64..3 * SEC_US], 1u64..3), 1..120)
+    ) {
+        let server = RedisServer::start();
+        let rt = rt();
+        let redis = rt.block_on(connected(server.url()));
+        let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+        let rules = rules();
+        let mut now_us = T0_US;
+        for (i, (rule, user, gap, cost)) in ops.into_iter().enumerate() {
+            now_us += gap;
+            let name = format!("u{user}");
+            let key = Key::from_parts([name.as_str()]);
+            let charges = [Charge { rule: &rules[rule], key: &key }];
+            let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
+            let r = rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap();
+            prop_assert_eq!(&m, &r, "op {} rule {}", i, rules[rule].name());
+        }
+    }
+}
+
+#[test]
+fn several_rules_are_charged_all_or_none_in_one_call() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let by = || KeySpec::parse("user").unwrap();
+    let wide = Rule::new(
+        "wide",
+        None,
+        by(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(100, Nanos::from_secs(60)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let narrow = Rule::new(
+        "narrow",
+        None,
+        by(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(1, Nanos::from_secs(60)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let key = Key::from_parts(["bob"]);
+    let both = [
+        Charge {
+            rule: &wide,
+            key: &key,
+        },
+        Charge {
+            rule: &narrow,
+            key: &key,
+        },
+    ];
+    assert!(rt.block_on(redis.decide(&both, 1)).unwrap().allowed);
+    for _ in 0..20 {
+        assert!(!rt.block_on(redis.decide(&both, 1)).unwrap().allowed);
+    }
+    let d = rt
+        .block_on(redis.decide(
+            &[Charge {
+                rule: &wide,
+                key: &key,
+            }],
+            1,
+        ))
+        .unwrap();
+    assert_eq!(d.deciding.unwrap().verdict.remaining, 98);
+}
+
+#[test]
+fn every_key_has_a_ttl_and_the_script_cache_stays_constant() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let rules = rules();
+    let users: Vec<String> = (0..50).map(|i| format!("user-{i}")).collect();
+    let first = Key::from_parts([users[0].as_str()]);
+    rt.block_on(redis.decide(
+        &[Charge {
+            rule: &rules[0],
+            key: &first,
+        }],
+        1,
+    ))
+    .unwrap();
+    let scripts_before = scripts(&server);
+    let mut x = 7u64;
+    for _ in 0..2000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let rule = &rules[(x >> 33) as usize % rules.len()];
+        let key = Key::from_parts([users[(x >> 40) as usize % users.len()].as_str()]);
+        rt.block_on(redis.decide(&[Charge { rule, key: &key }], 1 + (x >> 60) % 3))
+            .unwrap();
+    }
+    let keys = server.cli(&["--scan", "--pattern", "spillway:*"]);
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert!(keys.len() > 50, "{} keys", keys.len());
+    for k in keys {
+        let ttl: i64 = server.cli(&["PTTL", k]).trim().parse().unwrap();
+        // -1: no TTL (a leak); -2: already expired between SCAN and PTTL (fine).
+        assert!(ttl > 0 || ttl == -2, "{k} has no TTL ({ttl})");
+    }
+    assert_eq!(scripts(&server), scripts_before);
+    assert_eq!(scripts_before, 1);
+}
+
+fn scripts(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("number_of_cached_scripts in INFO")
+}
+
+#[test]
+fn killed_and_paused_redis_fail_fast_and_recover() {
+    let mut server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let rule = &rules()[6];
+    let key = Key::from_parts(["k"]);
+    let charges = [Charge { rule, key: &key }];
+    assert!(rt.block_on(redis.decide(&charges, 1)).is_ok());
+
+    // Paused: calls time out (50 ms), then the breaker answers at once.
+    server.signal("STOP");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let t = Instant::now();
+        let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
+        assert!(e.transient, "{e}");
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_millis(150),
+        "a call waited {slowest:?}"
+    );
+    assert_ne!(redis.breaker(), BreakerState::Closed);
+    server.signal("CONT");
+    assert!(
+        recovers(&rt, &redis, &charges, Duration::from_secs(2)),
+        "no recovery after SIGCONT"
+    );
+
+    // Killed, then restarted on the same port: reconnects, reloads the script.
+    server.signal("KILL");
+    let t = Instant::now();
+    let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
+    assert!(e.transient);
+    assert!(t.elapsed() < Duration::from_millis(150));
+    server.restart();
+    let t = Instant::now();
+    assert!(
+        recovers(&rt, &redis, &charges, Duration::from_secs(3)),
+        "no recovery after restart"
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "recovered after {:?}",
+        t.elapsed()
+    );
+}
+
+fn recovers(
+    rt: &tokio::runtime::Runtime,
+    redis: &RedisStore,
+    charges: &[Charge<'_>],
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if rt.block_on(redis.decide(charges, 1)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_store_started_before_redis_connects_when_it_appears() {
+    let port = spillway_testkit::free_port();
+    let rt = rt();
+    let redis = rt
+        .block_on(async { RedisStore::new(config(format!("redis://127.0.0.1:{port}"))).unwrap() });
+    let rule = &rules()[0];
+    let key = Key::from_parts(["early"]);
+    let charges = [Charge { rule, key: &key }];
+    for _ in 0..5 {
+        assert!(
+            rt.block_on(redis.decide(&charges, 1))
+                .unwrap_err()
+                .transient
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _server = RedisServer::start_on(port);
+    let t = Instant::now();
+    assert!(recovers(&rt, &redis, &charges, Duration::from_secs(3)));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "connected after {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn cluster_spreads_keys_over_every_master_and_keeps_multi_limit_rules_atomic() {
+    let cluster = RedisCluster::start();
+    let rt = rt();
+    let redis = rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            cluster: cluster.urls(),
+            timeout: Duration::from_millis(500),
+            ..RedisConfig::default()
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(10)).await);
+        s
+    });
+    let rules = rules();
+    let multi = &rules[7];
+    let users: Vec<String> = (0..300).map(|i| format!("c{i}")).collect();
+    for u in &users {
+        let key = Key::from_parts([u.as_str()]);
+        let d = rt
+            .block_on(redis.decide(
+                &[Charge {
+                    rule: multi,
+                    key: &key,
+                }],
+                1,
+            ))
+            .unwrap();
+        assert!(d.allowed);
+    }
+    for n in &cluster.nodes {
+        let keys: u64 = n.cli(&["DBSIZE"]).trim().parse().unwrap();
+        assert!(keys > 50, "node {} holds {keys} keys", n.port);
+    }
+    // multi: sliding log 5 per 2 s and GCRA burst 3: the 4th request at once is denied.
+    let key = Key::from_parts(["c0"]);
+    let charges = [Charge {
+        rule: multi,
+        key: &key,
+    }];
+    let allowed = (0..5)
+        .filter(|_| rt.block_on(redis.decide(&charges, 1)).unwrap().allowed)
+        .count();
+    assert_eq!(allowed, 2, "3 allowed in all, one already used");
+    // Two rules in different slots: dry run then charge, still all-or-none.
+    let a = Key::from_parts(["x1"]);
+    let b = Key::from_parts(["x2"]);
+    let two = [
+        Charge {
+            rule: &rules[3],
+            key: &a,
+        },
+        Charge {
+            rule: &rules[0],
+            key: &b,
+        },
+    ];
+    let results: Vec<bool> = (0..8)
+        .map(|_| rt.block_on(redis.decide(&two, 1)).unwrap().allowed)
+        .collect();
+    assert_eq!(results.iter().filter(|x| **x).count(), 5, "{results:?}");
+}

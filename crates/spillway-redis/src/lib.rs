@@ -392,3 +392,28 @@ impl Store for RedisStore {
         self.run(charges, cost, 0)
     }
 }
+
+/// Checks that the configured server (or every cluster node) answers PING
+/// within `timeout`; for `spillway check-config`, which reports a failure as
+/// a warning.
+///
+/// # Errors
+/// The first node that cannot be reached, and why.
+pub fn probe(config: &RedisConfig, timeout: Duration) -> Result<(), String> {
+    let urls: Vec<&str> = if config.cluster.is_empty() {
+        vec![config.url.as_str()]
+    } else {
+        config.cluster.iter().map(String::as_str).collect()
+    };
+    for url in urls {
+        let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", redact(url));
+        let client = redis::Client::open(url).map_err(|e| fail(&e))?;
+        let mut conn = client
+            .get_connection_with_timeout(timeout)
+            .map_err(|e| fail(&e))?;
+        redis::cmd("PING")
+            .query::<String>(&mut conn)
+            .map_err(|e| fail(&e))?;
+    }
+    Ok(())
+}

@@ -40,6 +40,8 @@ pub enum StoreConfig {
         /// Most keys held.
         max_keys: usize,
     },
+    /// Redis or Redis Cluster, shared by many instances.
+    Redis(spillway_redis::RedisConfig),
 }
 
 /// One problem in a rules file, with where it is.
@@ -99,11 +101,32 @@ struct RawConfig {
     rules: Vec<Spanned<RawRule>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 enum RawStore {
     Name(String),
-    Map(RawStoreMap),
+    Map(Box<RawStoreMap>),
+}
+
+// By hand rather than `#[serde(untagged)]`: untagged enums buffer their
+// input, which loses the line and column of every value inside.
+impl<'de> Deserialize<'de> for RawStore {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawStore, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawStore;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`memory`, or a map with `memory:` or `redis:`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawStore, E> {
+                Ok(RawStore::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RawStore, A::Error> {
+                RawStoreMap::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(|m| RawStore::Map(Box::new(m)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +134,25 @@ enum RawStore {
 struct RawStoreMap {
     #[serde(default)]
     memory: Option<RawMemory>,
+    #[serde(default)]
+    redis: Option<Spanned<RawRedis>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    #[serde(default)]
+    url: Option<Spanned<String>>,
+    #[serde(default)]
+    cluster: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    breaker_failures: Option<Spanned<i64>>,
+    #[serde(default)]
+    probe_interval: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -290,10 +332,22 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
                 max_keys: DEFAULT_MAX_KEYS,
             },
             RawStore::Name(n) => {
-                errs.at(s, format!("unknown store {n:?}: expected \"memory\""));
+                errs.at(
+                    s,
+                    format!("unknown store {n:?}: expected memory, or a redis: section"),
+                );
                 StoreConfig::Memory {
                     max_keys: DEFAULT_MAX_KEYS,
                 }
+            }
+            RawStore::Map(m) if m.redis.is_some() => {
+                if m.memory.is_some() {
+                    errs.at(s, "store: choose one of memory or redis");
+                }
+                redis_config(
+                    &mut errs,
+                    m.redis.as_ref().unwrap_or_else(|| unreachable!()),
+                )
             }
             RawStore::Map(m) => {
                 let mem = m.memory.as_ref();
@@ -304,7 +358,7 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
                     errs.at(s, "store.memory.max_keys must be at least 1");
                 }
                 if mem.is_none() {
-                    errs.at(s, "store needs one of: memory");
+                    errs.at(s, "store needs one of: memory, redis");
                 }
                 StoreConfig::Memory {
                     max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
@@ -355,6 +409,62 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
     } else {
         Err(ConfigErrors(errs.list))
     }
+}
+
+fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
+    let raw = &r.value;
+    let mut cfg = spillway_redis::RedisConfig::default();
+    match (&raw.url, &raw.cluster) {
+        (Some(_), Some(c)) => errs.at(c, "redis: give url or cluster, not both"),
+        (None, None) => errs.at(r, "redis: needs url (or cluster: a list of node urls)"),
+        _ => {}
+    }
+    let check_url = |errs: &mut Errors<'_>, u: &str, at: &dyn Fn(&mut Errors<'_>, String)| {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            at(
+                errs,
+                format!(
+                    "{:?} is not a redis:// or rediss:// url",
+                    spillway_redis::redact(u)
+                ),
+            );
+        }
+    };
+    if let Some(u) = &raw.url {
+        check_url(errs, &u.value, &|e, m| e.at(u, m));
+        cfg.url = u.value.clone();
+    }
+    if let Some(c) = &raw.cluster {
+        if c.value.is_empty() {
+            errs.at(c, "redis.cluster: list at least one node");
+        }
+        for u in &c.value {
+            check_url(errs, u, &|e, m| e.at(c, m));
+        }
+        cfg.cluster = c.value.clone();
+    }
+    if let Some(t) = &raw.timeout
+        && let Some(d) = duration(errs, t, "redis.timeout", false)
+    {
+        cfg.timeout = d.into();
+    }
+    if let Some(p) = &raw.probe_interval
+        && let Some(d) = duration(errs, p, "redis.probe_interval", false)
+    {
+        cfg.probe_interval = d.into();
+    }
+    if let Some(b) = &raw.breaker_failures
+        && let Some(n) = count(errs, b, "redis.breaker_failures")
+    {
+        cfg.breaker_failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(p) = &raw.prefix {
+        if p.value.len() > 64 || p.value.contains(['{', '}']) {
+            errs.at(p, "redis.prefix: at most 64 characters, without { or }");
+        }
+        cfg.prefix = p.value.clone();
+    }
+    StoreConfig::Redis(cfg)
 }
 
 /// Default cap on keys in the memory store.

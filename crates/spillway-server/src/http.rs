@@ -444,9 +444,19 @@ async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
+/// Ready while rules are loaded. A store that is down does not make the
+/// service unready: it keeps answering by each rule's failure policy, and
+/// says "degraded" (taking every instance out of a load balancer at once
+/// would turn a Redis outage into an API outage).
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     let set = state.limiter.rules();
-    axum::Json(json!({"status": "ready", "rules_version": set.version})).into_response()
+    match state.limiter.store().degraded() {
+        None => axum::Json(json!({"status": "ready", "rules_version": set.version})),
+        Some(why) => {
+            axum::Json(json!({"status": "degraded", "reason": why, "rules_version": set.version}))
+        }
+    }
+    .into_response()
 }
 
 async fn not_found() -> ApiError {

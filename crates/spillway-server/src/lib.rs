@@ -16,14 +16,69 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use spillway_core::Outcome;
+use spillway_redis::RedisStore;
 use spillway_store::{Checked, Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::config::{Config, Source, StoreConfig};
 use crate::metrics::Metrics;
 
-/// The store the server runs on.
-pub type ServerStore = MemoryStore<SystemClock>;
+/// The store the server runs on: the closed set of stores, dispatched by match.
+#[derive(Debug)]
+pub enum ServerStore {
+    /// The embedded in-memory store.
+    Memory(MemoryStore<SystemClock>),
+    /// Redis or Redis Cluster.
+    Redis(RedisStore),
+}
+
+impl Store for ServerStore {
+    async fn decide(
+        &self,
+        charges: &[spillway_store::Charge<'_>],
+        cost: u64,
+    ) -> Result<spillway_core::Decision, spillway_store::StoreError> {
+        match self {
+            ServerStore::Memory(s) => s.decide(charges, cost).await,
+            ServerStore::Redis(s) => s.decide(charges, cost).await,
+        }
+    }
+
+    fn keys(&self) -> Option<usize> {
+        match self {
+            ServerStore::Memory(s) => s.keys(),
+            ServerStore::Redis(_) => None,
+        }
+    }
+
+    fn maintain(&self) {
+        if let ServerStore::Memory(s) = self {
+            s.maintain();
+        }
+    }
+}
+
+impl ServerStore {
+    /// `None` when healthy, else why not (for readiness).
+    pub fn degraded(&self) -> Option<String> {
+        match self {
+            ServerStore::Memory(_) => None,
+            ServerStore::Redis(r) if !r.is_connected() => Some("redis: not connected".into()),
+            ServerStore::Redis(r) if !r.is_healthy() => {
+                Some(format!("redis: circuit breaker {:?}", r.breaker()))
+            }
+            ServerStore::Redis(_) => None,
+        }
+    }
+
+    /// A name for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            ServerStore::Memory(_) => "memory".to_string(),
+            ServerStore::Redis(r) => format!("{r:?}"),
+        }
+    }
+}
 
 /// What every request handler shares.
 #[derive(Debug)]
@@ -80,23 +135,29 @@ pub struct ServeOptions {
     pub poll_interval: Duration,
 }
 
-/// Builds the shared state for `config`.
-pub fn build_state(opts: &ServeOptions) -> Arc<AppState> {
-    let StoreConfig::Memory { max_keys } = opts.config.store;
-    let store = MemoryStore::new(
-        SystemClock::new(),
-        MemoryConfig {
-            max_keys,
-            ..MemoryConfig::default()
-        },
-    );
+/// Builds the shared state for `config` (inside a Tokio runtime: the Redis
+/// store starts connecting in the background).
+///
+/// # Errors
+/// The store cannot be set up (a Redis URL the client rejects).
+pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store::StoreError> {
+    let store = match &opts.config.store {
+        StoreConfig::Memory { max_keys } => ServerStore::Memory(MemoryStore::new(
+            SystemClock::new(),
+            MemoryConfig {
+                max_keys: *max_keys,
+                ..MemoryConfig::default()
+            },
+        )),
+        StoreConfig::Redis(cfg) => ServerStore::Redis(RedisStore::new(cfg.clone())?),
+    };
     let set = rule_set(&opts.config, 1);
     let metrics = Metrics::new(&set);
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
     };
-    Arc::new(AppState {
+    Ok(Arc::new(AppState {
         limiter: Limiter::new(store, set),
         metrics,
         reload: Mutex::new(ReloadStatus {
@@ -104,7 +165,7 @@ pub fn build_state(opts: &ServeOptions) -> Arc<AppState> {
             last_reload_unix_ms: unix_ms(),
         }),
         source_name,
-    })
+    }))
 }
 
 /// The rule set for `config`, numbered `version`.
@@ -131,12 +192,13 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let state = build_state(&opts);
+    let state = build_state(&opts).map_err(std::io::Error::other)?;
     let addr = listener.local_addr()?;
     let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
     tracing::info!(
         %addr,
         source = %state.source_name,
+        store = %state.limiter.store().describe(),
         rules = ?names,
         "spillway listening on http://{addr} with {} rules",
         names.len()

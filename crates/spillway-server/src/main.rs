@@ -103,7 +103,31 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     match config::load(file) {
         Ok(cfg) => {
             println!("{}: ok, {} rules", file.display(), cfg.rules.len());
-            println!("store: memory, on_store_error: {:?}", cfg.on_store_error);
+            match &cfg.store {
+                config::StoreConfig::Memory { max_keys } => {
+                    println!("store: memory (max_keys {max_keys})");
+                }
+                config::StoreConfig::Redis(r) => {
+                    if r.cluster.is_empty() {
+                        println!("store: redis {}", spillway_redis::redact(&r.url));
+                    } else {
+                        println!("store: redis cluster, {} seed nodes", r.cluster.len());
+                    }
+                    println!("  timeout {:?}, prefix {:?}", r.timeout, r.prefix);
+                    if let Err(e) = spillway_redis::probe(r, Duration::from_secs(1)) {
+                        println!(
+                            "warning: redis is not reachable now ({e}); spillway serve will start anyway and connect when it is"
+                        );
+                    }
+                }
+            }
+            println!(
+                "on_store_error: {}",
+                match cfg.on_store_error {
+                    spillway_core::FailPolicy::Allow => "allow",
+                    spillway_core::FailPolicy::Deny => "deny",
+                }
+            );
             for r in &cfg.rules {
                 println!(
                     "- {} (api: {}, by: {}, mode: {})",

@@ -1,0 +1,240 @@
+//! End-to-end with the Redis store: real `spillway serve` processes sharing
+//! a real redis-server.
+
+mod util;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use spillway_testkit::RedisServer;
+use util::{Server, TempDir, check, client};
+
+fn rules(url: &str) -> String {
+    format!(
+        r#"
+store:
+  redis:
+    url: {url}/0
+    timeout: 50ms
+    prefix: "spillway:"
+on_store_error: allow
+rules:
+  - name: exact
+    api: /exact
+    by: user
+    limits:
+      - sliding_window_log: {{ limit: 1000, window: 1h }}
+  - name: closed
+    api: /closed
+    by: user
+    on_store_error: deny
+    limits:
+      - fixed_window: {{ limit: 100, window: 1h }}
+  - name: open
+    api: /open
+    by: user
+    limits:
+      - gcra: {{ rate: 100/1s, burst: 100 }}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("shared");
+    let file = dir.write("rules.yaml", &rules(&redis.url()));
+    let a = Server::start(&["--config", file.to_str().unwrap()]);
+    let b = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    // Both connect before the load starts.
+    for s in [&a, &b] {
+        wait_ready(&c, s).await;
+    }
+    let urls = [a.url("/v1/check"), b.url("/v1/check")];
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let c = c.clone();
+        let url = urls[i % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u32;
+            for _ in 0..25 {
+                let r = c
+                    .post(&url)
+                    .json(&json!({"api": "/exact", "user": "same"}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                let j: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(j["store_error"], false, "{j}");
+                if status == 200 {
+                    admitted += 1;
+                }
+            }
+            admitted
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 1000, "64 clients x 25 requests over 2 instances");
+}
+
+async fn wait_ready(c: &reqwest::Client, s: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let j: serde_json::Value = c
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if j["status"] == "ready" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not ready: {j}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_follows_each_rules_policy_and_recovers() {
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new("faults");
+    let file = dir.write("rules.yaml", &rules(&redis.url()));
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    wait_ready(&c, &s).await;
+    assert_eq!(
+        check(&c, &s, json!({"api": "/closed", "user": "u"}))
+            .await
+            .0,
+        200
+    );
+
+    for (what, sig) in [("paused", "STOP"), ("killed", "KILL")] {
+        redis.signal(sig);
+        let mut slowest = Duration::ZERO;
+        for _ in 0..10 {
+            let t = Instant::now();
+            let (status, _, j) = check(&c, &s, json!({"api": "/closed", "user": "u"})).await;
+            slowest = slowest.max(t.elapsed());
+            assert_eq!(status, 429, "{what}: fail closed: {j}");
+            assert_eq!(j["store_error"], true);
+            let (status, _, j) = check(&c, &s, json!({"api": "/open", "user": "u"})).await;
+            assert_eq!(status, 200, "{what}: fail open: {j}");
+            assert_eq!(j["store_error"], true);
+        }
+        assert!(
+            slowest < Duration::from_millis(250),
+            "{what}: a decision took {slowest:?}"
+        );
+        let j: serde_json::Value = c
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(j["status"], "degraded", "{what}: {j}");
+        let m = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!m.contains("spillway_store_errors_total 0\n"), "{m}");
+        if sig == "STOP" {
+            redis.signal("CONT");
+        } else {
+            redis.restart();
+        }
+        let t = Instant::now();
+        loop {
+            let (status, _, j) = check(&c, &s, json!({"api": "/closed", "user": "v"})).await;
+            if status == 200 && j["store_error"] == false {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "{what}: no recovery: {j}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_before_redis_serves_by_policy_then_connects() {
+    let port = spillway_testkit::free_port();
+    let dir = TempDir::new("order");
+    let file = dir.write("rules.yaml", &rules(&format!("redis://127.0.0.1:{port}")));
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let (status, _, j) = check(&c, &s, json!({"api": "/open", "user": "u"})).await;
+    assert_eq!((status, j["store_error"].as_bool()), (200, Some(true)));
+    let j: serde_json::Value = c
+        .get(s.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["status"], "degraded");
+    let _redis = RedisServer::start_on(port);
+    let t = Instant::now();
+    loop {
+        let (_, _, j) = check(&c, &s, json!({"api": "/open", "user": "u"})).await;
+        if j["store_error"] == false {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "not connected after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn check_config_accepts_the_redis_section_and_warns_when_unreachable() {
+    let port = spillway_testkit::free_port();
+    let dir = TempDir::new("checkredis");
+    let file = dir.write("rules.yaml", &rules(&format!("redis://127.0.0.1:{port}")));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["check-config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("store: redis"), "{text}");
+    assert!(text.contains("warning: redis is not reachable"), "{text}");
+    let bad = dir.write(
+        "bad.yaml",
+        "store:\n  redis:\n    url: http://x\n    timeout: 0ms\nrules: []\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["check-config", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(":3:10:") && err.contains("not a redis://"),
+        "{err}"
+    );
+    assert!(err.contains(":4:14:") && err.contains("timeout"), "{err}");
+}

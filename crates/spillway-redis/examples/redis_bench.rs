@@ -1,0 +1,116 @@
+//! In-process decisions through the Redis store: `CONCURRENCY` tasks share
+//! one store (one multiplexed connection, so concurrent decisions pipeline)
+//! and decide GCRA limits for random keys over 100,000 users for `SECONDS`.
+//! Prints decisions/s, p50/p99 latency, and how many script calls Redis saw
+//! per decision (INFO commandstats). Then measures Redis memory per key.
+//!
+//! Usage: `redis_bench REDIS_URL [SECONDS] [CONCURRENCY]`
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use spillway_core::{Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
+use spillway_redis::{RedisConfig, RedisStore};
+use spillway_store::{Charge, Key, Store};
+
+fn info_field(url: &str, section: &str, field: &str) -> f64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let info: String = redis::cmd("INFO").arg(section).query(&mut c).expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| {
+            let rest = rest.trim_start_matches(':');
+            // commandstats lines look like calls=N,usec=...
+            let v = rest.split(',').next().unwrap_or(rest);
+            let v = v.split('=').next_back().unwrap_or(v);
+            v.trim().parse().ok()
+        })
+        .unwrap_or(0.0)
+}
+
+fn evalsha_calls(url: &str) -> f64 {
+    info_field(url, "commandstats", "cmdstat_evalsha:calls=")
+        + info_field(url, "commandstats", "cmdstat_eval:calls=")
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let url = args.next().expect("usage: redis_bench REDIS_URL [SECONDS] [CONCURRENCY]");
+    let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
+    let conc: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
+    let store = RedisStore::new(RedisConfig {
+        url: url.clone(),
+        timeout: Duration::from_secs(1),
+        ..RedisConfig::default()
+    })
+    .expect("store");
+    assert!(store.wait_connected(Duration::from_secs(5)).await, "cannot connect");
+    let rule = Arc::new(
+        Rule::new(
+            "bench",
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![Limit::Gcra(
+                Gcra::new(Rate::new(100, Nanos::from_secs(1)).unwrap(), 100).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap(),
+    );
+    let calls_before = evalsha_calls(&url);
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for t in 0..conc {
+        let (store, rule, stop) = (store.clone(), rule.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(100_000);
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let user = format!("u{}", x % 100_000);
+                let key = Key::from_parts([user.as_str()]);
+                let t0 = Instant::now();
+                let d = store.decide(&[Charge { rule: &rule, key: &key }], 1).await;
+                lat.push(t0.elapsed());
+                d.expect("decision");
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
+    let calls = evalsha_calls(&url) - calls_before;
+    println!(
+        "in-process concurrency={conc} decisions_per_s={:.0} p50={:?} p99={:?} script_calls_per_decision={:.3}",
+        all.len() as f64 / elapsed,
+        pct(0.5),
+        pct(0.99),
+        calls / all.len() as f64
+    );
+
+    // Memory per key: 100,000 fresh keys.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let before = info_field(&url, "memory", "used_memory:");
+    for i in 0..100_000u32 {
+        let user = format!("m{i:08}");
+        let key = Key::from_parts([user.as_str()]);
+        store.decide(&[Charge { rule: &rule, key: &key }], 1).await.unwrap();
+    }
+    let after = info_field(&url, "memory", "used_memory:");
+    println!("redis_memory_per_key={:.1}B", (after - before) / 100_000.0);
+}

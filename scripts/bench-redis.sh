@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Redis store benchmark, side by side in one run on one redis-server:
+#  1. redis-benchmark calling a minimal GCRA script by EVALSHA, unpipelined
+#     and pipelined 16 deep (the ceilings);
+#  2. spillway's Redis store in-process (examples/redis_bench.rs);
+#  3. spillway serve on that Redis over HTTP (wrk, random users over 100,000),
+#     next to a bare axum server (the HTTP ceiling).
+# 127.0.0.1 only, bounded in time. Usage: scripts/bench-redis.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+command -v redis-server >/dev/null || scripts/setup.sh
+command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exit 1; }
+cargo build --release --locked -q --bin spillway --example bare -p spillway-server
+cargo build --release --locked -q --example redis_bench -p spillway-redis
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+rp=$(free_port)
+redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
+wait_port "$rp"
+
+# The ceiling's script: the least a GCRA decision can do in Redis.
+cat > "$work/min.lua" <<'LUA'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local tat = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now)
+if tat + 10000 - now > 1000000 then return 0 end
+redis.call('SET', KEYS[1], string.format('%.0f', tat + 10000), 'PX', 1000)
+return 1
+LUA
+sha=$(redis-cli -p "$rp" SCRIPT LOAD "$(cat "$work/min.lua")")
+n=$((secs * 60000))
+for depth in 1 16; do
+  rps=$(redis-benchmark -p "$rp" -c 50 -n "$n" -r 100000 -P "$depth" -q EVALSHA "$sha" 1 'k:__rand_int__' | tr '\r' '\n' | awk '/requests per second/ {print $(NF-5)}' | tail -1)
+  echo "redis-benchmark EVALSHA minimal GCRA, 50 clients, pipeline $depth: $rps/s"
+done
+
+target/release/examples/redis_bench "redis://127.0.0.1:$rp" "$secs" 50
+
+cat > "$work/rules.yaml" <<YAML
+store:
+  redis: { url: "redis://127.0.0.1:$rp", timeout: 200ms }
+rules:
+  - name: bench
+    by: user
+    limits:
+      - gcra: { rate: 100/1s, burst: 100 }
+YAML
+cat > "$work/load.lua" <<'LUA'
+math.randomseed(os.time())
+request = function()
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
+end
+LUA
+sp=$(free_port); bp=$(free_port)
+RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
+target/release/examples/bare "127.0.0.1:$bp" 2>/dev/null &
+wait_port "$sp"; wait_port "$bp"; sleep 0.5
+for name in bare spillway-redis; do
+  if [ "$name" = bare ]; then url="http://127.0.0.1:$bp/"; else url="http://127.0.0.1:$sp/v1/check"; fi
+  out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/load.lua" "$url")
+  echo "$name http rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")"
+done

@@ -221,6 +221,7 @@ local dry = ARGV[3] == '1'
 local nrules = tonumber(ARGV[4])
 
 local out = { now }
+local n = 1
 local rules = {}
 local p, k = 5, 1
 local allowed = true
@@ -251,8 +252,9 @@ for r = 1, nrules do
     hard_ok = hard_ok and vb[1] == 1
     enf_ok = enf_ok and ve[1] == 1
     limits[l] = { code = code, key = key, size = enf, a = a, nxt = nxt, exp = exp }
-    for i = 1, 6 do out[#out + 1] = ve[i] end
-    for i = 1, 6 do out[#out + 1] = vb[i] end
+    for i = 1, 6 do out[n + i] = ve[i] end
+    for i = 1, 6 do out[n + 6 + i] = vb[i] end
+    n = n + 12
   end
   local charge, admits
   if mode == 1 then

@@ -8,7 +8,7 @@
 //!
 //! - **Clock**: the script reads Redis's `TIME`, so instances with skewed
 //!   clocks agree. Times are in microseconds there (Lua numbers are doubles).
-//! - **Keys**: `<prefix>{<128-bit hash of rule and client>}:<limit>`: the
+//! - **Keys**: `<prefix>{<64-bit hash of rule and client>}<limit>`: the
 //!   client's values are hashed, so key length is fixed whatever a client
 //!   sends, and the hash tag keeps one rule's limits in one cluster slot.
 //!   Every key gets a TTL in the same script: idle keys vanish.

@@ -18,7 +18,7 @@ use spillway_core::{Limit, Outcome, Rule};
 use spillway_store::{Checked, Request, SimpleAttributes};
 
 use crate::AppState;
-use crate::headers::rate_limit_headers;
+use spillway_tower::insert_rate_limit_headers;
 
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -331,11 +331,7 @@ fn render(checked: &Checked) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    for (name, value) in rate_limit_headers(checked) {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            h.insert(name, v);
-        }
-    }
+    insert_rate_limit_headers(checked, h);
     resp
 }
 

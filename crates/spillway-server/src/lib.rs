@@ -5,7 +5,6 @@
 //! start it on port 0 in-process; `main` only parses flags and calls it.
 
 pub mod config;
-pub mod headers;
 pub mod http;
 pub mod metrics;
 mod reload;

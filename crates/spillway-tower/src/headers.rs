@@ -2,13 +2,9 @@
 //! fields (draft-ietf-httpapi-ratelimit-headers, structured-field lists) and
 //! the widespread `X-RateLimit-*` ones.
 
-use spillway_core::{Limit, Nanos, Rule, Verdict};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use spillway_core::Nanos;
 use spillway_store::Checked;
-
-use axum::http::HeaderName;
-
-/// Header name/value pairs for a decision, in order.
-pub type HeaderList = Vec<(HeaderName, String)>;
 
 const POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -18,43 +14,43 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
 
-/// The headers describing the deciding limit of `checked` (the denying one,
-/// or the one closest to denying); none when no rule applied.
-pub fn rate_limit_headers(checked: &Checked) -> HeaderList {
-    let mut out = Vec::with_capacity(7);
+/// Adds the headers describing the deciding limit of `checked` (the denying
+/// one, or the one closest to denying) to `headers`; nothing when no rule
+/// applied. `Retry-After` only on a denial.
+pub fn insert_rate_limit_headers(checked: &Checked, headers: &mut HeaderMap) {
     let Some(d) = checked.decision.deciding else {
-        return out;
+        return;
     };
     let Some(rule) = checked.rule(&d) else {
-        return out;
+        return;
     };
-    let limit = rule
+    let v = &d.verdict;
+    let window_s = rule
         .enforced_limits()
         .get(d.limit)
-        .or(rule.limits().get(d.limit));
-    push(&mut out, rule, limit, &d.verdict, checked.decision.allowed);
-    out
-}
-
-fn push(out: &mut HeaderList, rule: &Rule, limit: Option<&Limit>, v: &Verdict, allowed: bool) {
-    let window_s = limit.map_or(0, |l| l.window().as_secs_ceil());
+        .map_or(0, |l| l.window().as_secs_ceil());
     let reset_s = v.reset.as_secs_ceil();
     let name = sf_string(rule.name());
-    out.push((POLICY, format!("{name};q={};w={window_s}", v.limit)));
-    out.push((RATELIMIT, format!("{name};r={};t={reset_s}", v.remaining)));
-    out.push((X_LIMIT, v.limit.to_string()));
-    out.push((X_REMAINING, v.remaining.to_string()));
-    out.push((X_RESET, reset_s.to_string()));
-    if !allowed {
-        let retry = retry_secs(v.retry_after);
-        out.push((RETRY_AFTER, retry.to_string()));
-        out.push((X_RETRY_AFTER, retry.to_string()));
+    let mut put = |k: HeaderName, s: String| {
+        if let Ok(val) = HeaderValue::from_str(&s) {
+            headers.insert(k, val);
+        }
+    };
+    put(POLICY, format!("{name};q={};w={window_s}", v.limit));
+    put(RATELIMIT, format!("{name};r={};t={reset_s}", v.remaining));
+    headers.insert(X_LIMIT, HeaderValue::from(v.limit));
+    headers.insert(X_REMAINING, HeaderValue::from(v.remaining));
+    headers.insert(X_RESET, HeaderValue::from(reset_s));
+    if !checked.decision.allowed {
+        let retry = retry_after_secs(v.retry_after);
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry));
+        headers.insert(X_RETRY_AFTER, HeaderValue::from(retry));
     }
 }
 
-/// Whole seconds to wait, rounded up; "never" is shown as one day, since
-/// `Retry-After` has no way to say never and a client should not spin.
-pub fn retry_secs(retry_after: Nanos) -> u64 {
+/// Whole seconds to wait, rounded up, at least 1; "never" is shown as one
+/// day, since `Retry-After` has no way to say never and a client should not spin.
+pub fn retry_after_secs(retry_after: Nanos) -> u64 {
     if retry_after.is_never() {
         86_400
     } else {

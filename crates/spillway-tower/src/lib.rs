@@ -1,0 +1,311 @@
+//! # spillway-tower
+//!
+//! A [`tower`](https://docs.rs/tower) layer that rate limits every request
+//! with a shared spillway [`Limiter`]: put it in front of an axum router, a
+//! tonic service or a hyper service.
+//!
+//! - The limiter is shared behind an `Arc`: every clone of the service sees
+//!   the same counters (a per-clone limiter would silently multiply limits).
+//! - The API is the request's method and path, matched against the rules'
+//!   routes; who the client is comes from your [`Identify`] (a closure).
+//! - Denied requests get `429` with the `RateLimit`, `RateLimit-Policy`,
+//!   `X-RateLimit-*` and `Retry-After` headers and an RFC 9457 problem body;
+//!   admitted responses carry the rate limit headers too. Or, with
+//!   [`RateLimitLayer::pass_denied`], denied requests reach your service with
+//!   the decision in their extensions ([`RateLimitInfo`]) and you answer.
+//! - A rule with `queue:` (a leaky bucket shaper) makes the request wait its
+//!   turn before it reaches your service, instead of failing.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use spillway_core::{Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
+//! use spillway_store::{Limiter, MemoryStore, RuleSet, SystemClock};
+//! use spillway_tower::{Identity, RateLimitLayer};
+//!
+//! let rule = Rule::new("api", None, KeySpec::parse("user")?,
+//!     vec![Limit::Gcra(Gcra::new(Rate::new(10, Nanos::from_secs(1))?, 5)?)], Mode::Hard)?;
+//! let limiter = Arc::new(Limiter::new(
+//!     MemoryStore::new(SystemClock::new(), Default::default()),
+//!     RuleSet::new(vec![rule]),
+//! ));
+//! let layer = RateLimitLayer::new(limiter, |req: &http::Request<axum::body::Body>| Identity {
+//!     user: req.headers().get("x-user-id").and_then(|v| v.to_str().ok()).map(String::from),
+//!     ..Identity::default()
+//! });
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "hello" }))
+//!     .layer(layer);
+//! # Ok::<(), spillway_core::Error>(())
+//! ```
+//!
+//! [`Limiter`]: spillway_store::Limiter
+
+mod headers;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use spillway_core::Attributes;
+use spillway_store::{Checked, Limiter, Store};
+use tower_layer::Layer;
+use tower_service::Service;
+
+pub use headers::{insert_rate_limit_headers, retry_after_secs};
+
+/// Who a request comes from, as the application sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The user or API key.
+    pub user: Option<String>,
+    /// The client IP.
+    pub ip: Option<String>,
+    /// Other named values for rules keyed by a descriptor.
+    pub descriptors: Vec<(String, String)>,
+    /// The request's cost (0 is taken as 1).
+    pub cost: u64,
+}
+
+/// Extracts an [`Identity`] from a request. Any
+/// `Fn(&http::Request<B>) -> Identity` is one.
+pub trait Identify<B>: Send + Sync + 'static {
+    /// The identity of `req`.
+    fn identify(&self, req: &Request<B>) -> Identity;
+}
+
+impl<B, F> Identify<B> for F
+where
+    F: Fn(&Request<B>) -> Identity + Send + Sync + 'static,
+{
+    fn identify(&self, req: &Request<B>) -> Identity {
+        self(req)
+    }
+}
+
+/// The decision, in the request's extensions (always) and, when the layer
+/// answers a denial itself, in the 429 response's extensions.
+#[derive(Debug, Clone)]
+pub struct RateLimitInfo(pub Arc<Checked>);
+
+/// Builds the response for a denied request.
+pub trait Deny<ResBody>: Send + Sync + 'static {
+    /// The response for `checked` (denied).
+    fn deny(&self, checked: &Checked) -> Response<ResBody>;
+}
+
+/// 429 with an RFC 9457 `application/problem+json` body and the rate limit
+/// headers; for any body type that can be made from a `String` (axum's,
+/// hyper's `Full`, ...).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProblemJson;
+
+impl<B: From<String>> Deny<B> for ProblemJson {
+    fn deny(&self, checked: &Checked) -> Response<B> {
+        let (rule, retry) = checked
+            .decision
+            .deciding
+            .as_ref()
+            .map(|d| {
+                (
+                    checked.rule(d).map_or("", |r| r.name()).to_string(),
+                    retry_after_secs(d.verdict.retry_after),
+                )
+            })
+            .unwrap_or_default();
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": "too many requests",
+            "status": 429,
+            "detail": format!("rate limit {rule:?} exceeded; retry after {retry} s"),
+            "rule": rule,
+            "retry_after": retry,
+        });
+        let mut resp = Response::new(B::from(body.to_string()));
+        *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        insert_rate_limit_headers(checked, resp.headers_mut());
+        resp
+    }
+}
+
+/// The layer. Cheap to clone: the limiter and extractor are shared.
+pub struct RateLimitLayer<S, I, D = ProblemJson> {
+    limiter: Arc<Limiter<S>>,
+    identify: Arc<I>,
+    deny: Arc<D>,
+    pass_denied: bool,
+}
+
+impl<S, I, D> Clone for RateLimitLayer<S, I, D> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            limiter: self.limiter.clone(),
+            identify: self.identify.clone(),
+            deny: self.deny.clone(),
+            pass_denied: self.pass_denied,
+        }
+    }
+}
+
+impl<S, I, D> fmt::Debug for RateLimitLayer<S, I, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("pass_denied", &self.pass_denied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, I> RateLimitLayer<S, I, ProblemJson> {
+    /// A layer deciding with `limiter`, identifying clients with `identify`.
+    pub fn new(limiter: Arc<Limiter<S>>, identify: I) -> Self {
+        RateLimitLayer {
+            limiter,
+            identify: Arc::new(identify),
+            deny: Arc::new(ProblemJson),
+            pass_denied: false,
+        }
+    }
+}
+
+impl<S, I, D> RateLimitLayer<S, I, D> {
+    /// Let denied requests through to the service, with the decision in
+    /// their extensions ([`RateLimitInfo`]), for services that answer themselves.
+    pub fn pass_denied(mut self, pass: bool) -> Self {
+        self.pass_denied = pass;
+        self
+    }
+
+    /// Answer denials with `deny` (e.g. a gRPC status for tonic services).
+    pub fn on_deny<D2>(self, deny: D2) -> RateLimitLayer<S, I, D2> {
+        RateLimitLayer {
+            limiter: self.limiter,
+            identify: self.identify,
+            deny: Arc::new(deny),
+            pass_denied: self.pass_denied,
+        }
+    }
+}
+
+impl<Svc, S, I, D> Layer<Svc> for RateLimitLayer<S, I, D> {
+    type Service = RateLimit<Svc, S, I, D>;
+
+    fn layer(&self, inner: Svc) -> Self::Service {
+        RateLimit {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service the layer wraps around yours.
+pub struct RateLimit<Svc, S, I, D = ProblemJson> {
+    inner: Svc,
+    layer: RateLimitLayer<S, I, D>,
+}
+
+impl<Svc: Clone, S, I, D> Clone for RateLimit<Svc, S, I, D> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<Svc, S, I, D> fmt::Debug for RateLimit<Svc, S, I, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit").finish_non_exhaustive()
+    }
+}
+
+/// The identity of a request, with its headers for `header:` keys.
+struct Attrs<'a> {
+    id: &'a Identity,
+    headers: &'a HeaderMap,
+}
+
+impl Attributes for Attrs<'_> {
+    fn user(&self) -> Option<&str> {
+        self.id.user.as_deref()
+    }
+    fn ip(&self) -> Option<&str> {
+        self.id.ip.as_deref()
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn descriptor(&self, name: &str) -> Option<&str> {
+        self.id
+            .descriptors
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The boxed future of [`RateLimit`].
+pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<Svc, S, I, D, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<Svc, S, I, D>
+where
+    Svc: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    Svc::Future: Send + 'static,
+    Svc::Error: Send + 'static,
+    S: Store,
+    I: Identify<ReqBody>,
+    D: Deny<ResBody>,
+    ReqBody: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = Svc::Error;
+    type Future = ResponseFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // Take the service that was driven to readiness; leave a clone.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let id = layer.identify.identify(&req);
+            let checked = {
+                let attrs = Attrs {
+                    id: &id,
+                    headers: req.headers(),
+                };
+                let api = spillway_store::Request {
+                    method: Some(req.method().as_str()),
+                    path: Some(req.uri().path()),
+                    attrs: &attrs,
+                    cost: id.cost.max(1),
+                };
+                Arc::new(layer.limiter.check(&api).await)
+            };
+            req.extensions_mut().insert(RateLimitInfo(checked.clone()));
+            if !checked.decision.allowed && !layer.pass_denied {
+                let mut resp = layer.deny.deny(&checked);
+                resp.extensions_mut().insert(RateLimitInfo(checked));
+                return Ok(resp);
+            }
+            let wait = checked.decision.wait;
+            if wait.as_u64() > 0 {
+                // A shaper queued the request: wait its turn. If the client
+                // goes away, this future is dropped and it leaves the queue.
+                tokio::time::sleep(wait.into()).await;
+            }
+            let mut resp = inner.call(req).await?;
+            insert_rate_limit_headers(&checked, resp.headers_mut());
+            Ok(resp)
+        })
+    }
+}

@@ -38,7 +38,9 @@ fn evalsha_calls(url: &str) -> f64 {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let url = args.next().expect("usage: redis_bench REDIS_URL [SECONDS] [CONCURRENCY]");
+    let url = args
+        .next()
+        .expect("usage: redis_bench REDIS_URL [SECONDS] [CONCURRENCY]");
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let conc: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
     let store = RedisStore::new(RedisConfig {
@@ -47,7 +49,10 @@ async fn main() {
         ..RedisConfig::default()
     })
     .expect("store");
-    assert!(store.wait_connected(Duration::from_secs(5)).await, "cannot connect");
+    assert!(
+        store.wait_connected(Duration::from_secs(5)).await,
+        "cannot connect"
+    );
     let rule = Arc::new(
         Rule::new(
             "bench",
@@ -76,7 +81,15 @@ async fn main() {
                 let user = format!("u{}", x % 100_000);
                 let key = Key::from_parts([user.as_str()]);
                 let t0 = Instant::now();
-                let d = store.decide(&[Charge { rule: &rule, key: &key }], 1).await;
+                let d = store
+                    .decide(
+                        &[Charge {
+                            rule: &rule,
+                            key: &key,
+                        }],
+                        1,
+                    )
+                    .await;
                 lat.push(t0.elapsed());
                 d.expect("decision");
             }
@@ -120,7 +133,16 @@ async fn main() {
     for i in 0..100_000u32 {
         let user = format!("m{i:08}");
         let key = Key::from_parts([user.as_str()]);
-        store.decide(&[Charge { rule: &rule, key: &key }], 1).await.unwrap();
+        store
+            .decide(
+                &[Charge {
+                    rule: &rule,
+                    key: &key,
+                }],
+                1,
+            )
+            .await
+            .unwrap();
     }
     let after = info_field(&url, "memory", "used_memory:");
     let mut c = client.get_connection().unwrap();

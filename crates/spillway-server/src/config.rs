@@ -8,6 +8,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
@@ -30,6 +31,59 @@ pub struct Config {
     pub rules: Vec<Rule>,
     /// Address from the file's `listen` field, if any (the flag wins).
     pub listen: Option<SocketAddr>,
+    /// The `proxy:` section, if any.
+    pub proxy: Option<ProxyConfig>,
+}
+
+/// Reverse-proxy settings (`spillway proxy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Where admitted requests go, e.g. `http://127.0.0.1:9000`.
+    pub upstream: Option<String>,
+    /// Where the user identity comes from.
+    pub user: Option<UserSource>,
+    /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
+    pub trusted_proxies: Vec<crate::proxy::IpNet>,
+    /// Longest wait for the upstream's response headers.
+    pub timeout: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> ProxyConfig {
+        ProxyConfig {
+            upstream: None,
+            user: None,
+            trusted_proxies: Vec::new(),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Where a proxied request's user comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserSource {
+    /// A header, by lower-case name.
+    Header(String),
+    /// A query parameter.
+    Query(String),
+}
+
+impl UserSource {
+    /// Parses `header:<Name>` or `query:<name>`.
+    ///
+    /// # Errors
+    /// Anything else.
+    pub fn parse(s: &str) -> Result<UserSource, String> {
+        match s.split_once(':') {
+            Some(("header", h)) if !h.trim().is_empty() => {
+                Ok(UserSource::Header(h.trim().to_ascii_lowercase()))
+            }
+            Some(("query", q)) if !q.trim().is_empty() => {
+                Ok(UserSource::Query(q.trim().to_string()))
+            }
+            _ => Err(format!("{s:?}: expected header:<Name> or query:<name>")),
+        }
+    }
 }
 
 /// Which store to use.
@@ -98,7 +152,22 @@ struct RawConfig {
     on_store_error: Option<Spanned<String>>,
     #[serde(default)]
     listen: Option<Spanned<String>>,
+    #[serde(default)]
+    proxy: Option<Spanned<RawProxy>>,
     rules: Vec<Spanned<RawRule>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    #[serde(default)]
+    upstream: Option<Spanned<String>>,
+    #[serde(default)]
+    user: Option<Spanned<String>>,
+    #[serde(default)]
+    trusted_proxies: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -381,6 +450,7 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             None
         }
     });
+    let proxy = raw.proxy.as_ref().map(|p| proxy_config(&mut errs, p));
     let mut rules = Vec::new();
     let mut names: Vec<&Spanned<String>> = Vec::new();
     for r in &raw.rules {
@@ -405,6 +475,7 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             on_store_error,
             rules,
             listen,
+            proxy,
         })
     } else {
         Err(ConfigErrors(errs.list))
@@ -465,6 +536,37 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
         cfg.prefix = p.value.clone();
     }
     StoreConfig::Redis(cfg)
+}
+
+fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> ProxyConfig {
+    let raw = &p.value;
+    let mut cfg = ProxyConfig::default();
+    if let Some(u) = &raw.upstream {
+        match crate::proxy::parse_upstream(&u.value) {
+            Ok(_) => cfg.upstream = Some(u.value.clone()),
+            Err(e) => errs.at(u, format!("proxy.upstream: {e}")),
+        }
+    }
+    if let Some(u) = &raw.user {
+        match UserSource::parse(&u.value) {
+            Ok(src) => cfg.user = Some(src),
+            Err(e) => errs.at(u, format!("proxy.user: {e}")),
+        }
+    }
+    if let Some(t) = &raw.trusted_proxies {
+        for n in &t.value {
+            match crate::proxy::IpNet::parse(n) {
+                Ok(net) => cfg.trusted_proxies.push(net),
+                Err(e) => errs.at(t, format!("proxy.trusted_proxies: {e}")),
+            }
+        }
+    }
+    if let Some(t) = &raw.timeout
+        && let Some(d) = duration(errs, t, "proxy.timeout", false)
+    {
+        cfg.timeout = d.into();
+    }
+    cfg
 }
 
 /// Default cap on keys in the memory store.

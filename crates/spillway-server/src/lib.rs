@@ -7,6 +7,7 @@
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod proxy;
 mod reload;
 
 use std::future::Future;
@@ -83,7 +84,7 @@ impl ServerStore {
 #[derive(Debug)]
 pub struct AppState {
     /// Rules and store.
-    pub limiter: Limiter<ServerStore>,
+    pub limiter: Arc<Limiter<ServerStore>>,
     /// Counters.
     pub metrics: Metrics,
     /// Outcome of the last reload.
@@ -157,7 +158,7 @@ pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store:
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
     };
     Ok(Arc::new(AppState {
-        limiter: Limiter::new(store, set),
+        limiter: Arc::new(Limiter::new(store, set)),
         metrics,
         reload: Mutex::new(ReloadStatus {
             last_error: None,
@@ -185,11 +186,41 @@ fn unix_ms() -> u64 {
 /// rules when the source file changes or on SIGHUP.
 ///
 /// # Errors
-/// The listener fails.
+/// The listener fails, or the store cannot be set up.
 pub async fn run(
     opts: ServeOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(opts, listener, shutdown, "spillway", |state| {
+        http::router(state.clone())
+    })
+    .await
+}
+
+/// Serves the reverse proxy on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_proxy(
+    opts: ServeOptions,
+    proxy: proxy::ProxyOptions,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
+    serve_with(opts, listener, shutdown, "spillway proxy", move |state| {
+        proxy::router(state, &proxy)
+    })
+    .await
+}
+
+async fn serve_with(
+    opts: ServeOptions,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    what: &str,
+    app: impl FnOnce(&Arc<AppState>) -> axum::Router,
 ) -> std::io::Result<()> {
     let state = build_state(&opts).map_err(std::io::Error::other)?;
     let addr = listener.local_addr()?;
@@ -199,16 +230,19 @@ pub async fn run(
         source = %state.source_name,
         store = %state.limiter.store().describe(),
         rules = ?names,
-        "spillway listening on http://{addr} with {} rules",
+        "{what} listening on http://{addr} with {} rules",
         names.len()
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let reloader = tokio::spawn(reload::watch(state.clone(), opts.clone(), stop_rx.clone()));
     let maintainer = tokio::spawn(maintain(state.clone(), stop_rx));
-    let app = http::router(state);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let app = app(&state);
+    let result = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use spillway_server::config::{self, Source};
-use spillway_server::{ServeOptions, http, run, shutdown_signal};
+use spillway_server::proxy::ProxyOptions;
+use spillway_server::{ServeOptions, http, run, run_proxy, shutdown_signal};
 
 /// mimalloc: the server allocates a few small buffers per request, and
 /// glibc's malloc showed as the top cost under load (see docs/BENCHMARKS.md).
@@ -34,6 +35,23 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
     },
+    /// Run as a reverse proxy: decide for every request, forward the admitted
+    /// ones to the upstream, answer the others with 429.
+    Proxy {
+        /// The upstream API, e.g. http://127.0.0.1:9000 [default: the file's proxy.upstream].
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
+        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// Where the user identity comes from: header:<Name> or query:<name>
+        /// [default: the file's proxy.user].
+        #[arg(long, value_name = "SOURCE")]
+        user: Option<String>,
+    },
     /// Validate a rules file and print what it means.
     CheckConfig {
         /// The rules file.
@@ -51,12 +69,23 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Serve { config, listen } => serve(config, listen),
+        Command::Serve { config, listen } => serve(config, listen, None),
+        Command::Proxy {
+            upstream,
+            config,
+            listen,
+            user,
+        } => serve(config, listen, Some((upstream, user))),
         Command::CheckConfig { file } => check_config(&file),
     }
 }
 
-fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>) -> ExitCode {
+/// Runs `serve`, or `proxy` when `proxy` carries its flags.
+fn serve(
+    config: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    proxy: Option<(Option<String>, Option<String>)>,
+) -> ExitCode {
     let source = config.map_or(Source::Example, Source::File);
     let cfg = match source.load() {
         Ok(c) => c,
@@ -64,6 +93,16 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>) -> ExitCode {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
+    };
+    let proxy_opts = match proxy {
+        None => None,
+        Some((upstream, user)) => match proxy_options(&cfg, upstream, user) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("spillway proxy: {e}");
+                return ExitCode::from(2);
+            }
+        },
     };
     let addr = listen
         .or(cfg.listen)
@@ -87,7 +126,10 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>) -> ExitCode {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-        run(opts, listener, shutdown_signal()).await?;
+        match proxy_opts {
+            None => run(opts, listener, shutdown_signal()).await?,
+            Some(p) => run_proxy(opts, p, listener, shutdown_signal()).await?,
+        }
         Ok::<(), anyhow::Error>(())
     });
     match result {
@@ -97,6 +139,29 @@ fn serve(config: Option<PathBuf>, listen: Option<SocketAddr>) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The proxy's settings: flags over the file's `proxy:` section.
+fn proxy_options(
+    cfg: &config::Config,
+    upstream: Option<String>,
+    user: Option<String>,
+) -> Result<ProxyOptions, String> {
+    let file = cfg.proxy.clone().unwrap_or_default();
+    let upstream = upstream
+        .or(file.upstream)
+        .ok_or("needs --upstream URL (or proxy.upstream in the rules file)")?;
+    let upstream = spillway_server::proxy::parse_upstream(&upstream)?;
+    let user = match user {
+        Some(u) => Some(config::UserSource::parse(&u)?),
+        None => file.user,
+    };
+    Ok(ProxyOptions {
+        upstream,
+        user,
+        trusted: file.trusted_proxies,
+        timeout: file.timeout,
+    })
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {

@@ -19,8 +19,13 @@ impl Server {
     /// Starts `spillway serve --listen 127.0.0.1:0` with extra args and waits
     /// for the line that says where it listens.
     pub fn start(args: &[&str]) -> Server {
+        Server::start_cmd("serve", args)
+    }
+
+    /// Starts `spillway <sub> --listen 127.0.0.1:0 ARGS...`.
+    pub fn start_cmd(sub: &str, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
-            .arg("serve")
+            .arg(sub)
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")

@@ -1,0 +1,439 @@
+//! `spillway proxy`: a reverse proxy that decides for every request and
+//! forwards the admitted ones to the upstream.
+//!
+//! The rate limiting is `spillway-tower`'s layer, the same as in a Rust
+//! service; this module adds what a proxy needs around it: who the client is
+//! (user from a header or query parameter; IP from the peer, or from
+//! `X-Forwarded-For` / `Forwarded` only when the peer is a trusted proxy) and
+//! a forwarding service with streaming bodies, pooled upstream connections,
+//! forwarding headers and a timeout (502 / 504 problem documents).
+
+use std::fmt;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use spillway_tower::{Identity, RateLimitLayer};
+use tower::Layer;
+
+use crate::AppState;
+use crate::config::UserSource;
+
+/// An IP network (`10.0.0.0/8`, `::1/128`, or a bare address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// Parses CIDR notation or a bare address.
+    ///
+    /// # Errors
+    /// Not an address, or a prefix longer than the address.
+    pub fn parse(s: &str) -> Result<IpNet, String> {
+        let (a, p) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s.trim(), None),
+        };
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP network"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: prefix must be 0 to {max}"))?,
+        };
+        Ok(IpNet { addr, prefix })
+    }
+
+    /// True if `ip` is inside the network (IPv4-mapped IPv6 counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// Checks an upstream URL: `http://host[:port][/base]`.
+///
+/// # Errors
+/// Not an http URL with a host.
+pub fn parse_upstream(s: &str) -> Result<Uri, String> {
+    let uri: Uri = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!("{s:?}: expected http://host[:port][/path]"));
+    }
+    Ok(uri)
+}
+
+/// The client's IP: the peer, unless the peer is a trusted proxy; then the
+/// rightmost address in `X-Forwarded-For` (or `Forwarded: for=`) that is not
+/// itself a trusted proxy. A client talking to us directly cannot choose its
+/// IP by sending the header: an untrusted peer's headers are ignored.
+pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let mut chain: Vec<IpAddr> = forwarded_chain(headers);
+    chain.push(peer);
+    chain
+        .iter()
+        .rev()
+        .find(|ip| !is_trusted(**ip))
+        .or(chain.first())
+        .copied()
+        .unwrap_or(peer)
+}
+
+/// Addresses from `X-Forwarded-For` (all occurrences, in order), else from
+/// `Forwarded: for=...`; unparsable entries are skipped.
+fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
+    let xff: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| parse_ip(s.trim()))
+        .collect();
+    if !xff.is_empty() {
+        return xff;
+    }
+    headers
+        .get_all(header::FORWARDED)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .flat_map(|el| el.split(';'))
+        .filter_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            if !k.trim().eq_ignore_ascii_case("for") {
+                return None;
+            }
+            parse_ip(v.trim().trim_matches('"'))
+        })
+        .collect()
+}
+
+/// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`,
+/// `[::1]`, `[::1]:80`, `::1`.
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    if let Ok(ip) = s.parse() {
+        return Some(ip);
+    }
+    if let Some(rest) = s.strip_prefix('[') {
+        return rest.split(']').next()?.parse().ok();
+    }
+    s.rsplit_once(':').and_then(|(a, _)| a.parse().ok())
+}
+
+/// The proxy's identity extraction, from its configuration.
+#[derive(Debug, Clone)]
+pub struct ProxyIdentify {
+    user: Option<UserSource>,
+    trusted: Arc<[IpNet]>,
+}
+
+impl spillway_tower::Identify<Body> for ProxyIdentify {
+    fn identify(&self, req: &Request<Body>) -> Identity {
+        let ip = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| client_ip(c.0.ip(), req.headers(), &self.trusted).to_string());
+        let user = match &self.user {
+            Some(UserSource::Header(h)) => req
+                .headers()
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string),
+            Some(UserSource::Query(q)) => req.uri().query().and_then(|query| {
+                form_urlencoded::parse(query.as_bytes())
+                    .find(|(k, _)| k == q)
+                    .map(|(_, v)| v.into_owned())
+                    .filter(|v| !v.is_empty())
+            }),
+            None => None,
+        };
+        Identity {
+            user,
+            ip,
+            ..Identity::default()
+        }
+    }
+}
+
+/// Forwards a request to the upstream and streams the answer back.
+#[derive(Clone)]
+pub struct Forward {
+    client: Client<HttpConnector, Body>,
+    upstream: Uri,
+    timeout: Duration,
+    trusted: Arc<[IpNet]>,
+}
+
+impl fmt::Debug for Forward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Forward")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Headers that describe one connection, not the message: never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+    h.remove(header::TRANSFER_ENCODING);
+}
+
+fn problem(status: StatusCode, detail: String) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut resp = Response::new(Body::from(body.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    resp
+}
+
+impl Forward {
+    /// A forwarder to `upstream` (checked by [`parse_upstream`]).
+    pub fn new(upstream: Uri, timeout: Duration, trusted: Arc<[IpNet]>) -> Forward {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Forward {
+            client,
+            upstream,
+            timeout,
+            trusted,
+        }
+    }
+
+    fn target(&self, uri: &Uri) -> Result<Uri, String> {
+        let base = self.upstream.path().trim_end_matches('/');
+        let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut parts = self.upstream.clone().into_parts();
+        parts.path_and_query = Some(
+            format!("{base}{path_and_query}")
+                .parse()
+                .map_err(|e| format!("bad path: {e}"))?,
+        );
+        Uri::from_parts(parts).map_err(|e| e.to_string())
+    }
+
+    async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+        let target = match self.target(req.uri()) {
+            Ok(t) => t,
+            Err(e) => return problem(StatusCode::BAD_REQUEST, e),
+        };
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        if let Some(host) = headers.remove(header::HOST) {
+            headers.insert("x-forwarded-host", host);
+        }
+        if let Some(peer) = peer {
+            // Keep the chain only from a trusted proxy; a direct client's
+            // own X-Forwarded-For is dropped, not passed on.
+            let chain = if self.trusted.iter().any(|n| n.contains(peer)) {
+                forwarded_chain(headers)
+                    .iter()
+                    .map(ToString::to_string)
+                    .chain([peer.to_string()])
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            } else {
+                peer.to_string()
+            };
+            if let Ok(v) = HeaderValue::from_str(&chain) {
+                headers.insert("x-forwarded-for", v);
+            }
+        }
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        *req.uri_mut() = target;
+        *req.version_mut() = axum::http::Version::HTTP_11;
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::new(body))
+            }
+            Ok(Err(e)) => problem(
+                StatusCode::BAD_GATEWAY,
+                format!("upstream {} failed: {e}", self.upstream),
+            ),
+            Err(_) => problem(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "upstream {} did not answer within {:?}",
+                    self.upstream, self.timeout
+                ),
+            ),
+        }
+    }
+}
+
+impl tower::Service<Request<Body>> for Forward {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+/// Everything `serve_proxy` needs.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// The upstream.
+    pub upstream: Uri,
+    /// Where the user comes from.
+    pub user: Option<UserSource>,
+    /// Trusted proxies.
+    pub trusted: Vec<IpNet>,
+    /// Upstream timeout.
+    pub timeout: Duration,
+}
+
+/// The proxy's router: every request goes through the rate limit layer to
+/// the forwarder.
+pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
+    let trusted: Arc<[IpNet]> = opts.trusted.clone().into();
+    let identify = ProxyIdentify {
+        user: opts.user.clone(),
+        trusted: trusted.clone(),
+    };
+    let forward = Forward::new(opts.upstream.clone(), opts.timeout, trusted);
+    let service = RateLimitLayer::new(state.limiter.clone(), identify).layer(forward);
+    axum::Router::new().fallback_service(service)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn networks_contain_their_addresses() {
+        let n = IpNet::parse("10.0.0.0/8").unwrap();
+        assert!(n.contains(ip("10.1.2.3")));
+        assert!(!n.contains(ip("11.0.0.1")));
+        assert!(n.contains(ip("::ffff:10.0.0.1")));
+        assert!(IpNet::parse("::1").unwrap().contains(ip("::1")));
+        assert!(IpNet::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
+        assert!(IpNet::parse("10.0.0.0/33").is_err());
+        assert!(IpNet::parse("nope").is_err());
+    }
+
+    #[test]
+    fn the_client_cannot_spoof_its_ip_and_proxies_are_peeled_from_the_right() {
+        let trusted = [
+            IpNet::parse("127.0.0.1/32").unwrap(),
+            IpNet::parse("10.0.0.0/8").unwrap(),
+        ];
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("6.6.6.6, 203.0.113.9, 10.0.0.2"),
+        );
+        // From a trusted proxy: rightmost untrusted address.
+        assert_eq!(client_ip(ip("127.0.0.1"), &h, &trusted), ip("203.0.113.9"));
+        // From an untrusted peer: the header is ignored.
+        assert_eq!(
+            client_ip(ip("198.51.100.1"), &h, &trusted),
+            ip("198.51.100.1")
+        );
+        // Forwarded works too.
+        let mut f = HeaderMap::new();
+        f.insert(
+            header::FORWARDED,
+            HeaderValue::from_static("for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\""),
+        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("2001:db8::1"));
+        // Nothing untrusted: the leftmost.
+        let mut all = HeaderMap::new();
+        all.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.5"));
+        assert_eq!(client_ip(ip("127.0.0.1"), &all, &trusted), ip("10.0.0.5"));
+    }
+}

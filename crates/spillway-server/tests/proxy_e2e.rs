@@ -1,0 +1,298 @@
+//! End-to-end: `spillway proxy` (the real binary) in front of a real
+//! upstream HTTP server started by the test.
+
+mod util;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use util::{Server, TempDir, client, header};
+
+/// An upstream on a free port: `/hello`, `/echo` (streams the body back),
+/// `/headers` (what it was sent), `/slow` (3 s), anything else "ok".
+async fn upstream() -> SocketAddr {
+    let app = Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .route("/echo", post(|body: Body| async move { body }))
+        .route(
+            "/headers",
+            get(|h: HeaderMap| async move {
+                let get = |n: &str| {
+                    h.get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                axum::Json(serde_json::json!({
+                    "x-forwarded-for": get("x-forwarded-for"),
+                    "x-forwarded-host": get("x-forwarded-host"),
+                    "x-api-key": get("x-api-key"),
+                }))
+            }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                "late"
+            }),
+        )
+        .fallback(|| async { "ok" });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+fn rules(upstream: &str, trusted: &str) -> String {
+    format!(
+        r#"
+proxy:
+  upstream: {upstream}
+  user: header:X-Api-Key
+  trusted_proxies: [{trusted}]
+  timeout: 500ms
+rules:
+  - name: per-user
+    api: /hello
+    by: user
+    limits:
+      - fixed_window: {{ limit: 3, window: 1h }}
+  - name: per-ip
+    api: GET /ip/*
+    by: ip
+    limits:
+      - fixed_window: {{ limit: 2, window: 1h }}
+  - name: per-user-ip
+    api: /users/{{id}}
+    by: user+ip
+    limits:
+      - fixed_window: {{ limit: 1, window: 1h }}
+  - name: export
+    api: POST /v1/export
+    by: user
+    queue: {{ max_wait: 1s }}
+    limits:
+      - leaky_bucket: {{ capacity: 10, leak: 5/s }}
+"#
+    )
+}
+
+async fn start(trusted: &str) -> (Server, TempDir) {
+    let up = upstream().await;
+    let dir = TempDir::new("proxy");
+    let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), trusted));
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    (s, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let c = client();
+    for i in 0..3 {
+        let r = c
+            .get(s.url("/hello"))
+            .header("x-api-key", "alice")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{i}");
+        assert_eq!(
+            header(r.headers(), "x-ratelimit-remaining"),
+            (2 - i).to_string()
+        );
+        assert_eq!(
+            header(r.headers(), "ratelimit-policy"),
+            "\"per-user\";q=3;w=3600"
+        );
+        assert_eq!(r.text().await.unwrap(), "hello");
+    }
+    let r = c
+        .get(s.url("/hello"))
+        .header("x-api-key", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        header(r.headers(), "content-type"),
+        "application/problem+json"
+    );
+    assert!(header(r.headers(), "retry-after").parse::<u64>().unwrap() > 0);
+    let j: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(j["status"], 429);
+    let r = c
+        .get(s.url("/hello"))
+        .header("x-api-key", "bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // By IP: the test client is 127.0.0.1, which is not trusted here, so a
+    // spoofed X-Forwarded-For changes nothing.
+    for (i, spoof) in ["1.1.1.1", "2.2.2.2", "3.3.3.3"].iter().enumerate() {
+        let r = c
+            .get(s.url("/ip/x"))
+            .header("x-forwarded-for", *spoof)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), if i < 2 { 200 } else { 429 }, "{spoof}");
+    }
+    // The upstream sees the real peer, not the spoofed chain.
+    let j: serde_json::Value = c
+        .get(s.url("/headers"))
+        .header("x-forwarded-for", "6.6.6.6")
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(j["x-api-key"], "k");
+    assert!(
+        j["x-forwarded-host"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:")
+    );
+    // user+ip on a parameterised route.
+    let get = |user: &'static str| c.get(s.url("/users/42")).header("x-api-key", user).send();
+    assert_eq!(get("carol").await.unwrap().status(), 200);
+    assert_eq!(get("carol").await.unwrap().status(), 429);
+    assert_eq!(get("dave").await.unwrap().status(), 200);
+    // No identity for a user rule: the rule does not apply.
+    assert_eq!(c.get(s.url("/hello")).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_trusted_proxy_the_forwarded_address_is_the_client() {
+    let (s, _dir) = start("127.0.0.1/32").await;
+    let c = client();
+    let hit = |ip: &'static str| c.get(s.url("/ip/y")).header("x-forwarded-for", ip).send();
+    assert_eq!(hit("203.0.113.1").await.unwrap().status(), 200);
+    assert_eq!(hit("203.0.113.1").await.unwrap().status(), 200);
+    assert_eq!(hit("203.0.113.1").await.unwrap().status(), 429);
+    assert_eq!(hit("203.0.113.2").await.unwrap().status(), 200);
+    let j: serde_json::Value = c
+        .get(s.url("/headers"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(j["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let c = client();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..8u32 {
+        let (c, url) = (c.clone(), s.url("/v1/export"));
+        tasks.push(tokio::spawn(async move {
+            // Stagger so arrival order is known.
+            tokio::time::sleep(Duration::from_millis(u64::from(i) * 10)).await;
+            let r = c
+                .post(url)
+                .header("x-api-key", "erin")
+                .send()
+                .await
+                .unwrap();
+            (i, r.status().as_u16(), started.elapsed())
+        }));
+    }
+    let mut done = Vec::new();
+    for t in tasks {
+        done.push(t.await.unwrap());
+    }
+    // 5/s: one every 200 ms; max_wait 1 s admits waits of 0..=1000 ms: 6 pass.
+    let ok: Vec<_> = done.iter().filter(|d| d.1 == 200).collect();
+    let denied = done.iter().filter(|d| d.1 == 429).count();
+    assert_eq!(ok.len(), 6, "{done:?}");
+    assert_eq!(denied, 2, "{done:?}");
+    for w in ok.windows(2) {
+        assert!(w[0].0 < w[1].0, "in arrival order: {done:?}");
+        let gap = w[1].2.saturating_sub(w[0].2);
+        assert!(
+            gap >= Duration::from_millis(120),
+            "released too fast: {done:?}"
+        );
+    }
+    let span = ok.last().unwrap().2 - ok[0].2;
+    assert!(
+        span >= Duration::from_millis(850) && span < Duration::from_millis(1600),
+        "{span:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let c = client();
+    let t = Instant::now();
+    let r = c.get(s.url("/slow")).send().await.unwrap();
+    assert_eq!(r.status(), 504);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        header(r.headers(), "content-type"),
+        "application/problem+json"
+    );
+    // 8 MiB of non-repeating bytes through /echo.
+    let mut data = vec![0u8; 8 << 20];
+    let mut x = 0x1234_5678_u32;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let r = c
+        .post(s.url("/echo"))
+        .body(data.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let back = r.bytes().await.unwrap();
+    assert!(
+        back.len() == data.len() && back[..] == data[..],
+        "body changed"
+    );
+    // An upstream that is not there.
+    let dir = TempDir::new("down");
+    let port = spillway_testkit::free_port();
+    let file = dir.write(
+        "rules.yaml",
+        &rules(&format!("http://127.0.0.1:{port}"), "10.0.0.0/8"),
+    );
+    let down = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let r = c.get(down.url("/anything")).send().await.unwrap();
+    assert_eq!(r.status(), 502);
+}
+
+#[test]
+fn proxy_flags_are_checked() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["proxy", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["proxy", "--upstream", "ftp://x", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,160 @@
+//! The layer in an axum app and in front of a tonic (gRPC) service, over the network.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
+use spillway_store::{Checked, Limiter, MemoryStore, RuleSet, SystemClock};
+use spillway_tower::{Deny, Identity, RateLimitInfo, RateLimitLayer};
+
+fn limiter(limit: u64) -> Arc<Limiter<MemoryStore<SystemClock>>> {
+    let rule = Rule::new(
+        "per-user",
+        None,
+        KeySpec::parse("user").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(limit, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    Arc::new(Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    ))
+}
+
+fn user_header<B>(req: &http::Request<B>) -> Identity {
+    Identity {
+        user: req
+            .headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
+        ..Identity::default()
+    }
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn axum_app_gets_429s_and_headers_and_clones_share_one_limiter() {
+    let layer = RateLimitLayer::new(limiter(2), user_header::<Body>);
+    // Two routers built from clones of the same layer still share counters.
+    let a = serve(
+        Router::new()
+            .route("/", get(|| async { "a" }))
+            .layer(layer.clone()),
+    )
+    .await;
+    let b = serve(Router::new().route("/", get(|| async { "b" })).layer(layer)).await;
+    let c = reqwest::Client::new();
+    let r = c.get(&a).header("x-user", "u").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "1");
+    let rl = r.headers()["ratelimit"].to_str().unwrap();
+    assert!(rl.starts_with("\"per-user\";r=1;t="), "{rl}");
+    assert_eq!(
+        c.get(&b)
+            .header("x-user", "u")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = c.get(&a).header("x-user", "u").send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        c.get(&b)
+            .header("x-user", "v")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn pass_denied_lets_the_app_answer_with_the_decision_in_extensions() {
+    let layer = RateLimitLayer::new(limiter(1), user_header::<Body>).pass_denied(true);
+    let handler = |req: http::Request<Body>| async move {
+        let info = req.extensions().get::<RateLimitInfo>().unwrap();
+        if info.0.decision.allowed {
+            "welcome".to_string()
+        } else {
+            "please slow down".to_string()
+        }
+    };
+    let url = serve(Router::new().route("/", get(handler)).layer(layer)).await;
+    let c = reqwest::Client::new();
+    let first = c.get(&url).header("x-user", "u").send().await.unwrap();
+    assert_eq!(first.text().await.unwrap(), "welcome");
+    let second = c.get(&url).header("x-user", "u").send().await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert_eq!(second.text().await.unwrap(), "please slow down");
+}
+
+/// gRPC services answer a denial with a status, not an HTTP 429.
+struct GrpcDeny;
+
+impl Deny<tonic::body::Body> for GrpcDeny {
+    fn deny(&self, checked: &Checked) -> http::Response<tonic::body::Body> {
+        let rule = checked
+            .decision
+            .deciding
+            .as_ref()
+            .and_then(|d| checked.rule(d))
+            .map_or("", |r| r.name())
+            .to_string();
+        tonic::Status::resource_exhausted(format!("rate limit {rule} exceeded")).into_http()
+    }
+}
+
+#[tokio::test]
+async fn tonic_service_answers_resource_exhausted() {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>>().await;
+    let layer = RateLimitLayer::new(limiter(2), user_header::<tonic::body::Body>).on_deny(GrpcDeny);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic_health::pb::health_client::HealthClient::new(channel);
+    let call = || {
+        let mut req = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        req.metadata_mut()
+            .insert("x-user", "grpc-user".parse().unwrap());
+        req
+    };
+    assert!(client.check(call()).await.is_ok());
+    assert!(client.check(call()).await.is_ok());
+    let err = client.check(call()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.message().contains("per-user"), "{}", err.message());
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Reverse-proxy benchmark: spillway proxy vs Debian's nginx (one worker,
+# limit_req keyed on the API-key header) in front of the same upstream (the
+# bare axum example), side by side in one run, 127.0.0.1 only.
+#  - allow path: random API keys over 100,000, a generous limit: all admitted;
+#  - deny path: one API key far over its limit: nearly all rejected (429);
+#  - added latency at low load: one connection, upstream direct vs through each proxy.
+# Prints requests/s, p50/p99 and proxy CPU microseconds per request.
+# Needs wrk and nginx (apt-get install wrk nginx-light). Usage: scripts/bench-proxy.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
+command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
+cargo build --release --locked -q --bin spillway --example bare -p spillway-server
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+hz=$(getconf CLK_TCK)
+
+up=$(free_port); ng=$(free_port); sp=$(free_port)
+target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
+mkdir -p "$work/logs"
+cat > "$work/nginx.conf" <<NGINX
+daemon off;
+master_process off;
+worker_processes 1;
+error_log $work/logs/error.log crit;
+pid $work/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $work/body;
+  proxy_temp_path $work/proxy;
+  limit_req_zone \$http_x_api_key zone=api:32m rate=100r/s;
+  limit_req_status 429;
+  upstream up { server 127.0.0.1:$up; keepalive 64; }
+  server {
+    listen 127.0.0.1:$ng;
+    location / {
+      limit_req zone=api burst=100 nodelay;
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+    }
+  }
+}
+NGINX
+nginx -p "$work" -c "$work/nginx.conf" &
+pid_ng=$!
+cat > "$work/rules.yaml" <<YAML
+proxy:
+  upstream: http://127.0.0.1:$up
+  user: header:X-Api-Key
+rules:
+  - name: api
+    by: user
+    limits:
+      - gcra: { rate: 100/1s, burst: 100 }
+YAML
+RUST_LOG=warn target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
+pid_sp=$!
+wait_port "$up"; wait_port "$ng"; wait_port "$sp"
+
+cat > "$work/allow.lua" <<'LUA'
+math.randomseed(os.time())
+request = function()
+  return wrk.format("GET", "/api", {["X-Api-Key"] = "k" .. math.random(1, 100000)})
+end
+LUA
+cat > "$work/deny.lua" <<'LUA'
+request = function()
+  return wrk.format("GET", "/api", {["X-Api-Key"] = "one-key"})
+end
+LUA
+
+run() { # name pid port script conns
+  local c0; c0=$(cpu_ticks "$2")
+  local out; out=$(wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
+  local c1; c1=$(cpu_ticks "$2")
+  local total; total=$(awk '/requests in/ {print $1}' <<<"$out")
+  local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
+  echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
+}
+for r in 1 2; do
+  run nginx "$pid_ng" "$ng" allow.lua 64
+  run spillway "$pid_sp" "$sp" allow.lua 64
+  run nginx "$pid_ng" "$ng" deny.lua 64
+  run spillway "$pid_sp" "$sp" deny.lua 64
+done
+direct=$(wrk -t1 -c1 -d"${secs}s" --latency "http://127.0.0.1:$up/api" | awk '$1=="50%" {print $2}')
+echo "direct upstream rps(allow, 64 conns)=$(wrk -t1 -c64 -d"${secs}s" -s "$work/allow.lua" "http://127.0.0.1:$up/api" | awk '/Requests\/sec/ {print $2}')"
+echo "low load (1 connection) p50: direct=$direct nginx=$(wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$ng/api" | awk '$1=="50%" {print $2}') spillway=$(wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$sp/api" | awk '$1=="50%" {print $2}')"

@@ -33,6 +33,12 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// The `proxy:` section, if any.
     pub proxy: Option<ProxyConfig>,
+    /// Where to serve the Envoy gRPC API, from `grpc_listen` (the flag wins).
+    pub grpc_listen: Option<SocketAddr>,
+    /// Add RateLimit headers to gRPC answers (`grpc_response_headers`).
+    pub grpc_response_headers: bool,
+    /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config` files).
+    pub domains: Vec<crate::envoy::Domain>,
 }
 
 /// Reverse-proxy settings (`spillway proxy`).
@@ -154,7 +160,73 @@ struct RawConfig {
     listen: Option<Spanned<String>>,
     #[serde(default)]
     proxy: Option<Spanned<RawProxy>>,
+    #[serde(default)]
+    grpc_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    grpc_response_headers: Option<bool>,
+    #[serde(default)]
+    domains: Vec<Spanned<RawDomain>>,
+    #[serde(default)]
     rules: Vec<Spanned<RawRule>>,
+}
+
+/// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:` items.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDomain {
+    domain: Spanned<String>,
+    #[serde(default)]
+    descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: Spanned<String>,
+    #[serde(default)]
+    value: Option<Spanned<String>>,
+    /// Envoy's own limit: a fixed window of `requests_per_unit` per `unit`.
+    #[serde(default)]
+    rate_limit: Option<Spanned<RawEnvoyRate>>,
+    /// spillway's: any algorithm.
+    #[serde(default)]
+    limit: Option<Spanned<RawLimit>>,
+    #[serde(default)]
+    descriptors: Vec<Spanned<RawDescriptor>>,
+    #[serde(default)]
+    shadow_mode: Option<bool>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+    #[serde(default)]
+    name: Option<Spanned<String>>,
+    /// Accepted for compatibility; spillway's metrics are per rule already.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: Option<bool>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    value_to_metric: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEnvoyRate {
+    #[serde(default)]
+    unit: Option<Spanned<String>>,
+    #[serde(default)]
+    requests_per_unit: Option<Spanned<i64>>,
+    #[serde(default)]
+    unlimited: Option<bool>,
+    #[serde(default)]
+    name: Option<Spanned<String>>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    name: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -451,6 +523,27 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
         }
     });
     let proxy = raw.proxy.as_ref().map(|p| proxy_config(&mut errs, p));
+    let grpc_listen = raw
+        .grpc_listen
+        .as_ref()
+        .and_then(|l| match l.value.parse() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                errs.at(
+                    l,
+                    format!(
+                        "grpc_listen {:?} is not an address like 127.0.0.1:8081",
+                        l.value
+                    ),
+                );
+                None
+            }
+        });
+    let domains = raw
+        .domains
+        .iter()
+        .map(|d| domain(&mut errs, &d.value))
+        .collect();
     let mut rules = Vec::new();
     let mut names: Vec<&Spanned<String>> = Vec::new();
     for r in &raw.rules {
@@ -476,6 +569,9 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             rules,
             listen,
             proxy,
+            grpc_listen,
+            grpc_response_headers: raw.grpc_response_headers.unwrap_or(false),
+            domains,
         })
     } else {
         Err(ConfigErrors(errs.list))
@@ -567,6 +663,181 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> ProxyConfig {
         cfg.timeout = d.into();
     }
     cfg
+}
+
+/// Parses an envoyproxy/ratelimit configuration file (one domain).
+///
+/// # Errors
+/// Every problem, with line and column.
+pub fn parse_envoy(file: &str, text: &str) -> Result<crate::envoy::Domain, ConfigErrors> {
+    let raw: RawDomain = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        ConfigErrors(vec![ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message: first_line(&e.to_string()),
+        }])
+    })?;
+    let mut errs = Errors {
+        file,
+        list: Vec::new(),
+    };
+    let d = domain(&mut errs, &raw);
+    if errs.list.is_empty() {
+        Ok(d)
+    } else {
+        Err(ConfigErrors(errs.list))
+    }
+}
+
+/// Reads and parses an envoyproxy/ratelimit configuration file.
+///
+/// # Errors
+/// As [`parse_envoy`], or the file cannot be read.
+pub fn load_envoy(path: &Path) -> Result<crate::envoy::Domain, ConfigErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: name.clone(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    parse_envoy(&name, &text)
+}
+
+fn domain(errs: &mut Errors<'_>, d: &RawDomain) -> crate::envoy::Domain {
+    let name = d.domain.value.trim().to_string();
+    if name.is_empty() {
+        errs.at(&d.domain, "domain must not be empty");
+    }
+    let nodes = descriptors(errs, &name, &d.descriptors);
+    crate::envoy::Domain { name, nodes }
+}
+
+fn descriptors(
+    errs: &mut Errors<'_>,
+    path: &str,
+    list: &[Spanned<RawDescriptor>],
+) -> Vec<crate::envoy::Node> {
+    use crate::envoy::{Action, Node, proto::Unit};
+    let mut out: Vec<Node> = Vec::new();
+    for d in list {
+        let raw = &d.value;
+        let key = raw.key.value.clone();
+        if key.is_empty() {
+            errs.at(&raw.key, "descriptor key must not be empty");
+        }
+        let value = raw.value.as_ref().map(|v| v.value.clone());
+        if out.iter().any(|n| n.key == key && n.value == value) {
+            errs.at(
+                &raw.key,
+                format!("descriptor {key}={value:?} appears twice at this level"),
+            );
+        }
+        let here = match &value {
+            Some(v) => format!("{path}.{key}_{v}"),
+            None => format!("{path}.{key}"),
+        };
+        let shadow = raw.shadow_mode.unwrap_or(false);
+        let action = match (&raw.rate_limit, &raw.limit) {
+            (Some(_), Some(l)) => {
+                errs.at(
+                    l,
+                    "give rate_limit (Envoy's format) or limit (spillway's), not both",
+                );
+                Action::None
+            }
+            (Some(r), None) => {
+                let rl = &r.value;
+                let name = rl
+                    .name
+                    .as_ref()
+                    .or(raw.name.as_ref())
+                    .map_or(here.clone(), |n| n.value.clone());
+                if rl.unlimited == Some(true) {
+                    Action::Unlimited
+                } else {
+                    let unit = match &rl.unit {
+                        Some(u) => Unit::parse(&u.value).or_else(|| {
+                            errs.at(u, format!("unit {:?}: expected second, minute, hour, day, week, month or year", u.value));
+                            None
+                        }),
+                        None => {
+                            errs.at(r, "rate_limit needs a unit");
+                            None
+                        }
+                    };
+                    let rpu = match &rl.requests_per_unit {
+                        Some(n) if n.value < 0 || n.value > i64::from(u32::MAX) => {
+                            errs.at(
+                                n,
+                                format!("requests_per_unit {} must be 0 to {}", n.value, u32::MAX),
+                            );
+                            None
+                        }
+                        Some(n) => Some(n.value as u64),
+                        None => {
+                            errs.at(r, "rate_limit needs requests_per_unit");
+                            None
+                        }
+                    };
+                    match (unit, rpu) {
+                        // 0 per unit: every request over the limit (a ban list entry).
+                        (Some(u), Some(0)) => Action::Ban {
+                            name,
+                            unit: u,
+                            shadow,
+                        },
+                        (Some(u), Some(n)) => match crate::envoy::envoy_rule(&name, n, u, shadow) {
+                            Ok(rule) => Action::Limit(Box::new(rule)),
+                            Err(e) => {
+                                errs.at(r, e);
+                                Action::None
+                            }
+                        },
+                        _ => Action::None,
+                    }
+                }
+            }
+            (None, Some(l)) => {
+                let name = raw.name.as_ref().map_or(here.clone(), |n| n.value.clone());
+                match limit(errs, l, None) {
+                    Some(lim) => match Rule::new(
+                        &name,
+                        None,
+                        KeySpec::from_parts(Vec::new()),
+                        vec![lim],
+                        if shadow { Mode::Shadow } else { Mode::Hard },
+                    ) {
+                        Ok(rule) => Action::Limit(Box::new(rule)),
+                        Err(e) => {
+                            errs.at(l, e.to_string());
+                            Action::None
+                        }
+                    },
+                    None => Action::None,
+                }
+            }
+            (None, None) => Action::None,
+        };
+        let children = descriptors(errs, &here, &raw.descriptors);
+        out.push(Node {
+            key,
+            value,
+            action,
+            replaces: raw
+                .replaces
+                .iter()
+                .chain(raw.rate_limit.iter().flat_map(|r| r.value.replaces.iter()))
+                .map(|r| r.name.clone())
+                .collect(),
+            children,
+        });
+    }
+    out
 }
 
 /// Default cap on keys in the memory store.

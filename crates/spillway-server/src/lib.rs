@@ -5,6 +5,7 @@
 //! start it on port 0 in-process; `main` only parses flags and calls it.
 
 pub mod config;
+pub mod envoy;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
@@ -91,6 +92,10 @@ pub struct AppState {
     pub reload: Mutex<ReloadStatus>,
     /// Where rules come from, as shown on `/v1/status`.
     pub source_name: String,
+    /// Descriptor trees of the Envoy gRPC API, replaced on reload.
+    pub envoy: arc_swap::ArcSwap<envoy::Domains>,
+    /// Whether gRPC answers carry RateLimit headers for Envoy to add.
+    pub grpc_headers: bool,
 }
 
 /// The last reload's result.
@@ -133,6 +138,35 @@ pub struct ServeOptions {
     pub config: Config,
     /// How often to look at the rules file for changes.
     pub poll_interval: Duration,
+    /// envoyproxy/ratelimit configuration files (one domain each).
+    pub envoy_files: Vec<std::path::PathBuf>,
+    /// Where to serve the Envoy gRPC API (the flag, else the file's `grpc_listen`).
+    pub grpc_listen: Option<std::net::SocketAddr>,
+}
+
+impl ServeOptions {
+    /// Loads the rules file (or the built-in example) and every Envoy file.
+    ///
+    /// # Errors
+    /// Every problem in every file.
+    pub fn load(
+        source: &Source,
+        envoy_files: &[std::path::PathBuf],
+    ) -> Result<Config, config::ConfigErrors> {
+        let mut config = source.load()?;
+        let mut errors = Vec::new();
+        for f in envoy_files {
+            match config::load_envoy(f) {
+                Ok(d) => config.domains.push(d),
+                Err(e) => errors.extend(e.0),
+            }
+        }
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(config::ConfigErrors(errors))
+        }
+    }
 }
 
 /// Builds the shared state for `config` (inside a Tokio runtime: the Redis
@@ -165,6 +199,8 @@ pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store:
             last_reload_unix_ms: unix_ms(),
         }),
         source_name,
+        envoy: arc_swap::ArcSwap::from_pointee(envoy::Domains::new(opts.config.domains.clone())),
+        grpc_headers: opts.config.grpc_response_headers,
     }))
 }
 
@@ -236,6 +272,19 @@ async fn serve_with(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let reloader = tokio::spawn(reload::watch(state.clone(), opts.clone(), stop_rx.clone()));
     let maintainer = tokio::spawn(maintain(state.clone(), stop_rx));
+    let grpc = match opts.grpc_listen.or(opts.config.grpc_listen) {
+        None => None,
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await?;
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on http://{addr}");
+            Some(tokio::spawn(serve_grpc(
+                state.clone(),
+                listener,
+                stop_rx_grpc(&stop_tx),
+            )))
+        }
+    };
     let app = app(&state);
     let result = axum::serve(
         listener,
@@ -246,8 +295,43 @@ async fn serve_with(
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;
+    if let Some(g) = grpc {
+        let _ = g.await;
+    }
     tracing::info!("spillway stopped");
     result
+}
+
+fn stop_rx_grpc(
+    tx: &tokio::sync::watch::Sender<bool>,
+) -> impl Future<Output = ()> + Send + 'static {
+    let mut rx = tx.subscribe();
+    async move {
+        let _ = rx.changed().await;
+    }
+}
+
+/// Serves the Envoy rate limit service and gRPC health on `listener`.
+async fn serve_grpc(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(envoy::proto::SERVICE, tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(envoy::service::RateLimitService::new(state))
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), stop)
+        .await;
+    if let Err(e) = result {
+        tracing::error!("gRPC server stopped: {e}");
+    }
 }
 
 /// Sweeps idle keys once a second, on a blocking thread: a sweep touches

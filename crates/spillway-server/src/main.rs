@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the HTTP decision API.
+    /// Serve the HTTP decision API (and, with --grpc-listen, the Envoy rate limit gRPC API).
     Serve {
         /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
         #[arg(long, value_name = "FILE")]
@@ -34,6 +34,12 @@ enum Command {
         /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
+        /// Serve the Envoy rate limit service (gRPC) on this address [default: the file's `grpc_listen`].
+        #[arg(long, value_name = "ADDR")]
+        grpc_listen: Option<SocketAddr>,
+        /// An envoyproxy/ratelimit configuration file (one domain); may be given several times.
+        #[arg(long, value_name = "FILE")]
+        envoy_config: Vec<PathBuf>,
     },
     /// Run as a reverse proxy: decide for every request, forward the admitted
     /// ones to the upstream, answer the others with 429.
@@ -69,13 +75,18 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match cli.command {
-        Command::Serve { config, listen } => serve(config, listen, None),
+        Command::Serve {
+            config,
+            listen,
+            grpc_listen,
+            envoy_config,
+        } => serve(config, listen, None, grpc_listen, envoy_config),
         Command::Proxy {
             upstream,
             config,
             listen,
             user,
-        } => serve(config, listen, Some((upstream, user))),
+        } => serve(config, listen, Some((upstream, user)), None, Vec::new()),
         Command::CheckConfig { file } => check_config(&file),
     }
 }
@@ -85,9 +96,11 @@ fn serve(
     config: Option<PathBuf>,
     listen: Option<SocketAddr>,
     proxy: Option<(Option<String>, Option<String>)>,
+    grpc_listen: Option<SocketAddr>,
+    envoy_files: Vec<PathBuf>,
 ) -> ExitCode {
     let source = config.map_or(Source::Example, Source::File);
-    let cfg = match source.load() {
+    let cfg = match ServeOptions::load(&source, &envoy_files) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
@@ -121,6 +134,8 @@ fn serve(
         source,
         config: cfg,
         poll_interval: Duration::from_millis(500),
+        envoy_files,
+        grpc_listen,
     };
     let result = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -165,6 +180,25 @@ fn proxy_options(
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {
+    // An envoyproxy/ratelimit file (a top-level `domain:`) is checked as one.
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    if text.lines().any(|l| l.starts_with("domain:")) {
+        return match config::parse_envoy(&file.display().to_string(), &text) {
+            Ok(d) => {
+                println!(
+                    "{}: ok, envoyproxy/ratelimit domain {:?}",
+                    file.display(),
+                    d.name
+                );
+                print_domains(std::slice::from_ref(&d));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     match config::load(file) {
         Ok(cfg) => {
             println!("{}: ok, {} rules", file.display(), cfg.rules.len());
@@ -209,11 +243,56 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     println!("    {}", http::describe_limit(l));
                 }
             }
+            print_domains(&cfg.domains);
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("{e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Prints gRPC descriptor trees, one line per node.
+fn print_domains(domains: &[spillway_server::envoy::Domain]) {
+    use spillway_server::envoy::{Action, Node};
+    fn walk(nodes: &[Node], depth: usize) {
+        for n in nodes {
+            let what = match &n.action {
+                Action::None => String::new(),
+                Action::Unlimited => " -> unlimited".to_string(),
+                Action::Ban { name, .. } => format!(" -> {name} [0 per unit: always over limit]"),
+                Action::Limit(r) => format!(
+                    " -> {} [{}]{}",
+                    r.name(),
+                    r.limits()
+                        .iter()
+                        .map(http::describe_limit)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if r.mode() == spillway_core::Mode::Shadow {
+                        " (shadow)"
+                    } else {
+                        ""
+                    }
+                ),
+            };
+            let replaces = if n.replaces.is_empty() {
+                String::new()
+            } else {
+                format!(" replaces {:?}", n.replaces)
+            };
+            println!(
+                "{}{}={}{what}{replaces}",
+                "  ".repeat(depth + 1),
+                n.key,
+                n.value.as_deref().unwrap_or("*")
+            );
+            walk(&n.children, depth + 1);
+        }
+    }
+    for d in domains {
+        println!("domain {} (gRPC):", d.name);
+        walk(&d.nodes, 0);
     }
 }

@@ -55,6 +55,8 @@ pub struct Metrics {
     latency_buckets: [AtomicU64; BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_ns: AtomicU64,
+    /// gRPC decisions by (domain, rule).
+    grpc: parking_lot::RwLock<HashMap<(String, String), Arc<RuleCounters>>>,
     reloads: AtomicU64,
     reload_errors: AtomicU64,
     store_errors: AtomicU64,
@@ -70,6 +72,7 @@ impl Metrics {
             latency_buckets: Default::default(),
             latency_count: AtomicU64::new(0),
             latency_sum_ns: AtomicU64::new(0),
+            grpc: parking_lot::RwLock::new(HashMap::new()),
             reloads: AtomicU64::new(0),
             reload_errors: AtomicU64::new(0),
             store_errors: AtomicU64::new(0),
@@ -115,6 +118,25 @@ impl Metrics {
         if let Some(c) = counters {
             c.by_outcome[slot(outcome)].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counts one gRPC rule's outcome in `domain`.
+    pub fn count_grpc(&self, domain: &str, rule: &str, outcome: Outcome) {
+        let found = self
+            .grpc
+            .read()
+            .get(&(domain.to_string(), rule.to_string()))
+            .cloned();
+        let counters = match found {
+            Some(c) => c,
+            None => self
+                .grpc
+                .write()
+                .entry((domain.to_string(), rule.to_string()))
+                .or_default()
+                .clone(),
+        };
+        counters.by_outcome[slot(outcome)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a request no rule applied to.
@@ -170,6 +192,30 @@ impl Metrics {
                     out,
                     "spillway_decisions_total{{rule=\"{}\",outcome=\"{}\"}} {}",
                     escape(name),
+                    o.as_str(),
+                    c.by_outcome[slot(o)].load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_grpc_decisions_total Envoy gRPC decisions by domain, rule and outcome."
+        );
+        let _ = writeln!(out, "# TYPE spillway_grpc_decisions_total counter");
+        let mut grpc: Vec<_> = self
+            .grpc
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        grpc.sort_by(|a, b| a.0.cmp(&b.0));
+        for ((domain, rule), c) in grpc {
+            for o in OUTCOMES {
+                let _ = writeln!(
+                    out,
+                    "spillway_grpc_decisions_total{{domain=\"{}\",rule=\"{}\",outcome=\"{}\"}} {}",
+                    escape(&domain),
+                    escape(&rule),
                     o.as_str(),
                     c.by_outcome[slot(o)].load(Ordering::Relaxed)
                 );

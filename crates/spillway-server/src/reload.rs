@@ -29,13 +29,21 @@ pub(crate) async fn watch(
     opts: ServeOptions,
     mut stop: watch::Receiver<bool>,
 ) {
-    let Source::File(path) = &opts.source else {
-        // The built-in example never changes; SIGHUP has nothing to reload.
-        let _ = stop.changed().await;
-        return;
+    let mut paths: Vec<std::path::PathBuf> = opts.envoy_files.clone();
+    if let Source::File(p) = &opts.source {
+        paths.push(p.clone());
+    }
+    let snapshot = |paths: &[std::path::PathBuf]| -> Vec<Option<Stamp>> {
+        paths.iter().map(|p| stamp(p)).collect()
     };
-    let mut last = stamp(path);
-    let mut last_text = std::fs::read_to_string(path).ok();
+    let read_all = |paths: &[std::path::PathBuf]| -> Vec<Option<String>> {
+        paths
+            .iter()
+            .map(|p| std::fs::read_to_string(p).ok())
+            .collect()
+    };
+    let mut last = snapshot(&paths);
+    let mut last_text = read_all(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -56,24 +64,30 @@ pub(crate) async fn watch(
             () = sighup => true,
             _ = stop.changed() => return,
         };
-        let now = stamp(path);
+        if paths.is_empty() {
+            continue;
+        }
+        let now = snapshot(&paths);
         if !forced && now == last {
             continue;
         }
         last = now;
-        let text = std::fs::read_to_string(path).ok();
+        let text = read_all(&paths);
         if !forced && text == last_text {
             continue;
         }
         last_text = text;
-        reload(&state, &opts.source);
+        reload(&state, &opts);
     }
 }
 
 /// Loads the source again and swaps the rules in if it is valid.
-pub(crate) fn reload(state: &AppState, source: &Source) {
-    match source.load() {
+pub(crate) fn reload(state: &AppState, opts: &ServeOptions) {
+    match ServeOptions::load(&opts.source, &opts.envoy_files) {
         Ok(config) => {
+            state
+                .envoy
+                .store(Arc::new(crate::envoy::Domains::new(config.domains.clone())));
             let version = state.limiter.rules().version + 1;
             let set = rule_set(&config, version);
             state.metrics.rules_changed(&set);

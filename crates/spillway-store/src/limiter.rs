@@ -182,7 +182,13 @@ impl<S: Store> Limiter<S> {
         } else {
             match self.store.decide(&charges, cost).await {
                 Ok(d) => (d, None),
-                Err(e) => (by_policy(&rules, &matched), Some(e)),
+                Err(e) => (
+                    by_policy(
+                        rules.on_store_error,
+                        matched.iter().map(|&i| &rules.rules()[i]),
+                    ),
+                    Some(e),
+                ),
             }
         };
         drop(charges);
@@ -201,13 +207,34 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+impl<S: Store> Limiter<S> {
+    /// Decides `charges` built by the caller (for ways in that match rules
+    /// themselves, like the Envoy gRPC API), with the failure policy applied
+    /// when the store fails: the decision, and the store's error if any.
+    pub async fn decide(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> (Decision, Option<crate::StoreError>) {
+        if charges.is_empty() {
+            return (Decision::unlimited(), None);
+        }
+        match self.store.decide(charges, cost).await {
+            Ok(d) => (d, None),
+            Err(e) => {
+                let default = self.rules.load().on_store_error;
+                (by_policy(default, charges.iter().map(|c| c.rule)), Some(e))
+            }
+        }
+    }
+}
+
 /// The decision when the store is unavailable: each rule's own failure
 /// policy, or the rule set's; a shadow rule never denies.
-fn by_policy(rules: &RuleSet, matched: &[usize]) -> Decision {
+fn by_policy<'a>(default: FailPolicy, rules: impl Iterator<Item = &'a Rule>) -> Decision {
     let mut out = Decision::unlimited();
-    for (ri, &i) in matched.iter().enumerate() {
-        let rule = &rules.rules()[i];
-        let policy = rule.fail_policy().unwrap_or(rules.on_store_error);
+    for (ri, rule) in rules.enumerate() {
+        let policy = rule.fail_policy().unwrap_or(default);
         let deny = policy == FailPolicy::Deny && rule.mode() != Mode::Shadow;
         let size = rule.limits().first().map_or(0, |l| l.size());
         let verdict = spillway_core::Verdict {

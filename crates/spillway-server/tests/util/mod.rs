@@ -86,6 +86,18 @@ impl Server {
         None
     }
 
+    /// Waits for a log line containing `needle` and returns it.
+    pub fn wait_line(&self, needle: &str) -> String {
+        let mut seen = Vec::new();
+        loop {
+            match self.logs.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("no log line with {needle:?}; saw {seen:#?}"),
+            }
+        }
+    }
+
     /// Log lines printed so far.
     pub fn drain_logs(&self) -> Vec<String> {
         self.logs.try_iter().collect()

@@ -1,0 +1,254 @@
+//! The Envoy rate limit service (gRPC `ShouldRateLimit`): domains of nested
+//! descriptor trees, matched the way envoyproxy/ratelimit matches them, and
+//! decided through the same store as the HTTP API.
+
+pub mod proto;
+pub mod service;
+
+use std::collections::HashMap;
+
+use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
+
+use self::proto::Unit;
+
+/// One domain's descriptor tree.
+#[derive(Debug, Clone)]
+pub struct Domain {
+    /// The domain name requests carry.
+    pub name: String,
+    /// The top-level descriptor nodes.
+    pub nodes: Vec<Node>,
+}
+
+/// A node of a descriptor tree.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The entry key this node matches.
+    pub key: String,
+    /// The entry value it matches; `None` matches any value (each value
+    /// counted on its own).
+    pub value: Option<String>,
+    /// What applies when a descriptor ends here.
+    pub action: Action,
+    /// Names of limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+    /// Deeper nodes.
+    pub children: Vec<Node>,
+}
+
+/// What a matched node does.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Nothing here: no limit (only deeper nodes carry limits).
+    None,
+    /// Never limited.
+    Unlimited,
+    /// This rule's limit (a spillway rule keyed by the descriptor's values).
+    Limit(Box<Rule>),
+    /// `requests_per_unit: 0`: always over the limit.
+    Ban {
+        /// The limit's name.
+        name: String,
+        /// The unit reported.
+        unit: Unit,
+        /// Report but do not deny.
+        shadow: bool,
+    },
+}
+
+/// Every domain, by name.
+#[derive(Debug, Clone, Default)]
+pub struct Domains {
+    by_name: HashMap<String, Domain>,
+}
+
+impl Domains {
+    /// Domains from a list; a later domain of the same name is merged into
+    /// the earlier one (its descriptors appended).
+    pub fn new(list: Vec<Domain>) -> Domains {
+        let mut by_name: HashMap<String, Domain> = HashMap::new();
+        for d in list {
+            match by_name.get_mut(&d.name) {
+                Some(existing) => existing.nodes.extend(d.nodes),
+                None => {
+                    by_name.insert(d.name.clone(), d);
+                }
+            }
+        }
+        Domains { by_name }
+    }
+
+    /// The domain called `name`.
+    pub fn get(&self, name: &str) -> Option<&Domain> {
+        self.by_name.get(name)
+    }
+
+    /// Number of domains.
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// True if there are none.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Every rule in every tree (for metrics and listings).
+    pub fn rules(&self) -> Vec<(&str, &Rule)> {
+        fn walk<'a>(domain: &'a str, nodes: &'a [Node], out: &mut Vec<(&'a str, &'a Rule)>) {
+            for n in nodes {
+                if let Action::Limit(r) = &n.action {
+                    out.push((domain, r));
+                }
+                walk(domain, &n.children, out);
+            }
+        }
+        let mut out = Vec::new();
+        for d in self.by_name.values() {
+            walk(&d.name, &d.nodes, &mut out);
+        }
+        out
+    }
+}
+
+/// The most specific node for a descriptor's entries: at each level an
+/// exact key and value beats a key-only (any value) node; a descriptor
+/// matches only if every entry is consumed.
+pub fn find<'a>(nodes: &'a [Node], entries: &[(&str, &str)]) -> Option<&'a Node> {
+    let mut level = nodes;
+    let mut found = None;
+    for (k, v) in entries {
+        // Exact value, then a `prefix*` value, then key only.
+        let node = level
+            .iter()
+            .find(|n| n.key == *k && n.value.as_deref() == Some(*v))
+            .or_else(|| {
+                level.iter().find(|n| {
+                    n.key == *k
+                        && n.value.as_deref().is_some_and(|p| {
+                            p.strip_suffix('*')
+                                .is_some_and(|prefix| v.starts_with(prefix))
+                        })
+                })
+            })
+            .or_else(|| level.iter().find(|n| n.key == *k && n.value.is_none()))?;
+        found = Some(node);
+        level = &node.children;
+    }
+    found
+}
+
+/// A fixed window rule of `requests_per_unit` per `unit`, as Envoy's own
+/// format means it.
+///
+/// # Errors
+/// Zero requests or an unknown unit.
+pub fn envoy_rule(
+    name: &str,
+    requests_per_unit: u64,
+    unit: Unit,
+    shadow: bool,
+) -> Result<Rule, String> {
+    let secs = unit.seconds();
+    if secs == 0 {
+        return Err("unknown unit".to_string());
+    }
+    let limit =
+        FixedWindow::new(requests_per_unit, Nanos::from_secs(secs)).map_err(|e| e.to_string())?;
+    Rule::new(
+        name,
+        None,
+        KeySpec::from_parts(Vec::new()),
+        vec![Limit::FixedWindow(limit)],
+        if shadow { Mode::Shadow } else { Mode::Hard },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// A limit as Envoy reports it: requests per unit. Windows that are a whole
+/// unit map directly; others are scaled to the largest unit they span.
+pub fn envoy_rate(limit: &Limit) -> (u32, Unit) {
+    let w = limit.window().as_u64();
+    let size = limit.size();
+    for unit in [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ] {
+        if w == unit.seconds() * 1_000_000_000 {
+            return (u32::try_from(size).unwrap_or(u32::MAX), unit);
+        }
+    }
+    let unit = [Unit::Day, Unit::Hour, Unit::Minute]
+        .into_iter()
+        .find(|u| w >= u.seconds() * 1_000_000_000)
+        .unwrap_or(Unit::Second);
+    let per =
+        (u128::from(size) * u128::from(unit.seconds()) * 1_000_000_000) / u128::from(w.max(1));
+    (u32::try_from(per).unwrap_or(u32::MAX), unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(key: &str, value: Option<&str>, children: Vec<Node>) -> Node {
+        Node {
+            key: key.into(),
+            value: value.map(Into::into),
+            action: Action::Unlimited,
+            replaces: Vec::new(),
+            children,
+        }
+    }
+
+    #[test]
+    fn specific_values_beat_wildcards_and_all_entries_must_match() {
+        let tree = vec![
+            node("remote_address", None, vec![]),
+            node("path", Some("/login"), vec![node("user", None, vec![])]),
+            node("path", None, vec![]),
+        ];
+        assert_eq!(
+            find(&tree, &[("remote_address", "1.2.3.4")]).unwrap().value,
+            None
+        );
+        let n = find(&tree, &[("path", "/login")]).unwrap();
+        assert_eq!(n.value.as_deref(), Some("/login"));
+        assert_eq!(find(&tree, &[("path", "/other")]).unwrap().value, None);
+        assert_eq!(
+            find(&tree, &[("path", "/login"), ("user", "bob")])
+                .unwrap()
+                .key,
+            "user"
+        );
+        assert!(find(&tree, &[("path", "/login"), ("nope", "x")]).is_none());
+        assert!(find(&tree, &[("unknown", "x")]).is_none());
+        let wild = vec![
+            node("k", Some("value*"), vec![]),
+            node("k", Some("value_9"), vec![]),
+        ];
+        assert_eq!(
+            find(&wild, &[("k", "value_1")]).unwrap().value.as_deref(),
+            Some("value*")
+        );
+        assert_eq!(
+            find(&wild, &[("k", "value_9")]).unwrap().value.as_deref(),
+            Some("value_9")
+        );
+        assert!(find(&wild, &[("k", "other")]).is_none());
+    }
+
+    #[test]
+    fn rates_map_to_envoy_units() {
+        let fw = |n, s| Limit::FixedWindow(FixedWindow::new(n, Nanos::from_secs(s)).unwrap());
+        assert_eq!(envoy_rate(&fw(10, 60)), (10, Unit::Minute));
+        assert_eq!(envoy_rate(&fw(10, 3600)), (10, Unit::Hour));
+        assert_eq!(envoy_rate(&fw(10, 120)), (5, Unit::Minute));
+        assert_eq!(envoy_rate(&fw(10, 5)), (2, Unit::Second));
+    }
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# gRPC (Envoy rate limit API) load, side by side with the HTTP API, with the
+# in-memory store and with Redis, in one run on 127.0.0.1:
+# examples/grpc_load.rs drives ShouldRateLimit (random remote_address over
+# 100,000, a fixed window of 1000/minute), wrk drives POST /v1/check with the
+# equivalent rule. Usage: scripts/bench-grpc.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-10}
+command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
+command -v redis-server >/dev/null || scripts/setup.sh
+cargo build --release --locked -q --bin spillway --example grpc_load -p spillway-server
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+rp=$(free_port)
+redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
+wait_port "$rp"
+cat > "$work/load.lua" <<'LUA'
+math.randomseed(os.time())
+request = function()
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"ip":"10.0.' .. math.random(1, 100000) .. '"}')
+end
+LUA
+for store in memory redis; do
+  if [ "$store" = redis ]; then storeyaml="store: { redis: { url: \"redis://127.0.0.1:$rp\", timeout: 200ms } }"; else storeyaml="store: memory"; fi
+  cat > "$work/rules-$store.yaml" <<YAML
+$storeyaml
+rules:
+  - name: per-ip
+    by: ip
+    limits:
+      - fixed_window: { limit: 1000, window: 1m }
+domains:
+  - domain: bench
+    descriptors:
+      - key: remote_address
+        rate_limit: { unit: minute, requests_per_unit: 1000 }
+YAML
+  hp=$(free_port); gp=$(free_port)
+  RUST_LOG=warn target/release/spillway serve --config "$work/rules-$store.yaml" --listen "127.0.0.1:$hp" --grpc-listen "127.0.0.1:$gp" 2>/dev/null &
+  pid=$!
+  wait_port "$hp"; wait_port "$gp"; sleep 0.5
+  echo "[$store] $(target/release/examples/grpc_load "127.0.0.1:$gp" "$secs" 64 4)"
+  out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/load.lua" "http://127.0.0.1:$hp/v1/check")
+  echo "[$store] http rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out")"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+done

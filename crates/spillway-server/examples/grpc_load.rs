@@ -9,12 +9,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_server::envoy::proto::{Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT};
+use spillway_server::envoy::proto::{
+    Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT,
+};
 
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
-    let addr = args.next().expect("usage: grpc_load ADDR [SECONDS] [CONCURRENCY] [CHANNELS]");
+    let addr = args
+        .next()
+        .expect("usage: grpc_load ADDR [SECONDS] [CONCURRENCY] [CHANNELS]");
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let conc: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let chans: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4);
@@ -47,7 +51,12 @@ async fn main() {
                     descriptors: vec![RateLimitDescriptor {
                         entries: vec![Entry {
                             key: "remote_address".into(),
-                            value: format!("10.{}.{}.{}", (x % 100_000) / 65536, (x >> 8) % 256, x % 256),
+                            value: format!(
+                                "10.{}.{}.{}",
+                                (x % 100_000) / 65536,
+                                (x >> 8) % 256,
+                                x % 256
+                            ),
                         }],
                         limit: None,
                         hits_addend: None,
@@ -57,8 +66,15 @@ async fn main() {
                 let t0 = Instant::now();
                 grpc.ready().await.expect("ready");
                 let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
-                let r: Result<tonic::Response<spillway_server::envoy::proto::RateLimitResponse>, _> = grpc
-                    .unary(tonic::Request::new(req), path, tonic_prost::ProstCodec::default())
+                let r: Result<
+                    tonic::Response<spillway_server::envoy::proto::RateLimitResponse>,
+                    _,
+                > = grpc
+                    .unary(
+                        tonic::Request::new(req),
+                        path,
+                        tonic_prost::ProstCodec::default(),
+                    )
                     .await;
                 lat.push(t0.elapsed());
                 r.expect("call");

@@ -127,18 +127,24 @@ async fn check(
             ApiError::bad_request(format!("invalid JSON body: {e}"))
         })?
     };
+    decide_body(&state, body, started).await
+}
+
+fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Validates a check, decides it, counts it and renders the answer: the
+/// shared tail of `POST /v1/check` and `GET /v1/limit`.
+async fn decide_body(
+    state: &AppState,
+    body: CheckBody,
+    started: Instant,
+) -> Result<Response, ApiError> {
     validate_body(&body).inspect_err(|_| state.metrics.bad_request())?;
     let (method, path) = split_api(body.api.as_deref());
-    let descriptors: Vec<(&str, &str)> = body
-        .descriptors
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let hdrs: Vec<(&str, &str)> = body
-        .headers
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let descriptors = pairs(&body.descriptors);
+    let hdrs = pairs(&body.headers);
     let attrs = SimpleAttributes {
         user: body.user.as_deref(),
         ip: body.ip.as_deref(),
@@ -235,21 +241,7 @@ async fn limit(
         cost: q.cost,
         ..CheckBody::default()
     };
-    validate_body(&body).inspect_err(|_| state.metrics.bad_request())?;
-    let (method, path) = split_api(body.api.as_deref());
-    let attrs = SimpleAttributes {
-        user: body.user.as_deref(),
-        ..SimpleAttributes::default()
-    };
-    let req = Request {
-        method,
-        path,
-        attrs: &attrs,
-        cost: body.cost.unwrap_or(1),
-    };
-    let checked = state.limiter.check(&req).await;
-    state.record(&checked, started);
-    Ok(render(&checked))
+    decide_body(&state, body, started).await
 }
 
 /// The JSON body of a decision (`Decision` in docs/openapi.yaml).

@@ -451,10 +451,7 @@ async fn metrics_health_rules_and_clean_shutdown() {
 fn check_config_prints_rules_or_every_error_with_its_location() {
     let dir = TempDir::new("check");
     let good = dir.write("good.yaml", EVERY_ALGORITHM);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", good.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", good.to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("9 rules"), "{text}");
@@ -463,10 +460,7 @@ fn check_config_prints_rules_or_every_error_with_its_location() {
         "bad.yaml",
         "rules:\n  - name: a\n    by: user\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n  - name: a\n    mode: loud\n    limits:\n      - token_bucket: { capacity: 5, refill: 5/fortnight }\n",
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     let bad = bad.display().to_string();
@@ -490,10 +484,7 @@ fn check_config_prints_rules_or_every_error_with_its_location() {
         ("rules: [\n", ":"),
     ] {
         let f = dir.write("x.yaml", text);
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-            .args(["check-config", f.to_str().unwrap()])
-            .output()
-            .unwrap();
+        let out = util::spillway(&["check-config", f.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(2), "{text}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(&format!("x.yaml{want}")), "{text}: {err}");
@@ -502,12 +493,7 @@ fn check_config_prints_rules_or_every_error_with_its_location() {
 
 #[test]
 fn bad_flags_and_missing_files_fail_cleanly() {
-    let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let run = util::spillway;
     let out = run(&["serve", "--listen", "not-an-address"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--listen"));

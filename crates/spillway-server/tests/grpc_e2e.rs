@@ -380,10 +380,7 @@ async fn envoyproxy_ratelimit_example_configs_load_and_behave_as_documented() {
 fn check_config_reads_envoy_files_and_reports_errors_with_locations() {
     let dir = TempDir::new("checkenvoy");
     let good = dir.write("good.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", good.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", good.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -391,10 +388,7 @@ fn check_config_reads_envoy_files_and_reports_errors_with_locations() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("domain d"));
     let bad = dir.write("bad.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 5 }\n");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -284,15 +284,9 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
 
 #[test]
 fn proxy_flags_are_checked() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["proxy", "--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["proxy", "--listen", "127.0.0.1:0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["proxy", "--upstream", "ftp://x", "--listen", "127.0.0.1:0"])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["proxy", "--upstream", "ftp://x", "--listen", "127.0.0.1:0"]);
     assert_eq!(out.status.code(), Some(2));
 }

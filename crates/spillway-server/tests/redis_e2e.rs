@@ -210,10 +210,7 @@ fn check_config_accepts_the_redis_section_and_warns_when_unreachable() {
     let port = spillway_testkit::free_port();
     let dir = TempDir::new("checkredis");
     let file = dir.write("rules.yaml", &rules(&format!("redis://127.0.0.1:{port}")));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", file.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", file.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -226,10 +223,7 @@ fn check_config_accepts_the_redis_section_and_warns_when_unreachable() {
         "bad.yaml",
         "store:\n  redis:\n    url: http://x\n    timeout: 0ms\nrules: []\n",
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
-        .args(["check-config", bad.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = util::spillway(&["check-config", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -8,7 +8,7 @@ use spillway_core::{
 };
 
 use crate::Charge;
-use crate::table::Table;
+use crate::table::{SlotState, Table};
 
 /// Settings of a [`MemoryStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -285,26 +285,14 @@ fn apply(
     commit: bool,
 ) -> Verdict {
     match limit.state_kind() {
-        StateKind::Narrow => {
-            let state = shard.narrow.get(tag).copied().unwrap_or_default();
-            let (v, next) = limit
-                .decide_narrow(state, now, cost)
-                .unwrap_or((deny_all(limit), state));
-            if commit && v.allowed {
-                *shard.narrow.entry(tag, cap, now.as_u64()) = next;
-            }
-            v
-        }
-        StateKind::Wide => {
-            let state = shard.wide.get(tag).copied().unwrap_or_default();
-            let (v, next) = limit
-                .decide_wide(state, now, cost)
-                .unwrap_or((deny_all(limit), state));
-            if commit && v.allowed {
-                *shard.wide.entry(tag, cap, now.as_u64()) = next;
-            }
-            v
-        }
+        StateKind::Narrow => apply_compact(&mut shard.narrow, tag, cap, now, commit, |s| {
+            limit.decide_narrow(s, now, cost)
+        })
+        .unwrap_or_else(|| deny_all(limit)),
+        StateKind::Wide => apply_compact(&mut shard.wide, tag, cap, now, commit, |s| {
+            limit.decide_wide(s, now, cost)
+        })
+        .unwrap_or_else(|| deny_all(limit)),
         StateKind::Log => {
             let Limit::SlidingLog(sl) = limit else {
                 return deny_all(limit);
@@ -319,6 +307,25 @@ fn apply(
             v
         }
     }
+}
+
+/// Decides against a compact (`Copy`) state and stores the next one if
+/// admitted and `commit`; `None` if `decide` does not handle this state kind.
+#[inline]
+fn apply_compact<S: SlotState + Copy>(
+    table: &mut Table<S>,
+    tag: u64,
+    cap: usize,
+    now: Nanos,
+    commit: bool,
+    decide: impl FnOnce(S) -> Option<(Verdict, S)>,
+) -> Option<Verdict> {
+    let state = table.get(tag).copied().unwrap_or_default();
+    let (v, next) = decide(state)?;
+    if commit && v.allowed {
+        *table.entry(tag, cap, now.as_u64()) = next;
+    }
+    Some(v)
 }
 
 /// Unreachable in practice (kinds and decide methods agree); a denial keeps it safe.

@@ -139,6 +139,14 @@ impl<S: SlotState> Table<S> {
                 self.grow(cap);
             }
         }
+        let i = self.free_slot(tag);
+        self.slots[i] = (tag, S::default());
+        self.len += 1;
+        &mut self.slots[i].1
+    }
+
+    /// The first empty slot of `tag`'s probe run (the table must have one).
+    fn free_slot(&self, tag: u64) -> usize {
         let n = self.slots.len();
         let mut i = self.home(tag);
         while self.slots[i].0 != EMPTY {
@@ -147,9 +155,7 @@ impl<S: SlotState> Table<S> {
                 i = 0;
             }
         }
-        self.slots[i] = (tag, S::default());
-        self.len += 1;
-        &mut self.slots[i].1
+        i
     }
 
     /// Removes the entry at `i`, shifting later members of its probe run back.
@@ -271,14 +277,7 @@ impl<S: SlotState> Table<S> {
         self.slots = v;
         self.len = 0;
         for (tag, s) in live {
-            let n = self.slots.len();
-            let mut i = self.home(tag);
-            while self.slots[i].0 != EMPTY {
-                i += 1;
-                if i == n {
-                    i = 0;
-                }
-            }
+            let i = self.free_slot(tag);
             self.slots[i] = (tag, s);
             self.len += 1;
         }

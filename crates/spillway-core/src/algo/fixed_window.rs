@@ -1,5 +1,5 @@
-use super::{Verdict, Wide, nonzero};
-use crate::error::{Error, ErrorKind};
+use super::{Verdict, Wide, window_params};
+use crate::error::Error;
 use crate::time::Nanos;
 
 /// Fixed window counter: at most `limit` per window, windows aligned to the epoch
@@ -28,13 +28,8 @@ impl FixedWindow {
     /// # Errors
     /// Zero limit or window.
     pub fn new(limit: u64, window: Nanos) -> Result<FixedWindow, Error> {
-        if window.0 == 0 {
-            return Err(ErrorKind::ZeroDuration("window").into());
-        }
-        Ok(FixedWindow {
-            limit: nonzero("limit", limit)?,
-            window,
-        })
+        window_params(limit, window, "limit", u64::MAX)?;
+        Ok(FixedWindow { limit, window })
     }
 
     /// Requests per window.

@@ -142,6 +142,28 @@ pub(crate) fn nonzero(what: &'static str, v: u64) -> Result<u64, Error> {
     }
 }
 
+/// Checks a window algorithm's parameters: a window longer than zero and a
+/// limit from 1 to `max`.
+pub(crate) fn window_params(
+    limit: u64,
+    window: Nanos,
+    what: &'static str,
+    max: u64,
+) -> Result<(), Error> {
+    if window.0 == 0 {
+        return Err(ErrorKind::ZeroDuration("window").into());
+    }
+    if limit > max {
+        return Err(ErrorKind::LimitTooLarge {
+            what,
+            value: limit,
+            max,
+        }
+        .into());
+    }
+    nonzero("limit", limit).map(|_| ())
+}
+
 /// Two words of state, for the algorithms that need more than a timestamp.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Wide {

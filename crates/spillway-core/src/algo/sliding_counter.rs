@@ -1,5 +1,5 @@
-use super::{Verdict, Wide, nonzero};
-use crate::error::{Error, ErrorKind};
+use super::{Verdict, Wide, window_params};
+use crate::error::Error;
 use crate::time::Nanos;
 
 /// Sliding window counter: the count of the current window plus the previous
@@ -34,21 +34,8 @@ impl SlidingCounter {
     /// # Errors
     /// Zero limit or window, or a limit above `u32::MAX`.
     pub fn new(limit: u64, window: Nanos) -> Result<SlidingCounter, Error> {
-        if window.0 == 0 {
-            return Err(ErrorKind::ZeroDuration("window").into());
-        }
-        if limit > u64::from(u32::MAX) {
-            return Err(ErrorKind::LimitTooLarge {
-                what: "limit",
-                value: limit,
-                max: u64::from(u32::MAX),
-            }
-            .into());
-        }
-        Ok(SlidingCounter {
-            limit: nonzero("limit", limit)?,
-            window,
-        })
+        window_params(limit, window, "limit", u64::from(u32::MAX))?;
+        Ok(SlidingCounter { limit, window })
     }
 
     /// Requests per window.

@@ -1,7 +1,7 @@
 use std::collections::VecDeque;
 
-use super::{Verdict, nonzero};
-use crate::error::{Error, ErrorKind};
+use super::{Verdict, window_params};
+use crate::error::Error;
 use crate::time::Nanos;
 
 /// Sliding window log: at most `limit` requests in any window of length `window`, exactly.
@@ -41,23 +41,13 @@ impl SlidingLog {
     /// # Errors
     /// Zero limit or window, or a limit above 2^24.
     pub fn new(limit: u64, window: Nanos) -> Result<SlidingLog, Error> {
-        if window.0 == 0 {
-            return Err(ErrorKind::ZeroDuration("window").into());
-        }
-        if limit > MAX_LOG_LIMIT {
-            return Err(ErrorKind::LimitTooLarge {
-                what: "sliding_window_log limit",
-                value: limit,
-                max: MAX_LOG_LIMIT,
-            }
-            .into());
-        }
+        window_params(limit, window, "sliding_window_log limit", MAX_LOG_LIMIT)?;
         let mut shift = 0;
         while (window.0 >> shift) >= (1 << 31) {
             shift += 1;
         }
         Ok(SlidingLog {
-            limit: nonzero("limit", limit)?,
+            limit,
             window,
             shift,
         })

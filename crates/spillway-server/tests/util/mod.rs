@@ -145,6 +145,14 @@ impl Drop for TempDir {
     }
 }
 
+/// Runs the `spillway` binary with `args` to completion.
+pub fn spillway(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .output()
+        .expect("run the spillway binary")
+}
+
 /// A blocking-free HTTP client.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -29,10 +29,48 @@ fn slot(o: Outcome) -> usize {
     }
 }
 
+/// A counter striped over cache lines: every request bumps several
+/// counters, and two cores bumping one shared atomic would pass its cache
+/// line back and forth on each request. Each thread adds to its own stripe;
+/// reading sums them.
+#[derive(Debug, Default)]
+pub struct Counter {
+    stripes: [Stripe; STRIPES],
+}
+
+const STRIPES: usize = 8;
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Stripe(AtomicU64);
+
+thread_local! {
+    static STRIPE: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
+    };
+}
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        let i = STRIPE.with(|s| *s);
+        self.stripes[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The total.
+    pub fn get(&self) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
 /// Decisions of one rule by outcome.
 #[derive(Debug, Default)]
 pub struct RuleCounters {
-    by_outcome: [AtomicU64; 4],
+    by_outcome: [Counter; 4],
 }
 
 /// Upper bounds of the latency histogram, in seconds.
@@ -51,16 +89,16 @@ pub struct Metrics {
     /// Counters per rule, indexed like the rule set they were built for.
     rules: ArcSwap<RuleTable>,
     /// Requests no rule applied to.
-    unlimited: AtomicU64,
-    latency_buckets: [AtomicU64; BUCKETS.len()],
-    latency_count: AtomicU64,
-    latency_sum_ns: AtomicU64,
+    unlimited: Counter,
+    latency_buckets: [Counter; BUCKETS.len()],
+    latency_count: Counter,
+    latency_sum_ns: Counter,
     /// gRPC decisions by (domain, rule).
     grpc: parking_lot::RwLock<HashMap<(String, String), Arc<RuleCounters>>>,
-    reloads: AtomicU64,
-    reload_errors: AtomicU64,
-    store_errors: AtomicU64,
-    bad_requests: AtomicU64,
+    reloads: Counter,
+    reload_errors: Counter,
+    store_errors: Counter,
+    bad_requests: Counter,
 }
 
 impl Metrics {
@@ -68,15 +106,15 @@ impl Metrics {
     pub fn new(set: &RuleSet) -> Metrics {
         let m = Metrics {
             rules: ArcSwap::from_pointee((0, Vec::new())),
-            unlimited: AtomicU64::new(0),
+            unlimited: Counter::default(),
             latency_buckets: Default::default(),
-            latency_count: AtomicU64::new(0),
-            latency_sum_ns: AtomicU64::new(0),
+            latency_count: Counter::default(),
+            latency_sum_ns: Counter::default(),
             grpc: parking_lot::RwLock::new(HashMap::new()),
-            reloads: AtomicU64::new(0),
-            reload_errors: AtomicU64::new(0),
-            store_errors: AtomicU64::new(0),
-            bad_requests: AtomicU64::new(0),
+            reloads: Counter::default(),
+            reload_errors: Counter::default(),
+            store_errors: Counter::default(),
+            bad_requests: Counter::default(),
         };
         m.rules_changed(set);
         m
@@ -116,7 +154,7 @@ impl Metrics {
             rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
         };
         if let Some(c) = counters {
-            c.by_outcome[slot(outcome)].fetch_add(1, Ordering::Relaxed);
+            c.by_outcome[slot(outcome)].add(1);
         }
     }
 
@@ -136,45 +174,43 @@ impl Metrics {
                 .or_default()
                 .clone(),
         };
-        counters.by_outcome[slot(outcome)].fetch_add(1, Ordering::Relaxed);
+        counters.by_outcome[slot(outcome)].add(1);
     }
 
     /// Counts a request no rule applied to.
     pub fn count_unlimited(&self) {
-        self.unlimited.fetch_add(1, Ordering::Relaxed);
+        self.unlimited.add(1);
     }
 
     /// Records how long a decision took.
     pub fn observe_latency(&self, d: Duration) {
         let s = d.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
-            self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+            self.latency_buckets[i].add(1);
         }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_ns.fetch_add(
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.latency_count.add(1);
+        self.latency_sum_ns
+            .add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// Counts a successful reload.
     pub fn reloaded(&self) {
-        self.reloads.fetch_add(1, Ordering::Relaxed);
+        self.reloads.add(1);
     }
 
     /// Counts a rejected reload.
     pub fn reload_failed(&self) {
-        self.reload_errors.fetch_add(1, Ordering::Relaxed);
+        self.reload_errors.add(1);
     }
 
     /// Counts a decision made without the store.
     pub fn store_failed(&self) {
-        self.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.store_errors.add(1);
     }
 
     /// Counts a request rejected as malformed.
     pub fn bad_request(&self) {
-        self.bad_requests.fetch_add(1, Ordering::Relaxed);
+        self.bad_requests.add(1);
     }
 
     /// The Prometheus text exposition (format 0.0.4).
@@ -193,7 +229,7 @@ impl Metrics {
                     "spillway_decisions_total{{rule=\"{}\",outcome=\"{}\"}} {}",
                     escape(name),
                     o.as_str(),
-                    c.by_outcome[slot(o)].load(Ordering::Relaxed)
+                    c.by_outcome[slot(o)].get()
                 );
             }
         }
@@ -217,7 +253,7 @@ impl Metrics {
                     escape(&domain),
                     escape(&rule),
                     o.as_str(),
-                    c.by_outcome[slot(o)].load(Ordering::Relaxed)
+                    c.by_outcome[slot(o)].get()
                 );
             }
         }
@@ -226,11 +262,7 @@ impl Metrics {
             "# HELP spillway_unlimited_total Requests no rule applied to (allowed)."
         );
         let _ = writeln!(out, "# TYPE spillway_unlimited_total counter");
-        let _ = writeln!(
-            out,
-            "spillway_unlimited_total {}",
-            self.unlimited.load(Ordering::Relaxed)
-        );
+        let _ = writeln!(out, "spillway_unlimited_total {}", self.unlimited.get());
         let _ = writeln!(
             out,
             "# HELP spillway_decision_duration_seconds Time to decide, from parsed request to decision."
@@ -238,13 +270,13 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE spillway_decision_duration_seconds histogram");
         let mut cumulative = 0;
         for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += self.latency_buckets[i].load(Ordering::Relaxed);
+            cumulative += self.latency_buckets[i].get();
             let _ = writeln!(
                 out,
                 "spillway_decision_duration_seconds_bucket{{le=\"{b}\"}} {cumulative}"
             );
         }
-        let count = self.latency_count.load(Ordering::Relaxed);
+        let count = self.latency_count.get();
         let _ = writeln!(
             out,
             "spillway_decision_duration_seconds_bucket{{le=\"+Inf\"}} {count}"
@@ -252,7 +284,7 @@ impl Metrics {
         let _ = writeln!(
             out,
             "spillway_decision_duration_seconds_sum {}",
-            self.latency_sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+            self.latency_sum_ns.get() as f64 / 1e9
         );
         let _ = writeln!(out, "spillway_decision_duration_seconds_count {count}");
         let simple = [
@@ -266,25 +298,25 @@ impl Metrics {
                 "spillway_rules_reloads_total",
                 "counter",
                 "Rules files loaded by reload.",
-                self.reloads.load(Ordering::Relaxed),
+                self.reloads.get(),
             ),
             (
                 "spillway_rules_reload_errors_total",
                 "counter",
                 "Reloads rejected because the file was invalid.",
-                self.reload_errors.load(Ordering::Relaxed),
+                self.reload_errors.get(),
             ),
             (
                 "spillway_store_errors_total",
                 "counter",
                 "Decisions made by failure policy because the store failed.",
-                self.store_errors.load(Ordering::Relaxed),
+                self.store_errors.get(),
             ),
             (
                 "spillway_bad_requests_total",
                 "counter",
                 "Requests rejected as malformed.",
-                self.bad_requests.load(Ordering::Relaxed),
+                self.bad_requests.get(),
             ),
         ];
         for (name, kind, help, v) in simple {

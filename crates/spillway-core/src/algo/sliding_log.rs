@@ -76,10 +76,11 @@ impl SlidingLog {
         let w = self.window.0;
         let live = log.live_from(now.0, w, self.shift);
         let count = (log.ring.len() - live) as u64;
-        let newest_end = log
-            .ring
-            .back()
-            .map_or(0, |&o| log.time(o, self.shift).saturating_add(w));
+        let newest_end = if log.ring.is_empty() {
+            0
+        } else {
+            log.time(log.last, self.shift).saturating_add(w)
+        };
         let total = count.saturating_add(cost);
         if total <= self.limit {
             let entry_end = log.quantize(now.0, self.shift).saturating_add(w);
@@ -104,12 +105,13 @@ impl SlidingLog {
         let w = self.window.0;
         let live = log.live_from(now.0, w, self.shift);
         log.ring.drain(..live);
+        log.first = log.ring.front().copied().unwrap_or(0);
         let t = log.quantize(now.0, self.shift);
         // Keep the log sorted even if the clock stepped back: such an entry
         // is filed as late as the newest, which only delays its expiry.
-        let offset = log
-            .offset_for(t, self.shift)
-            .max(log.ring.back().copied().unwrap_or(0));
+        let offset =
+            log.offset_for(t, self.shift)
+                .max(if log.ring.is_empty() { 0 } else { log.last });
         let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
         let want = log.ring.len() + n;
         if log.ring.capacity() < want {
@@ -123,6 +125,8 @@ impl SlidingLog {
             log.ring.reserve_exact(cap - log.ring.len());
         }
         log.ring.extend(std::iter::repeat_n(offset, n));
+        log.first = log.ring.front().copied().unwrap_or(0);
+        log.last = offset;
         log.expires = log.expires.max(t.saturating_add(w));
         if log.ring.capacity() > 2 * log.ring.len() + 8 {
             log.ring.shrink_to_fit();
@@ -138,6 +142,11 @@ pub struct Log {
     base: u64,
     /// When every entry has left the window (the log is then as good as empty).
     expires: u64,
+    /// Copies of the oldest and newest offsets (valid when the ring is not
+    /// empty), so a decision that expires nothing reads only this header,
+    /// not the ring's heap buffer: one cache miss less at large key counts.
+    first: u32,
+    last: u32,
     ring: VecDeque<u32>,
 }
 
@@ -185,10 +194,8 @@ impl Log {
     fn live_from(&self, now: u64, w: u64, shift: u32) -> usize {
         // Usually nothing has left since the last request: one look at the
         // oldest entry instead of a binary search over the whole log.
-        match self.ring.front() {
-            None => return 0,
-            Some(&o) if self.time(o, shift).saturating_add(w) > now => return 0,
-            _ => {}
+        if self.ring.is_empty() || self.time(self.first, shift).saturating_add(w) > now {
+            return 0;
         }
         self.ring
             .partition_point(|&o| self.time(o, shift).saturating_add(w) <= now)
@@ -212,6 +219,8 @@ impl Log {
         for o in self.ring.iter_mut() {
             *o -= first as u32;
         }
+        self.first -= first as u32;
+        self.last -= first as u32;
         u32::try_from(t.saturating_sub(self.base) >> shift).unwrap_or(u32::MAX)
     }
 }

@@ -12,10 +12,23 @@ use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use util::{Server, TempDir, client, header};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 /// An upstream on a free port: `/hello`, `/echo` (streams the body back),
-/// `/headers` (what it was sent), `/slow` (3 s), anything else "ok".
-async fn upstream() -> SocketAddr {
+/// `/headers` (what it was sent), `/slow` (3 s), `/v1/export` (counted),
+/// anything else "ok".
+async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let exports = Arc::new(AtomicUsize::new(0));
+    let counter = exports.clone();
     let app = Router::new()
+        .route(
+            "/v1/export",
+            post(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { "exported" }
+            }),
+        )
         .route("/hello", get(|| async { "hello" }))
         .route("/echo", post(|body: Body| async move { body }))
         .route(
@@ -45,7 +58,7 @@ async fn upstream() -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
+    (addr, exports)
 }
 
 fn rules(upstream: &str, trusted: &str) -> String {
@@ -83,11 +96,16 @@ rules:
 }
 
 async fn start(trusted: &str) -> (Server, TempDir) {
-    let up = upstream().await;
+    let (s, d, _) = start_counting(trusted).await;
+    (s, d)
+}
+
+async fn start_counting(trusted: &str) -> (Server, TempDir, Arc<AtomicUsize>) {
+    let (up, exports) = upstream().await;
     let dir = TempDir::new("proxy");
     let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), trusted));
     let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
-    (s, dir)
+    (s, dir, exports)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,6 +253,38 @@ async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order() {
         span >= Duration::from_millis(850) && span < Duration::from_millis(1600),
         "{span:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_client_that_disconnects_leaves_the_queue() {
+    let (s, _dir, exports) = start_counting("10.0.0.0/8").await;
+    // Fill the bucket so the next requests wait 200, 400, 600 ms...
+    let c = client();
+    assert_eq!(
+        c.post(s.url("/v1/export"))
+            .header("x-api-key", "frank")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // ...then give up on one long before its turn.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let e = impatient
+            .post(s.url("/v1/export"))
+            .header("x-api-key", "frank")
+            .send()
+            .await;
+        assert!(e.is_err(), "should have timed out while queued");
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Only the first one reached the upstream.
+    assert_eq!(exports.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

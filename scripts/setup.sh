@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond the Rust toolchain: redis-server
-# (Debian package, which brings redis-cli and redis-benchmark). Safe to run
-# again: it does nothing when everything is there.
+# (Debian package, which brings redis-cli and redis-benchmark) and faketime
+# (to run an instance with a skewed clock). Safe to run again: it does
+# nothing when everything is there.
 set -euo pipefail
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+command -v faketime >/dev/null 2>&1 || need+=(faketime)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

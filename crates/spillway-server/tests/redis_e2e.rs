@@ -30,6 +30,11 @@ rules:
     on_store_error: deny
     limits:
       - fixed_window: {{ limit: 100, window: 1h }}
+  - name: skew
+    api: /skew
+    by: user
+    limits:
+      - sliding_window_log: {{ limit: 20, window: 1m }}
   - name: open
     api: /open
     by: user
@@ -80,6 +85,42 @@ async fn two_instances_sharing_redis_admit_exactly_the_limit() {
         total += t.await.unwrap();
     }
     assert_eq!(total, 1000, "64 clients x 25 requests over 2 instances");
+}
+
+/// Redis's clock decides: an instance whose own clock is 90 s ahead does not
+/// see the other instance's log entries as expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_skewed_clocks_do_not_over_admit() {
+    let found = std::process::Command::new("faketime")
+        .args(["-f", "+0s", "true"])
+        .status()
+        .is_ok();
+    assert!(
+        found,
+        "faketime is not installed: run scripts/setup.sh (Debian package faketime)"
+    );
+    let redis = RedisServer::start();
+    let dir = TempDir::new("skew");
+    let file = dir.write("rules.yaml", &rules(&redis.url()));
+    let args = ["--config", file.to_str().unwrap()];
+    let a = Server::start(&args);
+    let b = Server::start_wrapped(&["faketime", "-f", "+90s"], "serve", &args);
+    let c = client();
+    for s in [&a, &b] {
+        wait_ready(&c, s).await;
+    }
+    // 20 in any minute. Were each instance to use its own clock, the one 90 s
+    // ahead would see the other's entries as expired and admit up to 40.
+    let mut admitted = 0;
+    for i in 0..60 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        let (status, _, j) = check(&c, s, json!({"api": "/skew", "user": "skew"})).await;
+        assert_eq!(j["store_error"], false, "{j}");
+        if status == 200 {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 20);
 }
 
 async fn wait_ready(c: &reqwest::Client, s: &Server) {

@@ -24,7 +24,21 @@ impl Server {
 
     /// Starts `spillway <sub> --listen 127.0.0.1:0 ARGS...`.
     pub fn start_cmd(sub: &str, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        Server::start_wrapped(&[], sub, args)
+    }
+
+    /// Starts the binary under a wrapper command (e.g. `faketime -f +90s`).
+    pub fn start_wrapped(wrapper: &[&str], sub: &str, args: &[&str]) -> Server {
+        let bin = env!("CARGO_BIN_EXE_spillway");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(bin),
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+        };
+        let mut child = cmd
             .arg(sub)
             .args(["--listen", "127.0.0.1:0"])
             .args(args)

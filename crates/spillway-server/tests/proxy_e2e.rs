@@ -332,6 +332,33 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
     assert_eq!(r.status(), 502);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_are_served_and_limited_too() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let r = h2
+            .get(s.url("/hello"))
+            .header("x-api-key", "h2-user")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        assert_eq!(r.status(), 200, "{i}");
+        assert_eq!(r.text().await.unwrap(), "hello");
+    }
+    let r = h2
+        .get(s.url("/hello"))
+        .header("x-api-key", "h2-user")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+}
+
 #[test]
 fn proxy_flags_are_checked() {
     let out = util::spillway(&["proxy", "--listen", "127.0.0.1:0"]);

@@ -158,6 +158,28 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
     );
 
     for (what, sig) in [("paused", "STOP"), ("killed", "KILL")] {
+        // A load of 16 concurrent clients runs through the fault.
+        let load: Vec<_> = (0..16)
+            .map(|i| {
+                let (c, url) = (c.clone(), s.url("/v1/check"));
+                tokio::spawn(async move {
+                    let mut slowest = Duration::ZERO;
+                    for n in 0..150 {
+                        let t = Instant::now();
+                        let r = c
+                            .post(&url)
+                            .json(&json!({"api": "/open", "user": format!("load{i}-{n}")}))
+                            .send()
+                            .await
+                            .unwrap();
+                        assert_eq!(r.status(), 200, "fail open under load");
+                        slowest = slowest.max(t.elapsed());
+                    }
+                    slowest
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
         redis.signal(sig);
         let mut slowest = Duration::ZERO;
         for _ in 0..10 {
@@ -174,6 +196,13 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
             slowest < Duration::from_millis(250),
             "{what}: a decision took {slowest:?}"
         );
+        for t in load {
+            let worst = t.await.unwrap();
+            assert!(
+                worst < Duration::from_millis(250),
+                "{what}: under load a decision took {worst:?}"
+            );
+        }
         let j: serde_json::Value = c
             .get(s.url("/readyz"))
             .send()

@@ -11,6 +11,8 @@
 # Usage: scripts/bench-http.sh [SECONDS_PER_RUN] [ROUNDS] [CONNECTIONS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 secs=${1:-10}
 rounds=${2:-3}
 conns=${3:-64}
@@ -18,10 +20,7 @@ command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exi
 tc=${THROTTLECRAB:-$(command -v throttlecrab-server || echo none)}
 
 cargo build --release --locked -q --bin spillway --example bare
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 cat > "$work/rules.yaml" <<'YAML'
 rules:
@@ -48,7 +47,6 @@ request = function()
 end
 LUA
 
-cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 run_one() { # name pid url body
@@ -66,7 +64,6 @@ run_one() { # name pid url body
   echo "$name rps=$rps p50=$p50 p99=$p99 server_cpu_s=$cpu requests_per_cpu_s=$per_cpu non2xx=${non2xx:-0}"
 }
 
-wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 p_sp=$(free_port); p_bare=$(free_port); p_tc=$(free_port)
 RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$p_sp" 2>/dev/null & pid_sp=$!

@@ -9,15 +9,12 @@
 # Needs wrk and nginx (apt-get install wrk nginx-light). Usage: scripts/bench-proxy.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 secs=${1:-10}
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q --bin spillway --example bare -p spillway-server
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
-cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 hz=$(getconf CLK_TCK)
 
 up=$(free_port); ng=$(free_port); sp=$(free_port)

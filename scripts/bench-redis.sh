@@ -8,16 +8,14 @@
 # 127.0.0.1 only, bounded in time. Usage: scripts/bench-redis.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
 secs=${1:-10}
 command -v redis-server >/dev/null || scripts/setup.sh
 command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exit 1; }
 cargo build --release --locked -q --bin spillway --example bare -p spillway-server
 cargo build --release --locked -q --example redis_bench -p spillway-redis
 
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (echo > "/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 rp=$(free_port)
 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &

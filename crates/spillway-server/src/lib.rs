@@ -286,6 +286,10 @@ async fn serve_with(
         }
     };
     let app = app(&state);
+    // No Nagle on accepted connections, for the same reason as gRPC's.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let result = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -327,7 +331,12 @@ async fn serve_grpc(
     let result = tonic::transport::Server::builder()
         .add_service(health)
         .add_service(envoy::service::RateLimitService::new(state))
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listener), stop)
+        // No Nagle: answers are small and written when the store replies;
+        // behind delayed ACKs they could wait 40 ms.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop,
+        )
         .await;
     if let Err(e) = result {
         tracing::error!("gRPC server stopped: {e}");

@@ -322,14 +322,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
         0,
         "{j}"
     );
-    let status: serde_json::Value = c
-        .get(s.url("/v1/status"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status: serde_json::Value = util::json(c.get(s.url("/v1/status"))).await;
     assert_eq!(status["version"], 2);
     // A bad file is rejected whole and reported; the rules stay.
     dir.write(
@@ -338,14 +331,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     loop {
-        let st: serde_json::Value = c
-            .get(s.url("/v1/status"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let st: serde_json::Value = util::json(c.get(s.url("/v1/status"))).await;
         if let Some(e) = st["last_reload_error"].as_str() {
             assert!(e.contains("rules.yaml:4:"), "{e}");
             assert_eq!(st["version"], 2);
@@ -428,14 +414,7 @@ async fn metrics_health_rules_and_clean_shutdown() {
     for path in ["/healthz", "/readyz"] {
         assert_eq!(c.get(s.url(path)).send().await.unwrap().status(), 200);
     }
-    let rules: serde_json::Value = c
-        .get(s.url("/v1/rules"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules: serde_json::Value = util::json(c.get(s.url("/v1/rules"))).await;
     let names: Vec<&str> = rules["rules"]
         .as_array()
         .unwrap()
@@ -584,24 +563,9 @@ async fn the_openapi_description_matches_the_server() {
     .await;
     same_fields("Decision", &d);
     same_fields("RuleResult", &d["rules"][0]);
-    let rules: serde_json::Value = c
-        .get(s.url("/v1/rules"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules: serde_json::Value = util::json(c.get(s.url("/v1/rules"))).await;
     same_fields("Rule", &rules["rules"][0]);
-    let problem: serde_json::Value = c
-        .post(s.url("/v1/check"))
-        .body("{")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let problem: serde_json::Value = util::json(c.post(s.url("/v1/check")).body("{")).await;
     same_fields("Problem", &problem);
     let request_schema = schema("CheckRequest");
     let req_fields = request_schema["properties"].as_object().unwrap();

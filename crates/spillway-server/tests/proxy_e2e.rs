@@ -163,16 +163,12 @@ async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer() {
         assert_eq!(r.status(), if i < 2 { 200 } else { 429 }, "{spoof}");
     }
     // The upstream sees the real peer, not the spoofed chain.
-    let j: serde_json::Value = c
-        .get(s.url("/headers"))
-        .header("x-forwarded-for", "6.6.6.6")
-        .header("x-api-key", "k")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let j: serde_json::Value = util::json(
+        c.get(s.url("/headers"))
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("x-api-key", "k"),
+    )
+    .await;
     assert_eq!(j["x-forwarded-for"], "127.0.0.1");
     assert_eq!(j["x-api-key"], "k");
     assert!(
@@ -199,15 +195,11 @@ async fn behind_a_trusted_proxy_the_forwarded_address_is_the_client() {
     assert_eq!(hit("203.0.113.1").await.unwrap().status(), 200);
     assert_eq!(hit("203.0.113.1").await.unwrap().status(), 429);
     assert_eq!(hit("203.0.113.2").await.unwrap().status(), 200);
-    let j: serde_json::Value = c
-        .get(s.url("/headers"))
-        .header("x-forwarded-for", "203.0.113.7")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let j: serde_json::Value = util::json(
+        c.get(s.url("/headers"))
+            .header("x-forwarded-for", "203.0.113.7"),
+    )
+    .await;
     assert_eq!(j["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
 }
 

@@ -126,14 +126,7 @@ async fn instances_with_skewed_clocks_do_not_over_admit() {
 async fn wait_ready(c: &reqwest::Client, s: &Server) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let j: serde_json::Value = c
-            .get(s.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let j: serde_json::Value = util::json(c.get(s.url("/readyz"))).await;
         if j["status"] == "ready" {
             return;
         }
@@ -203,14 +196,7 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
                 "{what}: under load a decision took {worst:?}"
             );
         }
-        let j: serde_json::Value = c
-            .get(s.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let j: serde_json::Value = util::json(c.get(s.url("/readyz"))).await;
         assert_eq!(j["status"], "degraded", "{what}: {j}");
         let m = c
             .get(s.url("/metrics"))
@@ -250,14 +236,7 @@ async fn a_server_started_before_redis_serves_by_policy_then_connects() {
     let c = client();
     let (status, _, j) = check(&c, &s, json!({"api": "/open", "user": "u"})).await;
     assert_eq!((status, j["store_error"].as_bool()), (200, Some(true)));
-    let j: serde_json::Value = c
-        .get(s.url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let j: serde_json::Value = util::json(c.get(s.url("/readyz"))).await;
     assert_eq!(j["status"], "degraded");
     let _redis = RedisServer::start_on(port);
     let t = Instant::now();

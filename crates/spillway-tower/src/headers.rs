@@ -2,6 +2,8 @@
 //! fields (draft-ietf-httpapi-ratelimit-headers, structured-field lists) and
 //! the widespread `X-RateLimit-*` ones.
 
+use std::fmt::Write;
+
 use http::{HeaderMap, HeaderName, HeaderValue};
 use spillway_core::Nanos;
 use spillway_store::Checked;
@@ -31,20 +33,28 @@ pub fn insert_rate_limit_headers(checked: &Checked, headers: &mut HeaderMap) {
         .map_or(0, |l| l.window().as_secs_ceil());
     let reset_s = v.reset.as_secs_ceil();
     let name = sf_string(rule.name());
-    let mut put = |k: HeaderName, s: String| {
-        if let Ok(val) = HeaderValue::from_str(&s) {
+    headers.reserve(7);
+    let mut put = |k: HeaderName, s: &str| {
+        if let Ok(val) = HeaderValue::from_str(s) {
             headers.insert(k, val);
         }
     };
-    put(POLICY, format!("{name};q={};w={window_s}", v.limit));
-    put(RATELIMIT, format!("{name};r={};t={reset_s}", v.remaining));
-    headers.insert(X_LIMIT, HeaderValue::from(v.limit));
-    headers.insert(X_REMAINING, HeaderValue::from(v.remaining));
-    headers.insert(X_RESET, HeaderValue::from(reset_s));
+    let mut line = String::with_capacity(name.len() + 32);
+    let _ = write!(line, "{name};q={};w={window_s}", v.limit);
+    put(POLICY, &line);
+    line.clear();
+    let _ = write!(line, "{name};r={};t={reset_s}", v.remaining);
+    put(RATELIMIT, &line);
+    // Decimal numbers through itoa: `HeaderValue::from(u64)` grows a
+    // buffer for each, which showed in profiles.
+    let mut num = itoa::Buffer::new();
+    put(X_LIMIT, num.format(v.limit));
+    put(X_REMAINING, num.format(v.remaining));
+    put(X_RESET, num.format(reset_s));
     if !checked.decision.allowed {
-        let retry = retry_after_secs(v.retry_after);
-        headers.insert(RETRY_AFTER, HeaderValue::from(retry));
-        headers.insert(X_RETRY_AFTER, HeaderValue::from(retry));
+        let retry = num.format(retry_after_secs(v.retry_after)).to_string();
+        put(RETRY_AFTER, &retry);
+        put(X_RETRY_AFTER, &retry);
     }
 }
 

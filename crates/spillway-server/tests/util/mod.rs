@@ -175,6 +175,16 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends `req` and parses the JSON answer.
+pub async fn json(req: reqwest::RequestBuilder) -> serde_json::Value {
+    req.send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
 /// POSTs a check and returns status, headers and JSON body.
 pub async fn check(
     c: &reqwest::Client,

@@ -72,11 +72,19 @@ impl SlidingCounter {
         let elapsed = now.0.max(start) - start;
         let n = u128::from(self.limit);
         let w128 = u128::from(w);
-        // Admit iff prev*(W-elapsed) + (cur+cost)*W <= limit*W, in exact integers.
-        let weighted_prev = u128::from(prev) * u128::from(w - elapsed.min(w));
-        let used = u128::from(cur).saturating_add(u128::from(cost));
-        let allowed = weighted_prev + used * w128 <= n * w128;
-        let estimate_ceil = (weighted_prev.div_ceil(w128) + u128::from(cur)) as u64;
+        // Admit iff prev*(W-elapsed) + (cur+cost)*W <= limit*W, in exact
+        // integers. Without a previous count (the common case under steady
+        // traffic within a window) that is plain counting: skip the 128-bit
+        // multiply and divide.
+        let (allowed, estimate_ceil) = if prev == 0 {
+            (cur.saturating_add(cost) <= self.limit, cur)
+        } else {
+            let weighted_prev = u128::from(prev) * u128::from(w - elapsed.min(w));
+            let used = u128::from(cur).saturating_add(u128::from(cost));
+            let allowed = weighted_prev + used * w128 <= n * w128;
+            let estimate_ceil = (weighted_prev.div_ceil(w128) + u128::from(cur)) as u64;
+            (allowed, estimate_ceil)
+        };
         let reset = Nanos(end.saturating_add(w) - now.0.min(end));
         if allowed {
             let new_cur = cur.saturating_add(cost).min(u64::from(u32::MAX));

@@ -320,8 +320,15 @@ fn apply_compact<S: SlotState + Copy>(
     commit: bool,
     decide: impl FnOnce(S) -> Option<(Verdict, S)>,
 ) -> Option<Verdict> {
-    let state = table.get(tag).copied().unwrap_or_default();
-    let (v, next) = decide(state)?;
+    // One probe for a known key: decide and update in place.
+    if let Some(state) = table.get_mut(tag) {
+        let (v, next) = decide(*state)?;
+        if commit && v.allowed {
+            *state = next;
+        }
+        return Some(v);
+    }
+    let (v, next) = decide(S::default())?;
     if commit && v.allowed {
         *table.entry(tag, cap, now.as_u64()) = next;
     }

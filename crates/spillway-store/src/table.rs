@@ -114,6 +114,11 @@ impl<S: SlotState> Table<S> {
         self.find(tag).map(|i| &self.slots[i].1)
     }
 
+    #[inline]
+    pub(crate) fn get_mut(&mut self, tag: u64) -> Option<&mut S> {
+        self.find(tag).map(|i| &mut self.slots[i].1)
+    }
+
     /// Hint the CPU to fetch `tag`'s home slot.
     #[inline]
     pub(crate) fn prefetch(&self, tag: u64) {

@@ -20,14 +20,18 @@ use spillway_core::{
 };
 use spillway_store::{MemoryConfig, MemoryStore};
 
-fn limits() -> Vec<Limit> {
+/// The limits, sized so every workload is in a steady state: decisions
+/// mostly admit and keys keep their state (none expires between two visits).
+/// A key is revisited every `nkeys` calls, one nanosecond apart; the sliding
+/// log's window spans four visits, so it holds about four entries.
+fn limits(nkeys: u64) -> Vec<Limit> {
     let rate = Rate::new(1_000_000, Nanos::from_secs(1)).unwrap();
     let w = Nanos::from_secs(1);
     vec![
         Limit::TokenBucket(TokenBucket::new(1000, rate).unwrap()),
         Limit::LeakyBucket(LeakyBucket::new(1000, rate).unwrap()),
         Limit::FixedWindow(FixedWindow::new(1_000_000, w).unwrap()),
-        Limit::SlidingLog(SlidingLog::new(16, Nanos(1_000_000)).unwrap()),
+        Limit::SlidingLog(SlidingLog::new(8, Nanos(4 * nkeys)).unwrap()),
         Limit::SlidingCounter(SlidingCounter::new(1_000_000, w).unwrap()),
         Limit::Gcra(Gcra::new(rate, 1000).unwrap()),
     ]
@@ -55,7 +59,7 @@ fn bench(c: &mut Criterion) {
         g.sample_size(20)
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
-        for limit in limits() {
+        for limit in limits(nkeys) {
             for threads in [1usize, 2] {
                 let store = MemoryStore::new(
                     ManualClock::new(Nanos(T0)),

@@ -19,6 +19,7 @@
 mod fixed_window;
 mod gcra;
 mod leaky_bucket;
+mod ring;
 mod sliding_counter;
 mod sliding_log;
 mod token_bucket;

@@ -1,5 +1,4 @@
-use std::collections::VecDeque;
-
+use super::ring::Ring;
 use super::{Verdict, window_params};
 use crate::error::Error;
 use crate::time::Nanos;
@@ -93,7 +92,7 @@ impl SlidingLog {
             } else {
                 // The oldest `total - limit` live entries must leave first.
                 let idx = live + (total - self.limit - 1) as usize;
-                let end = log.time(log.ring[idx], self.shift).saturating_add(w);
+                let end = log.time(log.ring.get(idx), self.shift).saturating_add(w);
                 Nanos(end.saturating_sub(now.0))
             };
             Verdict::deny(self.limit, self.limit.saturating_sub(count), reset, retry)
@@ -104,13 +103,8 @@ impl SlidingLog {
     pub fn commit(&self, log: &mut Log, now: Nanos, cost: u64) {
         let w = self.window.0;
         let live = log.live_from(now.0, w, self.shift);
-        if live == log.ring.len() {
-            // Clearing a ring of `u32`s does not read it: no cache miss.
-            log.ring.clear();
-        } else {
-            log.ring.drain(..live);
-        }
-        log.first = log.ring.front().copied().unwrap_or(0);
+        log.ring.drop_front(live);
+        log.first = log.ring.front().unwrap_or(0);
         let t = log.quantize(now.0, self.shift);
         // Keep the log sorted even if the clock stepped back: such an entry
         // is filed as late as the newest, which only delays its expiry.
@@ -118,24 +112,12 @@ impl SlidingLog {
             log.offset_for(t, self.shift)
                 .max(if log.ring.is_empty() { 0 } else { log.last });
         let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
-        let want = log.ring.len() + n;
-        if log.ring.capacity() < want {
-            // Grow by doubling, but never past the limit: a log that fills
-            // up holds exactly `limit` entries of 4 bytes.
-            let cap = want
-                .max(log.ring.capacity() * 2)
-                .max(4)
-                .min(usize::try_from(self.limit).unwrap_or(usize::MAX))
-                .max(want);
-            log.ring.reserve_exact(cap - log.ring.len());
-        }
-        log.ring.extend(std::iter::repeat_n(offset, n));
-        log.first = log.ring.front().copied().unwrap_or(0);
+        let max = usize::try_from(self.limit).unwrap_or(usize::MAX);
+        log.ring.push_n(offset, n, max);
+        log.first = log.ring.front().unwrap_or(0);
         log.last = offset;
         log.expires = log.expires.max(t.saturating_add(w));
-        if log.ring.capacity() > 2 * log.ring.len() + 8 {
-            log.ring.shrink_to_fit();
-        }
+        log.ring.shrink();
     }
 }
 
@@ -152,7 +134,7 @@ pub struct Log {
     /// not the ring's heap buffer: one cache miss less at large key counts.
     first: u32,
     last: u32,
-    ring: VecDeque<u32>,
+    ring: Ring,
 }
 
 impl Log {
@@ -178,7 +160,7 @@ impl Log {
 
     /// Bytes allocated for entries.
     pub fn heap_bytes(&self) -> usize {
-        self.ring.capacity() * 4
+        self.ring.heap_bytes()
     }
 
     fn time(&self, offset: u32, shift: u32) -> u64 {
@@ -207,7 +189,7 @@ impl Log {
             return self.ring.len();
         }
         self.ring
-            .partition_point(|&o| self.time(o, shift).saturating_add(w) <= now)
+            .partition_point(|o| self.time(o, shift).saturating_add(w) <= now)
     }
 
     /// The offset for quantized time `t`, moving the base forward first if
@@ -223,11 +205,9 @@ impl Log {
         }
         // Rebase to the oldest live entry: all live entries lie within one
         // window (< 2^31 units) of `t`, so everything fits again.
-        let first = u64::from(self.ring[0]);
+        let first = u64::from(self.ring.get(0));
         self.base = self.base.saturating_add(first << shift);
-        for o in self.ring.iter_mut() {
-            *o -= first as u32;
-        }
+        self.ring.for_each_mut(|o| *o -= first as u32);
         self.first -= first as u32;
         self.last -= first as u32;
         u32::try_from(t.saturating_sub(self.base) >> shift).unwrap_or(u32::MAX)

@@ -13,7 +13,8 @@ pub(crate) enum Ring {
     /// Oldest first, `len` used.
     Inline { len: u8, buf: [u32; INLINE] },
     /// Boxed so the inline form sets the size: a log then fits with its key
-    /// in one 64-byte slot.
+    /// in one 64-byte slot (an unboxed `VecDeque` is 32 bytes by itself).
+    #[allow(clippy::box_collection)]
     Heap(Box<VecDeque<u32>>),
 }
 

@@ -30,6 +30,7 @@
 mod clock;
 mod limiter;
 mod memory;
+mod spin;
 mod table;
 
 use std::fmt;

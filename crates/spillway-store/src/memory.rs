@@ -2,12 +2,12 @@
 
 use std::fmt;
 
-use parking_lot::{Mutex, MutexGuard};
 use spillway_core::{
     Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, decide,
 };
 
 use crate::Charge;
+use crate::spin::{SpinGuard, SpinLock};
 use crate::table::{SlotState, Table};
 
 /// Settings of a [`MemoryStore`].
@@ -44,7 +44,7 @@ struct Shard {
 /// do not fight over one line.
 #[repr(align(128))]
 #[derive(Default)]
-struct Padded(Mutex<Shard>);
+struct Padded(SpinLock<Shard>);
 
 impl<S: crate::table::SlotState> Default for Table<S> {
     fn default() -> Table<S> {
@@ -154,7 +154,7 @@ impl<C: Clock> MemoryStore<C> {
                 let mut order: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
                 order.sort_unstable();
                 order.dedup();
-                let mut guards: Vec<MutexGuard<'_, Shard>> =
+                let mut guards: Vec<SpinGuard<'_, Shard>> =
                     order.iter().map(|&i| self.shards[i].0.lock()).collect();
                 let keys: Vec<(usize, u64)> = hashes
                     .iter()
@@ -348,7 +348,7 @@ fn deny_all(limit: &Limit) -> Verdict {
 }
 
 struct View<'a, 'g> {
-    shards: &'a mut [MutexGuard<'g, Shard>],
+    shards: &'a mut [SpinGuard<'g, Shard>],
     keys: &'a [(usize, u64)],
     cap: usize,
 }

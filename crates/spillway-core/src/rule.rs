@@ -5,7 +5,6 @@ use std::fmt;
 
 use crate::algo::Limit;
 use crate::error::{Error, ErrorKind};
-use crate::time::Nanos;
 
 /// What happens when a rule's limits are exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -357,32 +356,6 @@ impl Rule {
             (Some(r), Some(p)) => r.matches(method, p),
             (Some(_), None) => false,
         }
-    }
-
-    /// The identity values of a request under this rule's key, or `None` if
-    /// the request lacks one of them (the rule then does not apply).
-    pub fn key_values<'a, A: Attributes + ?Sized>(
-        &self,
-        attrs: &'a A,
-    ) -> Option<impl Iterator<Item = &'a str> + Clone> {
-        if self.by.parts.iter().any(|p| attrs.part(p).is_none()) {
-            return None;
-        }
-        Some(
-            self.by
-                .parts
-                .iter()
-                .map(move |p| attrs.part(p).unwrap_or_default()),
-        )
-    }
-
-    /// The longest window among the limits (how long a key may matter).
-    pub fn longest_window(&self) -> Nanos {
-        self.limits
-            .iter()
-            .map(Limit::window)
-            .max()
-            .unwrap_or_default()
     }
 }
 

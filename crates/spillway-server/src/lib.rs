@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use spillway_core::Outcome;
 use spillway_redis::RedisStore;
 use spillway_store::{Checked, Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
 use tokio::net::TcpListener;
@@ -116,15 +115,11 @@ impl AppState {
         }
         for rd in &checked.decision.rules {
             let name = checked.rule(rd).map_or("", |r| r.name());
-            // A rule that let the request through but was not charged because
-            // another rule denied it still counts as allowed by itself.
-            let outcome = rd.outcome;
-            self.metrics.count(version, rd.rule, name, outcome);
+            self.metrics.count(version, rd.rule, name, rd.outcome);
         }
         if checked.store_error.is_some() {
             self.metrics.store_failed();
         }
-        let _ = Outcome::Allowed;
         self.metrics.observe_latency(started.elapsed());
     }
 }

@@ -62,6 +62,20 @@ impl<'a> Key<'a> {
         k
     }
 
+    /// A key from the values of a rule's parts, or `None` if one is missing
+    /// (the request lacks a part of the rule's key). Each value is looked up once.
+    pub fn try_from_parts<I: IntoIterator<Item = Option<&'a str>>>(parts: I) -> Option<Key<'a>> {
+        let mut k = Key::default();
+        for p in parts {
+            let p = p?;
+            if k.len < MAX_KEY_PARTS {
+                k.parts[k.len] = p;
+                k.len += 1;
+            }
+        }
+        Some(k)
+    }
+
     /// The values.
     pub fn parts(&self) -> &[&'a str] {
         &self.parts[..self.len]

@@ -160,10 +160,11 @@ impl<S: Store> Limiter<S> {
             if !rule.applies_to(req.method, req.path) {
                 continue;
             }
-            match rule.key_values(req.attrs) {
-                Some(values) => {
+            let parts = rule.by().parts().iter().map(|p| req.attrs.part(p));
+            match Key::try_from_parts(parts) {
+                Some(key) => {
                     matched.push(i);
-                    keys.push(Key::from_parts(values));
+                    keys.push(key);
                 }
                 None => skipped.push(i),
             }

@@ -184,21 +184,6 @@ impl<C: Clock> MemoryStore<C> {
         apply(&mut shard, tag, limit, now, cost, self.per_shard_cap, true)
     }
 
-    /// Hints the CPU to load `key`'s slot, for callers that have several
-    /// requests at hand: prefetch them all, then [`MemoryStore::check`] each.
-    pub fn prefetch(&self, key: &[u8], kind: StateKind) {
-        let tag = nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed));
-        // Reading without the lock is fine for a hint: a torn view only
-        // prefetches the wrong line.
-        if let Some(shard) = self.shard(tag).0.try_lock() {
-            match kind {
-                StateKind::Narrow => shard.narrow.prefetch(tag),
-                StateKind::Wide => shard.wide.prefetch(tag),
-                StateKind::Log => shard.logs.prefetch(tag),
-            }
-        }
-    }
-
     /// Drops expired keys from up to `budget` slots per shard per kind,
     /// continuing from where the last call stopped. Returns keys dropped.
     /// Idle keys also vanish lazily as tables grow or evict; call this

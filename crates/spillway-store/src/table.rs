@@ -119,15 +119,6 @@ impl<S: SlotState> Table<S> {
         self.find(tag).map(|i| &mut self.slots[i].1)
     }
 
-    /// Hint the CPU to fetch `tag`'s home slot.
-    #[inline]
-    pub(crate) fn prefetch(&self, tag: u64) {
-        if !self.slots.is_empty() {
-            let p = &self.slots[self.home(tag)] as *const (u64, S);
-            prefetch_read(p.cast());
-        }
-    }
-
     /// The state for `tag`, inserted fresh if absent. `cap` bounds the
     /// entries (an entry is evicted first if the table is at `cap`); `now`
     /// tells expired entries apart.
@@ -287,17 +278,6 @@ impl<S: SlotState> Table<S> {
             self.len += 1;
         }
     }
-}
-
-#[inline]
-fn prefetch_read(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetch is a hint; it never faults, even on an invalid address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

@@ -82,33 +82,6 @@ impl Domains {
     pub fn get(&self, name: &str) -> Option<&Domain> {
         self.by_name.get(name)
     }
-
-    /// Number of domains.
-    pub fn len(&self) -> usize {
-        self.by_name.len()
-    }
-
-    /// True if there are none.
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-
-    /// Every rule in every tree (for metrics and listings).
-    pub fn rules(&self) -> Vec<(&str, &Rule)> {
-        fn walk<'a>(domain: &'a str, nodes: &'a [Node], out: &mut Vec<(&'a str, &'a Rule)>) {
-            for n in nodes {
-                if let Action::Limit(r) = &n.action {
-                    out.push((domain, r));
-                }
-                walk(domain, &n.children, out);
-            }
-        }
-        let mut out = Vec::new();
-        for d in self.by_name.values() {
-            walk(&d.name, &d.nodes, &mut out);
-        }
-        out
-    }
 }
 
 /// The most specific node for a descriptor's entries: at each level an

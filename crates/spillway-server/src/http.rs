@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -60,16 +60,29 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
+impl ApiError {
+    /// The HTTP status.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The problem document.
+    pub(crate) fn body(&self) -> Vec<u8> {
+        json!({
             "type": "about:blank",
             "title": self.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
             "error": self.detail,
-        });
-        let mut resp = (self.status, body.to_string()).into_response();
+        })
+        .to_string()
+        .into_bytes()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, self.body()).into_response();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -117,17 +130,27 @@ async fn check(
             detail: format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
         }
     })?;
+    let checked = check_json(&state, &body, started).await?;
+    Ok(render(&checked))
+}
+
+/// Decides a `POST /v1/check` body (shared with the direct HTTP/1.1 path).
+pub(crate) async fn check_json(
+    state: &AppState,
+    body: &[u8],
+    started: Instant,
+) -> Result<Checked, ApiError> {
     // Any content type is read as JSON: `curl -d` sends form encoding by
     // default, and refusing it would only trip people up.
     let body: CheckBody = if body.is_empty() {
         CheckBody::default()
     } else {
-        serde_json::from_slice(&body).map_err(|e| {
+        serde_json::from_slice(body).map_err(|e| {
             state.metrics.bad_request();
             ApiError::bad_request(format!("invalid JSON body: {e}"))
         })?
     };
-    decide_body(&state, body, started).await
+    decide_body(state, body, started).await
 }
 
 fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
@@ -140,7 +163,7 @@ async fn decide_body(
     state: &AppState,
     body: CheckBody,
     started: Instant,
-) -> Result<Response, ApiError> {
+) -> Result<Checked, ApiError> {
     validate_body(&body).inspect_err(|_| state.metrics.bad_request())?;
     let (method, path) = split_api(body.api.as_deref());
     let descriptors = pairs(&body.descriptors);
@@ -159,7 +182,7 @@ async fn decide_body(
     };
     let checked = state.limiter.check(&req).await;
     state.record(&checked, started);
-    Ok(render(&checked))
+    Ok(checked)
 }
 
 fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
@@ -228,12 +251,22 @@ struct LimitQuery {
 
 async fn limit(
     State(state): State<Arc<AppState>>,
-    q: Result<Query<LimitQuery>, QueryRejection>,
+    RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let Query(q) = q.map_err(|e| {
+    let checked = check_query(&state, q.as_deref().unwrap_or(""), started).await?;
+    Ok(render(&checked))
+}
+
+/// Decides a `GET /v1/limit` query string (shared with the direct HTTP/1.1 path).
+pub(crate) async fn check_query(
+    state: &AppState,
+    query: &str,
+    started: Instant,
+) -> Result<Checked, ApiError> {
+    let q: LimitQuery = serde_urlencoded::from_str(query).map_err(|e| {
         state.metrics.bad_request();
-        ApiError::bad_request(e.body_text())
+        ApiError::bad_request(format!("Failed to deserialize query string: {e}"))
     })?;
     let body = CheckBody {
         api: q.api,
@@ -241,7 +274,7 @@ async fn limit(
         cost: q.cost,
         ..CheckBody::default()
     };
-    decide_body(&state, body, started).await
+    decide_body(state, body, started).await
 }
 
 /// The JSON body of a decision (`Decision` in docs/openapi.yaml).
@@ -264,6 +297,19 @@ struct DecisionJson<'a> {
 
 /// The decision as JSON with its status and headers.
 fn render(checked: &Checked) -> Response {
+    let (status, bytes) = decision_json(checked);
+    let mut resp = (status, bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    insert_rate_limit_headers(checked, h);
+    resp
+}
+
+/// The decision's status (200, or 429 when denied) and JSON body.
+pub(crate) fn decision_json(checked: &Checked) -> (StatusCode, Vec<u8>) {
     let d = &checked.decision;
     let name_of = |rd: &spillway_core::RuleDecision| checked.rule(rd).map_or("", Rule::name);
     let algorithm = |rd: &spillway_core::RuleDecision| {
@@ -321,14 +367,7 @@ fn render(checked: &Checked) -> Response {
     if serde_json::to_writer(&mut bytes, &body).is_err() {
         bytes.clear();
     }
-    let mut resp = (status, bytes).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    insert_rate_limit_headers(checked, h);
-    resp
+    (status, bytes)
 }
 
 fn retry_ms(rd: &spillway_core::RuleDecision) -> u64 {

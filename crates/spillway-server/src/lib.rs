@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod envoy;
+mod fast;
 pub mod http;
 pub mod metrics;
 pub mod proxy;
@@ -223,9 +224,14 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(opts, listener, shutdown, "spillway", |state| {
-        http::router(state.clone())
-    })
+    serve_with(
+        opts,
+        listener,
+        shutdown,
+        "spillway",
+        Server::Direct,
+        |state| http::router(state.clone()),
+    )
     .await
 }
 
@@ -240,10 +246,23 @@ pub async fn run_proxy(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
-    serve_with(opts, listener, shutdown, "spillway proxy", move |state| {
-        proxy::router(state, &proxy)
-    })
+    serve_with(
+        opts,
+        listener,
+        shutdown,
+        "spillway proxy",
+        Server::Hyper,
+        move |state| proxy::router(state, &proxy),
+    )
     .await
+}
+
+/// How connections are served.
+enum Server {
+    /// The decision endpoints directly, the rest by hyper (see `fast`).
+    Direct,
+    /// Every request by hyper.
+    Hyper,
 }
 
 async fn serve_with(
@@ -251,6 +270,7 @@ async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
+    server: Server,
     app: impl FnOnce(&Arc<AppState>) -> axum::Router,
 ) -> std::io::Result<()> {
     let state = build_state(&opts).map_err(std::io::Error::other)?;
@@ -281,16 +301,21 @@ async fn serve_with(
         }
     };
     let app = app(&state);
-    // No Nagle on accepted connections, for the same reason as gRPC's.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let result = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await;
+    let result = match server {
+        Server::Direct => fast::serve(listener, state.clone(), app, shutdown).await,
+        Server::Hyper => {
+            // No Nagle on accepted connections, for the same reason as gRPC's.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(shutdown)
+            .await
+        }
+    };
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;

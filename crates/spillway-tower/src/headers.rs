@@ -20,6 +20,18 @@ const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-aft
 /// one, or the one closest to denying) to `headers`; nothing when no rule
 /// applied. `Retry-After` only on a denial.
 pub fn insert_rate_limit_headers(checked: &Checked, headers: &mut HeaderMap) {
+    headers.reserve(7);
+    rate_limit_headers(checked, |k, s| {
+        if let Ok(val) = HeaderValue::from_str(s) {
+            headers.insert(k.clone(), val);
+        }
+    });
+}
+
+/// The headers of [`insert_rate_limit_headers`], each passed to `put` as a
+/// name and a value (printable ASCII: rule names are escaped), for a writer
+/// that does not build a [`HeaderMap`].
+pub fn rate_limit_headers(checked: &Checked, mut put: impl FnMut(&HeaderName, &str)) {
     let Some(d) = checked.decision.deciding else {
         return;
     };
@@ -33,28 +45,22 @@ pub fn insert_rate_limit_headers(checked: &Checked, headers: &mut HeaderMap) {
         .map_or(0, |l| l.window().as_secs_ceil());
     let reset_s = v.reset.as_secs_ceil();
     let name = sf_string(rule.name());
-    headers.reserve(7);
-    let mut put = |k: HeaderName, s: &str| {
-        if let Ok(val) = HeaderValue::from_str(s) {
-            headers.insert(k, val);
-        }
-    };
     let mut line = String::with_capacity(name.len() + 32);
     let _ = write!(line, "{name};q={};w={window_s}", v.limit);
-    put(POLICY, &line);
+    put(&POLICY, &line);
     line.clear();
     let _ = write!(line, "{name};r={};t={reset_s}", v.remaining);
-    put(RATELIMIT, &line);
+    put(&RATELIMIT, &line);
     // Decimal numbers through itoa: `HeaderValue::from(u64)` grows a
     // buffer for each, which showed in profiles.
     let mut num = itoa::Buffer::new();
-    put(X_LIMIT, num.format(v.limit));
-    put(X_REMAINING, num.format(v.remaining));
-    put(X_RESET, num.format(reset_s));
+    put(&X_LIMIT, num.format(v.limit));
+    put(&X_REMAINING, num.format(v.remaining));
+    put(&X_RESET, num.format(reset_s));
     if !checked.decision.allowed {
-        let retry = num.format(retry_after_secs(v.retry_after)).to_string();
-        put(RETRY_AFTER, &retry);
-        put(X_RETRY_AFTER, &retry);
+        let retry = num.format(retry_after_secs(v.retry_after));
+        put(&RETRY_AFTER, retry);
+        put(&X_RETRY_AFTER, retry);
     }
 }
 

@@ -1,0 +1,477 @@
+//! A direct HTTP/1.1 path for the two decision endpoints.
+//!
+//! Every connection of `spillway serve` starts here. While its requests are
+//! `POST /v1/check` or `GET /v1/limit` over HTTP/1.1, with no body or a
+//! `Content-Length` one, they are parsed with `httparse`, decided and answered
+//! on the spot: no per-request service stack, header map or body channel.
+//! At the first request that is anything else (another endpoint, HTTP/1.0,
+//! HTTP/2, a chunked body, `Expect`, `Upgrade`, an oversized body or head,
+//! a malformed request), the connection and every byte read from it so far go
+//! to hyper and the axum router for the rest of its life, so all other
+//! behaviour is hyper's own. The answers are the router's, byte for byte in
+//! meaning: the same status, JSON and rate limit headers (the tests run
+//! against both).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use bytes::{Buf, Bytes, BytesMut};
+use http::StatusCode;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use crate::AppState;
+use crate::http::{self as api, MAX_BODY};
+
+/// Largest request head read before handing the connection to hyper (which
+/// then answers 431).
+const MAX_HEAD: usize = 16 * 1024;
+/// Headers parsed in place; a request with more goes to hyper.
+const MAX_HEADERS: usize = 32;
+/// How long a started request may take to arrive in full.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for requests in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accepts connections on `listener` until `shutdown` completes, then lets
+/// requests in flight finish (idle connections close at once).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors or a connection reset before accept:
+                // keep serving the others.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let conn = Conn {
+            state: state.clone(),
+            app: app.clone(),
+            stop: stop_rx.clone(),
+            peer,
+        };
+        tokio::spawn(conn.run(tcp));
+    }
+    drop(stop_rx);
+    let _ = stop_tx.send(true);
+    // Each connection holds a receiver: closed means all have finished.
+    if tokio::time::timeout(DRAIN_TIMEOUT, stop_tx.closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still busy after {DRAIN_TIMEOUT:?}; stopping anyway");
+    }
+    Ok(())
+}
+
+/// One connection.
+struct Conn {
+    state: Arc<AppState>,
+    app: Router,
+    stop: watch::Receiver<bool>,
+    peer: SocketAddr,
+}
+
+/// A request the direct path answers.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Check,
+    /// With its query string.
+    Limit(String),
+}
+
+/// What the head of the next request says.
+#[derive(Debug, PartialEq, Eq)]
+enum Head {
+    /// Not all there yet.
+    Partial,
+    /// For hyper.
+    Other,
+    /// For the direct path.
+    Direct {
+        route: Route,
+        head_len: usize,
+        body_len: usize,
+        close: bool,
+    },
+}
+
+fn parse(buf: &[u8]) -> Head {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Head::Partial,
+        _ => return Head::Other,
+    };
+    if req.version != Some(1) {
+        return Head::Other;
+    }
+    let route = match (req.method, req.path) {
+        (Some("POST"), Some("/v1/check")) => Route::Check,
+        (Some("GET"), Some(p)) => match p.strip_prefix("/v1/limit") {
+            Some("") => Route::Limit(String::new()),
+            Some(q) if q.starts_with('?') => Route::Limit(q[1..].to_string()),
+            _ => return Head::Other,
+        },
+        _ => return Head::Other,
+    };
+    let mut body_len = None;
+    let mut close = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            let Some(n) = parse_length(h.value) else {
+                return Head::Other;
+            };
+            if body_len.is_some_and(|b| b != n) {
+                return Head::Other;
+            }
+            body_len = Some(n);
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            || name.eq_ignore_ascii_case("expect")
+            || name.eq_ignore_ascii_case("upgrade")
+        {
+            return Head::Other;
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in h.value.split(|&b| b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"upgrade") {
+                    return Head::Other;
+                }
+            }
+        }
+    }
+    let body_len = body_len.unwrap_or(0);
+    if body_len > MAX_BODY {
+        return Head::Other;
+    }
+    Head::Direct {
+        route,
+        head_len,
+        body_len,
+        close,
+    }
+}
+
+/// A `Content-Length` value: decimal digits only.
+fn parse_length(v: &[u8]) -> Option<usize> {
+    let v = v.trim_ascii();
+    if v.is_empty() || v.len() > 12 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+impl Conn {
+    async fn run(mut self, mut tcp: TcpStream) {
+        let mut buf = BytesMut::with_capacity(4096);
+        let mut out = Vec::with_capacity(1024);
+        loop {
+            let (route, head_len, body_len, close) = loop {
+                match parse(&buf) {
+                    Head::Direct {
+                        route,
+                        head_len,
+                        body_len,
+                        close,
+                    } => break (route, head_len, body_len, close),
+                    Head::Other => return self.hand_off(tcp, buf).await,
+                    Head::Partial => {}
+                }
+                if !self.read_more(&mut tcp, &mut buf).await {
+                    return;
+                }
+            };
+            while buf.len() < head_len + body_len {
+                if !self.read_more(&mut tcp, &mut buf).await {
+                    return;
+                }
+            }
+            out.clear();
+            self.answer(route, &buf[head_len..head_len + body_len], close, &mut out)
+                .await;
+            if tcp.write_all(&out).await.is_err() {
+                return;
+            }
+            buf.advance(head_len + body_len);
+            if close || *self.stop.borrow() {
+                let _ = tcp.shutdown().await;
+                return;
+            }
+        }
+    }
+
+    /// Reads more of the request; false when the connection is done (closed
+    /// by the peer, an error, too slow, or shutdown while idle).
+    async fn read_more(&mut self, tcp: &mut TcpStream, buf: &mut BytesMut) -> bool {
+        use tokio::io::AsyncReadExt;
+        if buf.capacity() - buf.len() < 1024 {
+            buf.reserve(4096);
+        }
+        let read = if buf.is_empty() {
+            // Between requests: wait as long as the client likes, unless
+            // the server is stopping.
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => return false,
+                r = tcp.read_buf(buf) => r,
+            }
+        } else {
+            match tokio::time::timeout(READ_TIMEOUT, tcp.read_buf(buf)).await {
+                Ok(r) => r,
+                Err(_) => return false,
+            }
+        };
+        matches!(read, Ok(n) if n > 0)
+    }
+
+    async fn answer(&self, route: Route, body: &[u8], close: bool, out: &mut Vec<u8>) {
+        let started = Instant::now();
+        let result = match route {
+            Route::Check => api::check_json(&self.state, body, started).await,
+            Route::Limit(q) => api::check_query(&self.state, &q, started).await,
+        };
+        match result {
+            Ok(checked) => {
+                let (status, json) = api::decision_json(&checked);
+                write_head(out, status, "application/json", json.len(), close);
+                spillway_tower::rate_limit_headers(&checked, |name, value| {
+                    out.extend_from_slice(name.as_str().as_bytes());
+                    out.extend_from_slice(b": ");
+                    out.extend_from_slice(value.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                });
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(&json);
+            }
+            Err(e) => {
+                let json = e.body();
+                write_head(
+                    out,
+                    e.status(),
+                    "application/problem+json",
+                    json.len(),
+                    close,
+                );
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(&json);
+            }
+        }
+    }
+
+    /// Serves the rest of the connection with hyper and the router, starting
+    /// with the bytes already read.
+    async fn hand_off(self, tcp: TcpStream, buf: BytesMut) {
+        let io = TokioIo::new(Rewind {
+            pre: buf.freeze(),
+            inner: tcp,
+        });
+        let peer = self.peer;
+        let app = self.app;
+        let svc =
+            hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                app.clone().oneshot(req)
+            });
+        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        let conn = builder.serve_connection_with_upgrades(io, svc);
+        tokio::pin!(conn);
+        let mut stop = self.stop;
+        if *stop.borrow() {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+            return;
+        }
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
+}
+
+/// The status line and the headers every answer has; the caller adds its
+/// own and the blank line.
+fn write_head(out: &mut Vec<u8>, status: StatusCode, content_type: &str, len: usize, close: bool) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(b"\r\ncontent-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+    out.extend_from_slice(b"\r\ndate: ");
+    http_date(out);
+    if close {
+        out.extend_from_slice(b"\r\nconnection: close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The `Date` header's value, formatted once a second per thread.
+fn http_date(out: &mut Vec<u8>) {
+    use std::cell::RefCell;
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        out.extend_from_slice(d.1.as_bytes());
+    });
+}
+
+/// A stream that first yields bytes already read from it.
+struct Rewind {
+    pre: Bytes,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.pre.is_empty() {
+            let n = self.pre.len().min(buf.remaining());
+            buf.put_slice(&self.pre[..n]);
+            self.pre.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn direct(route: Route, head_len: usize, body_len: usize, close: bool) -> Head {
+        Head::Direct {
+            route,
+            head_len,
+            body_len,
+            close,
+        }
+    }
+
+    #[test]
+    fn takes_plain_decision_requests() {
+        let r = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
+        assert_eq!(parse(r), direct(Route::Check, r.len() - 2, 2, false));
+        let r = b"GET /v1/limit?key=a&api=x HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n";
+        assert_eq!(
+            parse(r),
+            direct(Route::Limit("key=a&api=x".into()), r.len(), 0, true)
+        );
+        let r = b"GET /v1/limit HTTP/1.1\r\n\r\n";
+        assert_eq!(
+            parse(r),
+            direct(Route::Limit(String::new()), r.len(), 0, false)
+        );
+    }
+
+    #[test]
+    fn waits_for_the_whole_head() {
+        assert_eq!(parse(b""), Head::Partial);
+        assert_eq!(parse(b"POST /v1/check HTTP/1.1\r\nHost"), Head::Partial);
+    }
+
+    #[test]
+    fn leaves_everything_else_to_hyper() {
+        for r in [
+            &b"GET /healthz HTTP/1.1\r\n\r\n"[..],
+            b"POST /v1/check HTTP/1.0\r\n\r\n",
+            b"POST /v1/check?x=1 HTTP/1.1\r\n\r\n",
+            b"GET /v1/limits HTTP/1.1\r\n\r\n",
+            b"PUT /v1/check HTTP/1.1\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n",
+            b"GET /v1/limit HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
+            b"POST /v1/check HTTP/1.1\r\nContent-Length: 1 2\r\n\r\n",
+            b"\x00\x01garbage\r\n\r\n",
+        ] {
+            assert_eq!(parse(r), Head::Other, "{}", String::from_utf8_lossy(r));
+        }
+        let huge = format!("POST /v1/check HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD));
+        assert_eq!(parse(huge.as_bytes()), Head::Other);
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("h{i}: v\r\n"))
+            .collect();
+        let r = format!("POST /v1/check HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(parse(r.as_bytes()), Head::Other);
+    }
+}

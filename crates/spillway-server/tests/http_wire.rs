@@ -1,0 +1,256 @@
+//! The HTTP/1.1 wire, byte by byte, against the real binary: the direct path
+//! for the decision endpoints and hyper's must answer alike; pipelined, split
+//! and mixed requests on one connection all get their answers.
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use util::{Server, TempDir};
+
+const RULES: &str = "
+rules:
+  - name: one
+    by: user
+    limits:
+      - sliding_window_log: { limit: 1, window: 1h }
+";
+
+/// One parsed response.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: BTreeMap<String, String>,
+    body: serde_json::Value,
+}
+
+/// Reads one response (with a Content-Length body) from `conn`, keeping
+/// whatever follows in `buf`.
+async fn read_answer(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Answer {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        if let httparse::Status::Complete(head) = resp.parse(buf).expect("a valid response head") {
+            let headers: BTreeMap<String, String> = resp
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_ascii_lowercase(),
+                        String::from_utf8(h.value.to_vec()).unwrap(),
+                    )
+                })
+                .collect();
+            let status = resp.code.unwrap();
+            let len: usize = headers["content-length"].parse().unwrap();
+            while buf.len() < head + len {
+                read_some(conn, buf).await;
+            }
+            let body = serde_json::from_slice(&buf[head..head + len]).unwrap();
+            buf.drain(..head + len);
+            return Answer {
+                status,
+                headers,
+                body,
+            };
+        }
+        read_some(conn, buf).await;
+    }
+}
+
+async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) {
+    let mut chunk = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut chunk))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    assert!(
+        n > 0,
+        "connection closed early; got {:?}",
+        String::from_utf8_lossy(buf)
+    );
+    buf.extend_from_slice(&chunk[..n]);
+}
+
+fn post_check(body: &str) -> String {
+    format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The same request with a chunked body, which the direct path leaves to hyper.
+fn post_check_chunked(body: &str) -> String {
+    format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    )
+}
+
+async fn connect(s: &Server) -> TcpStream {
+    TcpStream::connect(&s.addr).await.unwrap()
+}
+
+/// Everything but what may tick between the two: the date, and times in
+/// milliseconds (rounded up to tens of seconds: the times here are 0 or just
+/// under an hour).
+fn comparable(a: &Answer) -> (u16, BTreeMap<String, String>, serde_json::Value) {
+    fn round_ms(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m.iter_mut() {
+                    if k.ends_with("_ms") {
+                        *v = (v.as_u64().unwrap().div_ceil(10_000)).into();
+                    } else {
+                        round_ms(v);
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(round_ms),
+            _ => {}
+        }
+    }
+    let mut h = a.headers.clone();
+    assert!(h.remove("date").is_some(), "a date header: {h:?}");
+    let mut body = a.body.clone();
+    round_ms(&mut body);
+    (a.status, h, body)
+}
+
+#[tokio::test]
+async fn direct_and_hyper_paths_give_the_same_answers() {
+    let dir = TempDir::new("wire");
+    let rules = dir.write("rules.yaml", RULES);
+    let s = Server::start(&["--config", rules.to_str().unwrap()]);
+    let mut buf = Vec::new();
+    let mut direct = connect(&s).await;
+    let mut hyper = connect(&s).await;
+    // Two users in the same state, one per path: admitted, then denied,
+    // then a bad body.
+    let mut answers = Vec::new();
+    for (user, chunked) in [("a", false), ("b", true)] {
+        let conn = if chunked { &mut hyper } else { &mut direct };
+        let mut got = Vec::new();
+        for body in [
+            format!(r#"{{"user":"{user}"}}"#),
+            format!(r#"{{"user":"{user}"}}"#),
+            r#"{"cost": 0}"#.to_string(),
+        ] {
+            let req = if chunked {
+                post_check_chunked(&body)
+            } else {
+                post_check(&body)
+            };
+            conn.write_all(req.as_bytes()).await.unwrap();
+            got.push(read_answer(conn, &mut buf).await);
+        }
+        answers.push(got);
+    }
+    let statuses: Vec<u16> = answers[0].iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [200, 429, 400]);
+    assert_eq!(answers[0][1].headers["retry-after"], "3600");
+    for (d, h) in answers[0].iter().zip(&answers[1]) {
+        assert_eq!(comparable(d), comparable(h));
+    }
+}
+
+#[tokio::test]
+async fn pipelined_split_and_mixed_requests_on_one_connection() {
+    let s = Server::start(&[]);
+    let mut conn = connect(&s).await;
+    let mut buf = Vec::new();
+    // Two requests in one write.
+    let two = format!(
+        "{}{}",
+        post_check(r#"{"user":"p1"}"#),
+        post_check(r#"{"user":"p2"}"#)
+    );
+    conn.write_all(two.as_bytes()).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(read_answer(&mut conn, &mut buf).await.status, 200);
+    }
+    // One request in small pieces, a little apart so they travel separately.
+    let req = post_check(r#"{"user":"split"}"#);
+    for piece in req.as_bytes().chunks(7) {
+        conn.write_all(piece).await.unwrap();
+        conn.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let a = read_answer(&mut conn, &mut buf).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.body["allowed"], true);
+    // The minimal GET form, then another endpoint (hyper takes over the
+    // connection), then a decision again on the same connection.
+    conn.write_all(b"GET /v1/limit?key=q HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let a = read_answer(&mut conn, &mut buf).await;
+    assert_eq!(
+        (a.status, &a.body["rule"]),
+        (200, &serde_json::json!("default"))
+    );
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let a = read_answer(&mut conn, &mut buf).await;
+    assert_eq!(
+        (a.status, &a.body["status"]),
+        (200, &serde_json::json!("ok"))
+    );
+    conn.write_all(post_check(r#"{"user":"after"}"#).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut conn, &mut buf).await.status, 200);
+}
+
+#[tokio::test]
+async fn connection_close_is_honoured() {
+    let s = Server::start(&[]);
+    let mut conn = connect(&s).await;
+    let body = r#"{"user":"c"}"#;
+    let req = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let a = read_answer(&mut conn, &mut buf).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.headers["connection"], "close");
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+        .await
+        .expect("closed within 5 s")
+        .unwrap();
+    assert_eq!((n, buf.len()), (0, 0));
+}
+
+#[tokio::test]
+async fn malformed_heads_get_hypers_errors_and_never_hang() {
+    let s = Server::start(&[]);
+    for (req, want) in [
+        (&b"GARBAGE\x00\r\n\r\n"[..], 400u16),
+        (b"POST /v1/check HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
+    ] {
+        let mut conn = connect(&s).await;
+        conn.write_all(req).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out))
+            .await
+            .expect("an answer, then close")
+            .unwrap();
+        let text = String::from_utf8_lossy(&out);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {want}")),
+            "{:?}: {text}",
+            String::from_utf8_lossy(req)
+        );
+    }
+    // Still serving.
+    let mut conn = connect(&s).await;
+    conn.write_all(post_check("{}").as_bytes()).await.unwrap();
+    assert_eq!(read_answer(&mut conn, &mut Vec::new()).await.status, 200);
+}

@@ -2,7 +2,8 @@
 //! one store (one multiplexed connection, so concurrent decisions pipeline)
 //! and decide GCRA limits for random keys over 100,000 users for `SECONDS`.
 //! Prints decisions/s, p50/p99 latency, and how many script calls Redis saw
-//! per decision (INFO commandstats). Then measures Redis memory per key.
+//! per decision (INFO commandstats). Then measures Redis memory per client
+//! key at 100,000 and 1,000,000 keys.
 //!
 //! Usage: `redis_bench REDIS_URL [SECONDS] [CONCURRENCY]`
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_core::{Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
+use spillway_core::{FixedWindow, Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
 use spillway_redis::{RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Store};
 
@@ -114,41 +115,66 @@ async fn main() {
         calls / all.len() as f64
     );
 
-    // Memory per key: 100,000 fresh keys of a limit whose state lives an
-    // hour (the benchmark's own keys expire within milliseconds).
-    let rule = Rule::new(
-        "memory",
-        None,
-        KeySpec::parse("user").unwrap(),
-        vec![Limit::Gcra(
-            Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 100).unwrap(),
-        )],
-        Mode::Hard,
-    )
-    .unwrap();
-    let client = redis::Client::open(url.as_str()).unwrap();
+    // Memory per key: fresh keys of limits whose state lives an hour (the
+    // benchmark's own keys expire within milliseconds), GCRA (one number of
+    // state) and fixed window (two), at 100,000 and 1,000,000 keys.
+    let hour = Nanos::from_secs(3600);
+    for (name, limit) in [
+        (
+            "gcra",
+            Limit::Gcra(Gcra::new(Rate::new(1, hour).unwrap(), 100).unwrap()),
+        ),
+        (
+            "fixed_window",
+            Limit::FixedWindow(FixedWindow::new(100, hour).unwrap()),
+        ),
+    ] {
+        let rule = Arc::new(
+            Rule::new(
+                "memory",
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![limit],
+                Mode::Hard,
+            )
+            .unwrap(),
+        );
+        for n in [100_000u32, 1_000_000] {
+            memory_per_key(&url, &store, &rule, name, n).await;
+        }
+    }
+}
+
+/// Redis memory per client key after `n` fresh keys of `rule`.
+async fn memory_per_key(url: &str, store: &RedisStore, rule: &Arc<Rule>, name: &str, n: u32) {
+    let client = redis::Client::open(url).unwrap();
     let mut c = client.get_connection().unwrap();
     let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
-    let before = info_field(&url, "memory", "used_memory:");
-    for i in 0..100_000u32 {
-        let user = format!("m{i:08}");
-        let key = Key::from_parts([user.as_str()]);
-        store
-            .decide(
-                &[Charge {
-                    rule: &rule,
-                    key: &key,
-                }],
-                1,
-            )
-            .await
-            .unwrap();
+    let before = info_field(url, "memory", "used_memory:");
+    let tasks: Vec<_> = (0..50u32)
+        .map(|t| {
+            let store = store.clone();
+            let rule = rule.clone();
+            tokio::spawn(async move {
+                for i in (t..n).step_by(50) {
+                    let user = format!("m{i:08}");
+                    let key = Key::from_parts([user.as_str()]);
+                    let charge = Charge {
+                        rule: &rule,
+                        key: &key,
+                    };
+                    store.decide(&[charge], 1).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
     }
-    let after = info_field(&url, "memory", "used_memory:");
-    let mut c = client.get_connection().unwrap();
-    let keys: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    let after = info_field(url, "memory", "used_memory:");
+    let redis_keys: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
     println!(
-        "redis_memory_per_key={:.1}B over {keys} keys",
-        (after - before) / keys.max(1) as f64
+        "redis_memory_per_key={:.1}B algorithm={name} keys={n} redis_keys={redis_keys}",
+        (after - before) / f64::from(n)
     );
 }

@@ -3,14 +3,18 @@
 -- The same algorithms as crates/spillway-core, in microseconds (Lua numbers
 -- are doubles: integers are exact up to 2^53, i.e. 285 years of microseconds).
 --
--- KEYS[i]  state key of the i-th limit (rules in order, their limits in order)
+-- KEYS[i]  where the i-th limit lives (rules in order, their limits in order):
+--          for the sliding log its own list; for every other algorithm the
+--          hash ("bucket") that holds its state in one field, next to the
+--          states of other clients whose tags fall in the same bucket
 -- ARGV[1]  now in microseconds, or 0 to use this server's TIME (the default:
 --          instances with skewed clocks then agree)
 -- ARGV[2]  cost
 -- ARGV[3]  1 for a dry run (decide, write nothing), else 0
 -- ARGV[4]  number of rules
 -- then per rule: mode (0 hard, 1 soft, 2 shadow), number of limits,
--- and per limit five numbers: algorithm, base size, enforced size, a, b
+-- and per limit five numbers: algorithm, base size, enforced size, a, b,
+-- then the limit's field in its bucket (ignored for the sliding log)
 --   1 token bucket      a = microseconds per token
 --   2 leaky bucket      a = microseconds per unit leaked
 --   3 shaper            a = microseconds per unit, b = max wait
@@ -24,6 +28,12 @@
 -- retry after (-1 = never), wait}.
 --
 -- Every key written gets a TTL in the same call, so idle keys vanish.
+-- Counter states share small hashes: a Redis key costs about 110 bytes
+-- before it holds anything, a field in a small hash about 20. A state's
+-- first number is the time it expires (after which it is as good as
+-- absent); a bucket's TTL is never shorter than its longest-lived field's,
+-- and a write that adds a field sweeps a sample of the bucket for expired
+-- ones one time in four, so dead fields stay a small fraction.
 
 local NEVER = -1
 
@@ -211,6 +221,30 @@ local function log_commit(key, size, w, now, cost)
   redis.call('PEXPIRE', key, math.max(math.ceil((t + w - now) / 1000), 1))
 end
 
+-- Removes expired fields among up to 16 of the bucket's, sparing `keep`.
+local function sweep(key, keep, now)
+  local sample = redis.call('HRANDFIELD', key, 16, 'WITHVALUES')
+  local dead = {}
+  for i = 1, #sample, 2 do
+    local f = sample[i]
+    if f ~= keep then
+      local e = tonumber(string.match(sample[i + 1], '^%d+'))
+      if e and e <= now then dead[#dead + 1] = f end
+    end
+  end
+  if #dead > 0 then redis.call('HDEL', key, unpack(dead)) end
+end
+
+-- Writes a state with `ttl` ms to live: the bucket's TTL only grows (GT),
+-- or is set if it has none yet (NX).
+local function bucket_set(key, field, value, ttl, now)
+  local added = redis.call('HSET', key, field, value)
+  if redis.call('PEXPIRE', key, ttl, 'GT') == 0 then
+    redis.call('PEXPIRE', key, ttl, 'NX')
+  end
+  if added == 1 and now % 4 == 0 then sweep(key, field, now) end
+end
+
 local now = tonumber(ARGV[1])
 if now == 0 then
   local t = redis.call('TIME')
@@ -234,7 +268,8 @@ for r = 1, nrules do
     local code = tonumber(ARGV[p])
     local base, enf = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
     local a, b = tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-    p = p + 5
+    local field = ARGV[p + 5]
+    p = p + 6
     local key = KEYS[k]
     k = k + 1
     local ve, vb, nxt, exp
@@ -244,14 +279,14 @@ for r = 1, nrules do
       if base ~= enf then vb = log_decide(key, base, a, now, cost) end
     else
       local f = algo[code]
-      local state = redis.call('GET', key)
+      local state = redis.call('HGET', key, field)
       ve, nxt, exp = f(state, enf, a, b, now, cost)
       vb = ve
       if base ~= enf then vb = f(state, base, a, b, now, cost) end
     end
     hard_ok = hard_ok and vb[1] == 1
     enf_ok = enf_ok and ve[1] == 1
-    limits[l] = { code = code, key = key, size = enf, a = a, nxt = nxt, exp = exp }
+    limits[l] = { code = code, key = key, field = field, size = enf, a = a, nxt = nxt, exp = exp }
     for i = 1, 6 do out[n + i] = ve[i] end
     for i = 1, 6 do out[n + 6 + i] = vb[i] end
     n = n + 12
@@ -275,8 +310,7 @@ if allowed and not dry then
         if l.code == 5 then
           log_commit(l.key, l.size, l.a, now, cost)
         else
-          local ttl = math.max(math.ceil((l.exp - now) / 1000), 1)
-          redis.call('SET', l.key, l.nxt, 'PX', ttl)
+          bucket_set(l.key, l.field, l.nxt, math.max(math.ceil((l.exp - now) / 1000), 1), now)
         end
       end
     end

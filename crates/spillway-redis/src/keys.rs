@@ -6,20 +6,48 @@ use redis::{Script, ScriptInvocation};
 use spillway_core::{Limit, Mode};
 use spillway_store::Charge;
 
-/// The hash tag of a charge: 64 bits of xxh3 (seed 0, so every instance
-/// computes the same) over the rule's fingerprint and the client's values,
-/// in hex. 64 bits, as in the memory store: two clients share a counter
-/// with odds of about 1 in 2^64 per pair, and the key stays short (Redis
-/// spends about 33 bytes more per key on a 128-bit tag).
-pub(crate) fn tag(charge: &Charge<'_>) -> String {
-    format!("{:016x}", charge.key.hash(charge.rule.fingerprint(), 0))
+/// The tag of a charge: 64 bits of xxh3 (seed 0, so every instance computes
+/// the same) over the rule's fingerprint and the client's values. 64 bits, as
+/// in the memory store: two clients share a counter with odds of about 1 in
+/// 2^64 per pair, and whatever a client sends, its keys have a fixed size.
+pub(crate) fn tag(charge: &Charge<'_>) -> u64 {
+    charge.key.hash(charge.rule.fingerprint(), 0)
 }
 
-/// `<prefix>{<tag>}<index>`.
-pub(crate) fn key(prefix: &str, charge: &Charge<'_>, index: usize) -> String {
-    let mut k = String::with_capacity(prefix.len() + 24);
-    let _ = write!(k, "{prefix}{{{}}}{index}", tag(charge));
+/// The bucket of a tag: its top bits scaled to `buckets`.
+fn bucket(tag: u64, buckets: u32) -> u64 {
+    ((u128::from(tag) * u128::from(buckets)) >> 64) as u64
+}
+
+/// `<prefix>{<bucket>}`: the hash holding the counter states of the tags in
+/// the bucket. The braces are the cluster hash tag: a rule's limits share
+/// one slot.
+pub(crate) fn bucket_key(prefix: &str, tag: u64, buckets: u32) -> String {
+    let mut k = String::with_capacity(prefix.len() + 8);
+    let _ = write!(k, "{prefix}{{{:x}}}", bucket(tag, buckets));
     k
+}
+
+/// `<prefix>{<bucket>}<tag>.<limit>`: a sliding log's list, in its bucket's
+/// slot.
+pub(crate) fn log_key(prefix: &str, tag: u64, buckets: u32, index: usize) -> String {
+    let mut k = String::with_capacity(prefix.len() + 32);
+    let _ = write!(
+        k,
+        "{prefix}{{{:x}}}{tag:016x}.{index}",
+        bucket(tag, buckets)
+    );
+    k
+}
+
+/// The field of limit `index` in its bucket: the tag's 8 bytes, then the
+/// index in decimal (binary keeps the field, and so every state, 8 bytes
+/// shorter than hex).
+pub(crate) fn field(tag: u64, index: usize) -> Vec<u8> {
+    let mut f = Vec::with_capacity(10);
+    f.extend_from_slice(&tag.to_be_bytes());
+    f.extend_from_slice(itoa::Buffer::new().format(index).as_bytes());
+    f
 }
 
 /// Microseconds, rounded up (never zero for a non-zero span).
@@ -45,6 +73,7 @@ fn params(base: &Limit, enforced: &Limit) -> [u64; 5] {
 pub(crate) fn invocation<'s>(
     script: &'s Script,
     prefix: &str,
+    buckets: u32,
     charges: &[Charge<'_>],
     cost: u64,
     now_us: u64,
@@ -65,10 +94,15 @@ pub(crate) fn invocation<'s>(
         let enforced = c.rule.enforced_limits();
         inv.arg(mode).arg(base.len());
         let t = tag(c);
+        let bucket = bucket_key(prefix, t, buckets);
         for (i, (b, e)) in base.iter().zip(enforced).enumerate() {
-            inv.key(format!("{prefix}{{{t}}}{i}"));
             for p in params(b, e) {
                 inv.arg(p);
+            }
+            if matches!(b, Limit::SlidingLog(_)) {
+                inv.key(log_key(prefix, t, buckets, i)).arg("");
+            } else {
+                inv.key(&bucket).arg(field(t, i));
             }
         }
     }
@@ -91,16 +125,17 @@ fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
-/// The cluster slot of a charge's keys (they all share its hash tag).
-pub(crate) fn slot(charge: &Charge<'_>) -> u16 {
-    crc16(tag(charge).as_bytes()) % 16384
+/// The cluster slot of a charge's keys (they all share its bucket's hash tag).
+fn slot(charge: &Charge<'_>, buckets: u32) -> u16 {
+    let hash_tag = format!("{:x}", bucket(tag(charge), buckets));
+    crc16(hash_tag.as_bytes()) % 16384
 }
 
 /// Charges grouped by slot, groups in order of first appearance.
-pub(crate) fn slot_groups(_prefix: &str, charges: &[Charge<'_>]) -> Vec<Vec<usize>> {
+pub(crate) fn slot_groups(buckets: u32, charges: &[Charge<'_>]) -> Vec<Vec<usize>> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, c) in charges.iter().enumerate() {
-        let s = slot(c);
+        let s = slot(c, buckets);
         match groups.iter_mut().find(|(gs, _)| *gs == s) {
             Some((_, g)) => g.push(i),
             None => groups.push((s, vec![i])),

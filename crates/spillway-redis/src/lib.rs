@@ -8,10 +8,15 @@
 //!
 //! - **Clock**: the script reads Redis's `TIME`, so instances with skewed
 //!   clocks agree. Times are in microseconds there (Lua numbers are doubles).
-//! - **Keys**: `<prefix>{<64-bit hash of rule and client>}<limit>`: the
-//!   client's values are hashed, so key length is fixed whatever a client
-//!   sends, and the hash tag keeps one rule's limits in one cluster slot.
-//!   Every key gets a TTL in the same script: idle keys vanish.
+//! - **Keys**: a client's values and the rule are hashed to a 64-bit tag,
+//!   so what a client sends never sizes a key. Counter states are fields
+//!   (the tag's 8 bytes and the limit's index) of hashes shared by many
+//!   clients, `<prefix>{<bucket>}`, [`RedisConfig::buckets`] of them: a
+//!   state costs tens of bytes instead of a key's 130. Sliding logs are
+//!   lists, `<prefix>{<bucket>}<tag>.<limit>`. The braces keep one rule's
+//!   limits in one cluster slot. Every key gets a TTL in the same script,
+//!   never shorter than its longest-lived state's, and writes sweep
+//!   expired fields: idle state vanishes.
 //! - **Failures**: every call has a timeout; errors are transient
 //!   [`StoreError`]s for the limiter's fail-open/closed policy. A circuit
 //!   breaker opens after repeated failures (answers at once, without waiting
@@ -39,6 +44,9 @@ use spillway_store::{Charge, Store, StoreError};
 use breaker::Breaker;
 pub use breaker::BreakerState;
 
+/// Buckets unless configured: suits about 100,000 to 2,000,000 active keys.
+pub const DEFAULT_BUCKETS: u32 = 16_384;
+
 /// The decision script, with its KEYS/ARGV contract written at its top.
 pub const DECIDE_LUA: &str = include_str!("../lua/decide.lua");
 
@@ -54,6 +62,13 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// Prepended to every key.
     pub prefix: String,
+    /// How many hashes ("buckets") share the counter states. A Redis key
+    /// costs about 110 bytes before it holds anything, a field in a small
+    /// hash about 20: with about 16 to 100 states per bucket, a state costs
+    /// 25 to 35 bytes. Aim for the expected number of active keys / 32;
+    /// past 128 states per bucket Redis stores the bucket as a hash table
+    /// (about 80 bytes a state, still below one key each).
+    pub buckets: u32,
     /// Consecutive failures that open the circuit breaker.
     pub breaker_failures: u32,
     /// While open, how often one request may probe the server.
@@ -67,6 +82,7 @@ impl Default for RedisConfig {
             cluster: Vec::new(),
             timeout: Duration::from_millis(50),
             prefix: "spillway:".to_string(),
+            buckets: DEFAULT_BUCKETS,
             breaker_failures: 3,
             probe_interval: Duration::from_millis(250),
         }
@@ -188,11 +204,6 @@ impl RedisStore {
         }
     }
 
-    /// The Redis key of limit `index` for `charge`.
-    pub fn key(&self, charge: &Charge<'_>, index: usize) -> String {
-        keys::key(&self.inner.config.prefix, charge, index)
-    }
-
     /// Decides with `now_us` as the time (microseconds since the epoch)
     /// instead of Redis's clock; for tests that compare stores on a virtual
     /// clock.
@@ -265,18 +276,33 @@ impl RedisStore {
         now_us: u64,
     ) -> redis::RedisResult<Decision> {
         let prefix = &self.inner.config.prefix;
+        let buckets = self.inner.config.buckets;
         match conn {
             Conn::Single(mut c) => {
-                let inv =
-                    keys::invocation(&self.inner.script, prefix, charges, cost, now_us, false);
+                let inv = keys::invocation(
+                    &self.inner.script,
+                    prefix,
+                    buckets,
+                    charges,
+                    cost,
+                    now_us,
+                    false,
+                );
                 let out: Vec<i64> = inv.invoke_async(&mut c).await?;
                 Ok(reply::decision(charges, &out, cost))
             }
             Conn::Cluster(mut c) => {
-                let groups = keys::slot_groups(prefix, charges);
+                let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
-                    let inv =
-                        keys::invocation(&self.inner.script, prefix, charges, cost, now_us, false);
+                    let inv = keys::invocation(
+                        &self.inner.script,
+                        prefix,
+                        buckets,
+                        charges,
+                        cost,
+                        now_us,
+                        false,
+                    );
                     let out: Vec<i64> = inv.invoke_async(&mut c).await?;
                     return Ok(reply::decision(charges, &out, cost));
                 }
@@ -307,10 +333,19 @@ impl RedisStore {
         dry: bool,
     ) -> redis::RedisResult<Vec<Vec<i64>>> {
         let prefix = &self.inner.config.prefix;
+        let buckets = self.inner.config.buckets;
         let mut outs = vec![Vec::new(); charges.len()];
         for group in groups {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
-            let inv = keys::invocation(&self.inner.script, prefix, &part, cost, now_us, dry);
+            let inv = keys::invocation(
+                &self.inner.script,
+                prefix,
+                buckets,
+                &part,
+                cost,
+                now_us,
+                dry,
+            );
             let out: Vec<i64> = inv.invoke_async(c).await?;
             for (j, &i) in group.iter().enumerate() {
                 outs[i] = reply::slice_for(&part, &out, j);

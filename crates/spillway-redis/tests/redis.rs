@@ -216,6 +216,85 @@ fn every_key_has_a_ttl_and_the_script_cache_stays_constant() {
     assert_eq!(scripts_before, 1);
 }
 
+#[test]
+fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
+    let server = RedisServer::start();
+    let rt = rt();
+    // One bucket, so every state shares it.
+    let redis = rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            buckets: 1,
+            ..config(server.url())
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(5)).await);
+        s
+    });
+    let rule = |name: &str, limit: Limit| {
+        Rule::new(
+            name,
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![limit],
+            Mode::Hard,
+        )
+        .unwrap()
+    };
+    // First a state that lives an hour (written at the start of an hour
+    // window, so the fixed window's state lives the whole hour)...
+    let hour = rule(
+        "hour",
+        Limit::FixedWindow(FixedWindow::new(10, Nanos::from_secs(3600)).unwrap()),
+    );
+    let t0 = 1_700_002_800 * SEC_US;
+    let key = Key::from_parts(["anchor"]);
+    let charge = Charge {
+        rule: &hour,
+        key: &key,
+    };
+    rt.block_on(redis.decide_at(&[charge], 1, t0)).unwrap();
+    // ...then 20,000 clients one after another whose states expire a
+    // millisecond after they are written (virtual time, 1.001 ms apart).
+    let brief = rule(
+        "brief",
+        Limit::Gcra(Gcra::new(Rate::new(1000, Nanos::from_secs(1)).unwrap(), 1).unwrap()),
+    );
+    for i in 0..20_000u64 {
+        let name = format!("c{i}");
+        let key = Key::from_parts([name.as_str()]);
+        let charge = Charge {
+            rule: &brief,
+            key: &key,
+        };
+        let d = rt
+            .block_on(redis.decide_at(&[charge], 1, t0 + i * 1001))
+            .unwrap();
+        assert!(d.allowed);
+    }
+    let keys = server.cli(&["--scan", "--pattern", "spillway:*"]);
+    assert_eq!(keys.trim(), "spillway:{0}");
+    // The bucket lives as long as its longest-lived state.
+    let ttl: i64 = server
+        .cli(&["PTTL", "spillway:{0}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 3_500_000, "bucket TTL {ttl} ms");
+    // Each write that adds a field sweeps a sample of 16 one time in four:
+    // a few sweeps' worth of expired states are left, not 20,000.
+    let fields: u64 = server
+        .cli(&["HLEN", "spillway:{0}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(fields < 200, "{fields} fields left");
+    // The anchor survived every sweep.
+    let d = rt
+        .block_on(redis.decide_at(&[charge], 1, t0 + 30 * SEC_US))
+        .unwrap();
+    assert_eq!(d.deciding.unwrap().verdict.remaining, 8);
+}
+
 fn scripts(server: &RedisServer) -> u64 {
     let info = server.cli(&["INFO", "memory"]);
     info.lines()

@@ -294,6 +294,8 @@ struct RawRedis {
     breaker_failures: Option<Spanned<i64>>,
     #[serde(default)]
     probe_interval: Option<Spanned<String>>,
+    #[serde(default)]
+    buckets: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -578,6 +580,9 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
     }
 }
 
+/// Most Redis buckets: more would only cost memory (one key each).
+const MAX_BUCKETS: u32 = 1 << 24;
+
 fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
     let raw = &r.value;
     let mut cfg = spillway_redis::RedisConfig::default();
@@ -624,6 +629,14 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
         && let Some(n) = count(errs, b, "redis.breaker_failures")
     {
         cfg.breaker_failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(b) = &raw.buckets
+        && let Some(n) = count(errs, b, "redis.buckets")
+    {
+        match u32::try_from(n) {
+            Ok(n) if n <= MAX_BUCKETS => cfg.buckets = n,
+            _ => errs.at(b, format!("redis.buckets: at most {MAX_BUCKETS}")),
+        }
     }
     if let Some(p) = &raw.prefix {
         if p.value.len() > 64 || p.value.contains(['{', '}']) {
@@ -1134,5 +1147,19 @@ mod tests {
         let text = "rules:\n  - name: a\n    bogus: 1\n    limits: []\n";
         let e = parse("f.yaml", text).unwrap_err();
         assert_eq!(e.0[0].line, 3, "{e}");
+    }
+
+    #[test]
+    fn redis_buckets() {
+        let with = |b: &str| {
+            format!("store:\n  redis:\n    url: redis://h:1\n    buckets: {b}\nrules: []\n")
+        };
+        let c = parse("f.yaml", &with("1024")).unwrap();
+        assert!(matches!(c.store, StoreConfig::Redis(r) if r.buckets == 1024));
+        for bad in ["0", "-3", "99999999999"] {
+            let e = parse("f.yaml", &with(bad)).unwrap_err();
+            assert_eq!(e.0[0].line, 4, "{bad}: {e}");
+            assert!(e.0[0].message.contains("buckets"), "{bad}: {e}");
+        }
     }
 }

@@ -82,8 +82,18 @@ for r in $(seq "$rounds"); do
 done
 
 echo "--- medians over $rounds rounds (${secs}s each, $conns connections, wrk -t1) ---"
+# The machine's speed drifts between runs; a ratio within one round (runs
+# seconds apart) drifts less than a ratio of medians.
+ratio() { # name base: median over rounds of name's rps / base's rps
+  paste <(grep "^$1 " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
+        <(grep "^$2 " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
+    awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
 for name in bare spillway throttlecrab; do
   grep "^$name " "$results" >/dev/null 2>&1 || continue
   med() { grep "^$name " "$results" | sed -E "s/.* $1=([^ ]+).*/\1/" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
   echo "$name rps=$(med rps) p50=$(med p50) p99=$(med p99) requests_per_cpu_s=$(med requests_per_cpu_s)"
 done
+echo "spillway/bare per-round median ratio: $(ratio spillway bare)"
+grep "^throttlecrab " "$results" >/dev/null 2>&1 &&
+  echo "spillway/throttlecrab per-round median ratio: $(ratio spillway throttlecrab)"

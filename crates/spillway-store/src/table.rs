@@ -14,6 +14,8 @@ use spillway_core::{Log, Wide};
 
 /// A state that can say when it becomes the same as a fresh one.
 pub(crate) trait SlotState: Default {
+    /// How a slot holds the tag and the state.
+    type Slot: Slot<Self>;
     /// After this time (ns) the state is indistinguishable from a fresh one
     /// and the entry can be dropped.
     fn expires_at(&self) -> u64;
@@ -24,18 +26,21 @@ pub(crate) trait SlotState: Default {
 }
 
 impl SlotState for u64 {
+    type Slot = Packed<u64>;
     fn expires_at(&self) -> u64 {
         *self
     }
 }
 
 impl SlotState for Wide {
+    type Slot = Packed<Wide>;
     fn expires_at(&self) -> u64 {
         self.a
     }
 }
 
 impl SlotState for Log {
+    type Slot = Line<Log>;
     fn expires_at(&self) -> u64 {
         Log::expires_at(self).as_u64()
     }
@@ -44,6 +49,59 @@ impl SlotState for Log {
     }
 }
 
+/// A tag and its state, side by side.
+pub(crate) trait Slot<S>: Default {
+    fn new(tag: u64, state: S) -> Self;
+    fn tag(&self) -> u64;
+    fn state(&self) -> &S;
+    fn state_mut(&mut self) -> &mut S;
+}
+
+/// A slot as small as its fields: 16 bytes for a timestamp, 24 for two
+/// words (four or two and two-thirds to a cache line).
+#[derive(Default)]
+pub(crate) struct Packed<S> {
+    tag: u64,
+    state: S,
+}
+
+/// A slot that is one whole cache line: a 56-byte sliding log header with
+/// its tag would otherwise straddle two lines in seven slots out of eight,
+/// and a probe would touch twice the lines.
+#[derive(Default)]
+#[repr(C, align(64))]
+pub(crate) struct Line<S> {
+    tag: u64,
+    state: S,
+}
+
+const _: () = assert!(std::mem::size_of::<Line<Log>>() == 64);
+
+macro_rules! impl_slot {
+    ($t:ident) => {
+        impl<S: Default> Slot<S> for $t<S> {
+            #[inline]
+            fn new(tag: u64, state: S) -> Self {
+                $t { tag, state }
+            }
+            #[inline]
+            fn tag(&self) -> u64 {
+                self.tag
+            }
+            #[inline]
+            fn state(&self) -> &S {
+                &self.state
+            }
+            #[inline]
+            fn state_mut(&mut self) -> &mut S {
+                &mut self.state
+            }
+        }
+    };
+}
+impl_slot!(Packed);
+impl_slot!(Line);
+
 const EMPTY: u64 = 0;
 /// Highest load before growing: 4/5.
 const MAX_LOAD_NUM: usize = 4;
@@ -51,8 +109,8 @@ const MAX_LOAD_DEN: usize = 5;
 /// Slots examined when choosing an entry to evict.
 const EVICT_SAMPLE: usize = 16;
 
-pub(crate) struct Table<S> {
-    slots: Vec<(u64, S)>,
+pub(crate) struct Table<S: SlotState> {
+    slots: Vec<S::Slot>,
     len: usize,
 }
 
@@ -69,12 +127,12 @@ impl<S: SlotState> Table<S> {
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<(u64, S)>()
+        self.slots.capacity() * std::mem::size_of::<S::Slot>()
             + self
                 .slots
                 .iter()
-                .filter(|s| s.0 != EMPTY)
-                .map(|s| s.1.heap_bytes())
+                .filter(|s| s.tag() != EMPTY)
+                .map(|s| s.state().heap_bytes())
                 .sum::<usize>()
     }
 
@@ -95,7 +153,7 @@ impl<S: SlotState> Table<S> {
         }
         let mut i = self.home(tag);
         loop {
-            let t = self.slots[i].0;
+            let t = self.slots[i].tag();
             if t == tag {
                 return Some(i);
             }
@@ -111,12 +169,12 @@ impl<S: SlotState> Table<S> {
 
     #[inline]
     pub(crate) fn get(&self, tag: u64) -> Option<&S> {
-        self.find(tag).map(|i| &self.slots[i].1)
+        self.find(tag).map(|i| self.slots[i].state())
     }
 
     #[inline]
     pub(crate) fn get_mut(&mut self, tag: u64) -> Option<&mut S> {
-        self.find(tag).map(|i| &mut self.slots[i].1)
+        self.find(tag).map(|i| self.slots[i].state_mut())
     }
 
     /// The state for `tag`, inserted fresh if absent. `cap` bounds the
@@ -124,7 +182,7 @@ impl<S: SlotState> Table<S> {
     /// tells expired entries apart.
     pub(crate) fn entry(&mut self, tag: u64, cap: usize, now: u64) -> &mut S {
         if let Some(i) = self.find(tag) {
-            return &mut self.slots[i].1;
+            return self.slots[i].state_mut();
         }
         if self.len >= cap {
             self.evict_near(tag, now);
@@ -136,16 +194,16 @@ impl<S: SlotState> Table<S> {
             }
         }
         let i = self.free_slot(tag);
-        self.slots[i] = (tag, S::default());
+        self.slots[i] = S::Slot::new(tag, S::default());
         self.len += 1;
-        &mut self.slots[i].1
+        self.slots[i].state_mut()
     }
 
     /// The first empty slot of `tag`'s probe run (the table must have one).
     fn free_slot(&self, tag: u64) -> usize {
         let n = self.slots.len();
         let mut i = self.home(tag);
-        while self.slots[i].0 != EMPTY {
+        while self.slots[i].tag() != EMPTY {
             i += 1;
             if i == n {
                 i = 0;
@@ -157,7 +215,7 @@ impl<S: SlotState> Table<S> {
     /// Removes the entry at `i`, shifting later members of its probe run back.
     fn remove_at(&mut self, mut i: usize) {
         let n = self.slots.len();
-        self.slots[i] = (EMPTY, S::default());
+        self.slots[i] = S::Slot::default();
         self.len -= 1;
         let mut j = i;
         loop {
@@ -165,7 +223,7 @@ impl<S: SlotState> Table<S> {
             if j == n {
                 j = 0;
             }
-            let t = self.slots[j].0;
+            let t = self.slots[j].tag();
             if t == EMPTY {
                 return;
             }
@@ -195,9 +253,9 @@ impl<S: SlotState> Table<S> {
         let mut seen = 0;
         let mut scanned = 0;
         while seen < EVICT_SAMPLE && scanned < n {
-            let (t, s) = &self.slots[i];
-            if *t != EMPTY {
-                let e = s.expires_at();
+            let slot = &self.slots[i];
+            if slot.tag() != EMPTY {
+                let e = slot.state().expires_at();
                 if e <= now {
                     best = Some((i, e));
                     break;
@@ -224,9 +282,9 @@ impl<S: SlotState> Table<S> {
         if before == 0 {
             return 0;
         }
-        let live: Vec<(u64, S)> = std::mem::take(&mut self.slots)
+        let live: Vec<S::Slot> = std::mem::take(&mut self.slots)
             .into_iter()
-            .filter(|(t, s)| *t != EMPTY && s.expires_at() > now)
+            .filter(|s| s.tag() != EMPTY && s.state().expires_at() > now)
             .collect();
         let target = if live.is_empty() {
             0
@@ -246,8 +304,8 @@ impl<S: SlotState> Table<S> {
         let mut i = start.min(n);
         let end = (start + budget).min(n);
         while i < end {
-            let (t, s) = &self.slots[i];
-            if *t != EMPTY && s.expires_at() <= now {
+            let slot = &self.slots[i];
+            if slot.tag() != EMPTY && slot.state().expires_at() <= now {
                 // The shift may move a later entry into i: look at i again.
                 self.remove_at(i);
                 continue;
@@ -263,18 +321,18 @@ impl<S: SlotState> Table<S> {
         let limit = cap.saturating_mul(MAX_LOAD_DEN) / MAX_LOAD_NUM + 8;
         let new_len = want.min(limit).max(self.len + 2);
         let old = std::mem::take(&mut self.slots);
-        let live = old.into_iter().filter(|(t, _)| *t != EMPTY).collect();
+        let live = old.into_iter().filter(|s| s.tag() != EMPTY).collect();
         self.rebuild(live, new_len);
     }
 
-    fn rebuild(&mut self, live: Vec<(u64, S)>, slots: usize) {
+    fn rebuild(&mut self, live: Vec<S::Slot>, slots: usize) {
         let mut v = Vec::with_capacity(slots);
-        v.resize_with(slots, || (EMPTY, S::default()));
+        v.resize_with(slots, S::Slot::default);
         self.slots = v;
         self.len = 0;
-        for (tag, s) in live {
-            let i = self.free_slot(tag);
-            self.slots[i] = (tag, s);
+        for slot in live {
+            let i = self.free_slot(slot.tag());
+            self.slots[i] = slot;
             self.len += 1;
         }
     }

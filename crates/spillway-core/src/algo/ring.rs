@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 
 /// Offsets kept inline before moving to the heap.
-pub(crate) const INLINE: usize = 6;
+pub(crate) const INLINE: usize = 7;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ring {

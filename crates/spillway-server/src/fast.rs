@@ -1,16 +1,24 @@
-//! A direct HTTP/1.1 path for the two decision endpoints.
+//! A direct HTTP/1.1 path in front of hyper.
 //!
-//! Every connection of `spillway serve` starts here. While its requests are
-//! `POST /v1/check` or `GET /v1/limit` over HTTP/1.1, with no body or a
-//! `Content-Length` one, they are parsed with `httparse`, decided and answered
-//! on the spot: no per-request service stack, header map or body channel.
-//! At the first request that is anything else (another endpoint, HTTP/1.0,
-//! HTTP/2, a chunked body, `Expect`, `Upgrade`, an oversized body or head,
-//! a malformed request), the connection and every byte read from it so far go
-//! to hyper and the axum router for the rest of its life, so all other
-//! behaviour is hyper's own. The answers are the router's, byte for byte in
-//! meaning: the same status, JSON and rate limit headers (the tests run
-//! against both).
+//! Every connection of `spillway serve` and `spillway proxy` starts here.
+//! While its requests are plain HTTP/1.1 (no body or a small `Content-Length`
+//! one), they are read with `httparse` and answered on the spot:
+//!
+//! - [`Direct::Decisions`] (`serve`): `POST /v1/check` and `GET /v1/limit`
+//!   are decided and their answers written into one buffer: no service
+//!   stack, header map or body channel;
+//! - [`Direct::Service`] (`proxy`): every request goes to the router as a
+//!   `Request` with its buffered body, and the `Response` (the proxy's 429,
+//!   or the upstream's answer, streamed) is written back with
+//!   `Content-Length` or chunked framing.
+//!
+//! At the first request that is anything else (another endpoint in `serve`,
+//! HTTP/1.0, HTTP/2, a chunked or large body, `Expect`, `Upgrade`, an
+//! oversized head, a malformed request), the connection and every byte read
+//! from it so far go to hyper and the axum router for the rest of its life,
+//! so all other behaviour is hyper's own (large bodies stream there). The
+//! answers are the router's, the same in meaning: status, JSON and rate limit
+//! headers (the tests run against both paths).
 
 use std::future::Future;
 use std::io;
@@ -21,9 +29,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::{Buf, Bytes, BytesMut};
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,12 +53,28 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long shutdown waits for requests in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What the direct path answers itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direct {
+    /// `POST /v1/check` and `GET /v1/limit`, decided in place.
+    Decisions,
+    /// Every plain request, through the router.
+    Service,
+}
+
+/// Largest request body the direct path buffers (larger ones stream
+/// through hyper).
+const MAX_DIRECT_BODY: usize = 64 * 1024;
+/// Response bytes gathered before a write.
+const WRITE_CHUNK: usize = 64 * 1024;
+
 /// Accepts connections on `listener` until `shutdown` completes, then lets
 /// requests in flight finish (idle connections close at once).
 pub(crate) async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     app: Router,
+    direct: Direct,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -73,6 +99,7 @@ pub(crate) async fn serve(
         let conn = Conn {
             state: state.clone(),
             app: app.clone(),
+            direct,
             stop: stop_rx.clone(),
             peer,
         };
@@ -94,6 +121,7 @@ pub(crate) async fn serve(
 struct Conn {
     state: Arc<AppState>,
     app: Router,
+    direct: Direct,
     stop: watch::Receiver<bool>,
     peer: SocketAddr,
 }
@@ -104,6 +132,8 @@ enum Route {
     Check,
     /// With its query string.
     Limit(String),
+    /// Any request, for the router.
+    Service,
 }
 
 /// What the head of the next request says.
@@ -122,7 +152,7 @@ enum Head {
     },
 }
 
-fn parse(buf: &[u8]) -> Head {
+fn parse(buf: &[u8], direct: Direct) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -133,13 +163,17 @@ fn parse(buf: &[u8]) -> Head {
     if req.version != Some(1) {
         return Head::Other;
     }
-    let route = match (req.method, req.path) {
-        (Some("POST"), Some("/v1/check")) => Route::Check,
-        (Some("GET"), Some(p)) => match p.strip_prefix("/v1/limit") {
+    let route = match (direct, req.method, req.path) {
+        (Direct::Decisions, Some("POST"), Some("/v1/check")) => Route::Check,
+        (Direct::Decisions, Some("GET"), Some(p)) => match p.strip_prefix("/v1/limit") {
             Some("") => Route::Limit(String::new()),
             Some(q) if q.starts_with('?') => Route::Limit(q[1..].to_string()),
             _ => return Head::Other,
         },
+        // Origin-form targets only (no CONNECT, no absolute URIs).
+        (Direct::Service, Some(m), Some(p)) if m != "CONNECT" && p.starts_with('/') => {
+            Route::Service
+        }
         _ => return Head::Other,
     };
     let mut body_len = None;
@@ -171,7 +205,11 @@ fn parse(buf: &[u8]) -> Head {
         }
     }
     let body_len = body_len.unwrap_or(0);
-    if body_len > MAX_BODY {
+    let max = match direct {
+        Direct::Decisions => MAX_BODY,
+        Direct::Service => MAX_DIRECT_BODY,
+    };
+    if body_len > max {
         return Head::Other;
     }
     Head::Direct {
@@ -197,7 +235,7 @@ impl Conn {
         let mut out = Vec::with_capacity(1024);
         loop {
             let (route, head_len, body_len, close) = loop {
-                match parse(&buf) {
+                match parse(&buf, self.direct) {
                     Head::Direct {
                         route,
                         head_len,
@@ -217,12 +255,22 @@ impl Conn {
                 }
             }
             out.clear();
-            self.answer(route, &buf[head_len..head_len + body_len], close, &mut out)
-                .await;
-            if tcp.write_all(&out).await.is_err() {
-                return;
+            if route == Route::Service {
+                let head = buf.split_to(head_len);
+                let body = buf.split_to(body_len).freeze();
+                let keep = self.serve_one(&head, body, close, &mut tcp, &mut out).await;
+                if !keep {
+                    let _ = tcp.shutdown().await;
+                    return;
+                }
+            } else {
+                self.answer(route, &buf[head_len..head_len + body_len], close, &mut out)
+                    .await;
+                if tcp.write_all(&out).await.is_err() {
+                    return;
+                }
+                buf.advance(head_len + body_len);
             }
-            buf.advance(head_len + body_len);
             if close || *self.stop.borrow() {
                 let _ = tcp.shutdown().await;
                 return;
@@ -259,6 +307,7 @@ impl Conn {
         let result = match route {
             Route::Check => api::check_json(&self.state, body, started).await,
             Route::Limit(q) => api::check_query(&self.state, &q, started).await,
+            Route::Service => return,
         };
         match result {
             Ok(checked) => {
@@ -273,19 +322,67 @@ impl Conn {
                 out.extend_from_slice(b"\r\n");
                 out.extend_from_slice(&json);
             }
-            Err(e) => {
-                let json = e.body();
-                write_head(
-                    out,
-                    e.status(),
-                    "application/problem+json",
-                    json.len(),
-                    close,
-                );
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(&json);
-            }
+            Err(e) => write_problem(out, &e, close),
         }
+    }
+
+    /// Serves one request through the router and writes its response;
+    /// false when the connection must close (asked for, or broken).
+    async fn serve_one(
+        &self,
+        head: &[u8],
+        body: Bytes,
+        close: bool,
+        tcp: &mut TcpStream,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Request::new(&mut headers);
+        if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
+            return false;
+        }
+        let (method, path) = (parsed.method.unwrap_or("GET"), parsed.path.unwrap_or("/"));
+        let head_only = method == "HEAD";
+        let mut builder = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .version(http::Version::HTTP_11)
+            .extension(ConnectInfo(self.peer));
+        for h in parsed.headers.iter() {
+            builder = builder.header(h.name, h.value);
+        }
+        let req = match builder.body(Body::from(body)) {
+            Ok(r) => r,
+            Err(e) => {
+                let e = api::ApiError::bad_request(format!("bad request: {e}"));
+                write_problem(out, &e, true);
+                let _ = tcp.write_all(out).await;
+                return false;
+            }
+        };
+        let call = self.app.clone().oneshot(req);
+        tokio::pin!(call);
+        // Most answers are ready at once (a denial, a decision); if not (the
+        // upstream, a queued request), watch for the client leaving.
+        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        let resp = match first {
+            Poll::Ready(r) => r,
+            Poll::Pending => {
+                let mut probe = [0u8; 1];
+                tokio::select! {
+                    r = &mut call => r,
+                    gone = tcp.peek(&mut probe) => match gone {
+                        // The client left (or broke): drop the request, and
+                        // with it its place in any queue.
+                        Ok(0) | Err(_) => return false,
+                        // A pipelined request: nothing to watch for any more.
+                        Ok(_) => call.await,
+                    },
+                }
+            }
+        };
+        let Ok(resp) = resp;
+        write_response(resp, head_only, close, tcp, out).await && !close
     }
 
     /// Serves the rest of the connection with hyper and the router, starting
@@ -318,6 +415,116 @@ impl Conn {
                 let _ = conn.await;
             }
         }
+    }
+}
+
+fn write_problem(out: &mut Vec<u8>, e: &api::ApiError, close: bool) {
+    let json = e.body();
+    write_head(
+        out,
+        e.status(),
+        "application/problem+json",
+        json.len(),
+        close,
+    );
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&json);
+}
+
+/// Writes a router's response: its head, then its body with
+/// `Content-Length` framing when the length is known, else chunked (none
+/// for `HEAD` and bodiless statuses). False if the connection broke or the
+/// body failed midway (the client then sees the connection close).
+async fn write_response(
+    resp: http::Response<Body>,
+    head_only: bool,
+    close: bool,
+    tcp: &mut TcpStream,
+    out: &mut Vec<u8>,
+) -> bool {
+    use http_body::Body as _;
+    let (parts, mut body) = resp.into_parts();
+    let status = parts.status;
+    let bodiless = head_only
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED;
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_headers(out, &parts.headers);
+    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
+    let mut chunked = false;
+    if !has_length && !bodiless {
+        match body.size_hint().exact() {
+            Some(n) => {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            None => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                chunked = true;
+            }
+        }
+    }
+    if !parts.headers.contains_key(http::header::DATE) {
+        out.extend_from_slice(b"date: ");
+        http_date(out);
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    if !bodiless {
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                // Mid-body failure: the framing cannot be completed.
+                let _ = tcp.write_all(out).await;
+                return false;
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers: dropped
+            };
+            if data.is_empty() {
+                continue;
+            }
+            if chunked {
+                out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                out.extend_from_slice(&data);
+                out.extend_from_slice(b"\r\n");
+            } else {
+                out.extend_from_slice(&data);
+            }
+            if out.len() >= WRITE_CHUNK {
+                if tcp.write_all(out).await.is_err() {
+                    return false;
+                }
+                out.clear();
+            }
+        }
+        if chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+    }
+    tcp.write_all(out).await.is_ok()
+}
+
+/// `name: value` lines for every header but the connection's own framing
+/// (hop-by-hop headers are the service's to remove; the proxy's forwarder
+/// does).
+fn write_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
+    for (name, value) in headers {
+        if name == http::header::CONNECTION || name == http::header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
 }
 
@@ -427,23 +634,29 @@ mod tests {
     #[test]
     fn takes_plain_decision_requests() {
         let r = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(parse(r), direct(Route::Check, r.len() - 2, 2, false));
+        assert_eq!(
+            parse(r, Direct::Decisions),
+            direct(Route::Check, r.len() - 2, 2, false)
+        );
         let r = b"GET /v1/limit?key=a&api=x HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n";
         assert_eq!(
-            parse(r),
+            parse(r, Direct::Decisions),
             direct(Route::Limit("key=a&api=x".into()), r.len(), 0, true)
         );
         let r = b"GET /v1/limit HTTP/1.1\r\n\r\n";
         assert_eq!(
-            parse(r),
+            parse(r, Direct::Decisions),
             direct(Route::Limit(String::new()), r.len(), 0, false)
         );
     }
 
     #[test]
     fn waits_for_the_whole_head() {
-        assert_eq!(parse(b""), Head::Partial);
-        assert_eq!(parse(b"POST /v1/check HTTP/1.1\r\nHost"), Head::Partial);
+        assert_eq!(parse(b"", Direct::Decisions), Head::Partial);
+        assert_eq!(
+            parse(b"POST /v1/check HTTP/1.1\r\nHost", Direct::Decisions),
+            Head::Partial
+        );
     }
 
     #[test]
@@ -464,14 +677,19 @@ mod tests {
             b"POST /v1/check HTTP/1.1\r\nContent-Length: 1 2\r\n\r\n",
             b"\x00\x01garbage\r\n\r\n",
         ] {
-            assert_eq!(parse(r), Head::Other, "{}", String::from_utf8_lossy(r));
+            assert_eq!(
+                parse(r, Direct::Decisions),
+                Head::Other,
+                "{}",
+                String::from_utf8_lossy(r)
+            );
         }
         let huge = format!("POST /v1/check HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD));
-        assert_eq!(parse(huge.as_bytes()), Head::Other);
+        assert_eq!(parse(huge.as_bytes(), Direct::Decisions), Head::Other);
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("h{i}: v\r\n"))
             .collect();
         let r = format!("POST /v1/check HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(parse(r.as_bytes()), Head::Other);
+        assert_eq!(parse(r.as_bytes(), Direct::Decisions), Head::Other);
     }
 }

@@ -51,7 +51,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn bad_request(detail: impl Into<String>) -> ApiError {
+    pub(crate) fn bad_request(detail: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             title: "bad request",

@@ -229,7 +229,7 @@ pub async fn run(
         listener,
         shutdown,
         "spillway",
-        Server::Direct,
+        fast::Direct::Decisions,
         |state| http::router(state.clone()),
     )
     .await
@@ -251,18 +251,10 @@ pub async fn run_proxy(
         listener,
         shutdown,
         "spillway proxy",
-        Server::Hyper,
+        fast::Direct::Service,
         move |state| proxy::router(state, &proxy),
     )
     .await
-}
-
-/// How connections are served.
-enum Server {
-    /// The decision endpoints directly, the rest by hyper (see `fast`).
-    Direct,
-    /// Every request by hyper.
-    Hyper,
 }
 
 async fn serve_with(
@@ -270,7 +262,7 @@ async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
-    server: Server,
+    direct: fast::Direct,
     app: impl FnOnce(&Arc<AppState>) -> axum::Router,
 ) -> std::io::Result<()> {
     let state = build_state(&opts).map_err(std::io::Error::other)?;
@@ -301,21 +293,8 @@ async fn serve_with(
         }
     };
     let app = app(&state);
-    let result = match server {
-        Server::Direct => fast::serve(listener, state.clone(), app, shutdown).await,
-        Server::Hyper => {
-            // No Nagle on accepted connections, for the same reason as gRPC's.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(shutdown)
-            .await
-        }
-    };
+    // Plain HTTP/1.1 directly, the rest by hyper (see `fast`).
+    let result = fast::serve(listener, state.clone(), app, direct, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;

@@ -15,7 +15,8 @@ use util::{Server, TempDir, client, header};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// An upstream on a free port: `/hello`, `/echo` (streams the body back),
+/// An upstream on a free port: `/hello`, `/stream` (a body of unknown
+/// length, in three pieces), `/empty` (204), `/echo` (streams the body back),
 /// `/headers` (what it was sent), `/slow` (3 s), `/v1/export` (counted),
 /// anything else "ok".
 async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
@@ -30,6 +31,19 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
             }),
         )
         .route("/hello", get(|| async { "hello" }))
+        .route(
+            "/stream",
+            get(|| async {
+                // No length: the proxy must frame it (chunked).
+                let parts =
+                    ["one,", "two,", "three"].map(|p| Ok::<_, std::io::Error>(p.to_string()));
+                Body::from_stream(futures_util::stream::iter(parts))
+            }),
+        )
+        .route(
+            "/empty",
+            get(|| async { axum::http::StatusCode::NO_CONTENT }),
+        )
         .route("/echo", post(|body: Body| async move { body }))
         .route(
             "/headers",
@@ -358,4 +372,138 @@ fn proxy_flags_are_checked() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
     let out = util::spillway(&["proxy", "--upstream", "ftp://x", "--listen", "127.0.0.1:0"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// One response read off a raw connection: status, headers, body (from
+/// `Content-Length` or chunked framing; none for HEAD and 204).
+async fn read_response(
+    conn: &mut tokio::net::TcpStream,
+    buf: &mut Vec<u8>,
+    head_request: bool,
+) -> (u16, std::collections::HashMap<String, String>, String) {
+    use tokio::io::AsyncReadExt;
+    async fn more(conn: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut chunk))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(buf));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let (status, headers, head) = loop {
+        let mut hs = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut hs);
+        if let httparse::Status::Complete(n) = resp.parse(buf).unwrap() {
+            let headers: std::collections::HashMap<String, String> = resp
+                .headers
+                .iter()
+                .map(|h| {
+                    (
+                        h.name.to_ascii_lowercase(),
+                        String::from_utf8_lossy(h.value).into_owned(),
+                    )
+                })
+                .collect();
+            break (resp.code.unwrap(), headers, n);
+        }
+        more(conn, buf).await;
+    };
+    buf.drain(..head);
+    let mut body = Vec::new();
+    if head_request || status == 204 {
+        // No body.
+    } else if let Some(len) = headers.get("content-length") {
+        let len: usize = len.parse().unwrap();
+        while buf.len() < len {
+            more(conn, buf).await;
+        }
+        body.extend(buf.drain(..len));
+    } else {
+        assert_eq!(
+            headers.get("transfer-encoding").map(String::as_str),
+            Some("chunked")
+        );
+        loop {
+            let line_end = loop {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                more(conn, buf).await;
+            };
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&buf[..line_end]).unwrap(), 16).unwrap();
+            while buf.len() < line_end + 2 + size + 2 {
+                more(conn, buf).await;
+            }
+            body.extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
+            buf.drain(..line_end + 2 + size + 2);
+            if size == 0 {
+                break;
+            }
+        }
+    }
+    (status, headers, String::from_utf8(body).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
+    use tokio::io::AsyncWriteExt;
+    let (s, _dir) = start("127.0.0.1/32").await;
+    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let get = |path: &str, method: &str| {
+        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: wire\r\n\r\n")
+    };
+    // A body of unknown length comes back chunked, whole.
+    conn.write_all(get("/stream", "GET").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "one,two,three"));
+    // HEAD: the length, no body; 204: nothing; then the connection still
+    // frames the next answers right, two of them pipelined in one write.
+    conn.write_all(get("/other", "HEAD").as_bytes())
+        .await
+        .unwrap();
+    let (status, headers, body) = read_response(&mut conn, &mut buf, true).await;
+    assert_eq!((status, body.as_str()), (200, ""));
+    assert_eq!(headers.get("content-length").map(String::as_str), Some("2"));
+    conn.write_all(get("/empty", "GET").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (204, ""));
+    let two = format!("{}{}", get("/other", "GET"), get("/stream", "GET"));
+    conn.write_all(two.as_bytes()).await.unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "one,two,three"));
+    // The proxy's own 429 on the same connection (3 per hour for /hello),
+    // with its rate limit headers, then another answer after it.
+    for want in [200, 200, 200, 429] {
+        conn.write_all(get("/hello", "GET").as_bytes())
+            .await
+            .unwrap();
+        let (status, headers, body) = read_response(&mut conn, &mut buf, false).await;
+        assert_eq!(status, want, "{body}");
+        assert_eq!(
+            headers.get("x-ratelimit-limit").map(String::as_str),
+            Some("3")
+        );
+        if want == 429 {
+            assert!(body.contains("per-user"), "{body}");
+            assert!(headers.contains_key("retry-after"));
+        }
+    }
+    conn.write_all(get("/other", "GET").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut conn, &mut buf, false).await.0, 200);
+    assert!(
+        buf.is_empty(),
+        "stray bytes: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
 }

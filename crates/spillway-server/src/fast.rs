@@ -7,10 +7,11 @@
 //! - [`Direct::Decisions`] (`serve`): `POST /v1/check` and `GET /v1/limit`
 //!   are decided and their answers written into one buffer: no service
 //!   stack, header map or body channel;
-//! - [`Direct::Service`] (`proxy`): every request goes to the router as a
-//!   `Request` with its buffered body, and the `Response` (the proxy's 429,
-//!   or the upstream's answer, streamed) is written back with
-//!   `Content-Length` or chunked framing.
+//! - [`Direct::Proxy`] (`proxy`): every request is identified (user, client
+//!   IP) from the parsed headers and decided; a denial is written at once,
+//!   an admitted request (after its queue wait, if any) goes to the
+//!   forwarder with its buffered body and the upstream's answer is streamed
+//!   back with `Content-Length` or chunked framing.
 //!
 //! At the first request that is anything else (another endpoint in `serve`,
 //! HTTP/1.0, HTTP/2, a chunked or large body, `Expect`, `Upgrade`, an
@@ -42,6 +43,7 @@ use tower::ServiceExt;
 
 use crate::AppState;
 use crate::http::{self as api, MAX_BODY};
+use crate::proxy::{DirectProxy, Headers};
 
 /// Largest request head read before handing the connection to hyper (which
 /// then answers 431).
@@ -54,12 +56,12 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the direct path answers itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) enum Direct {
     /// `POST /v1/check` and `GET /v1/limit`, decided in place.
     Decisions,
-    /// Every plain request, through the router.
-    Service,
+    /// Every plain request, proxied.
+    Proxy(Arc<DirectProxy>),
 }
 
 /// Largest request body the direct path buffers (larger ones stream
@@ -99,7 +101,7 @@ pub(crate) async fn serve(
         let conn = Conn {
             state: state.clone(),
             app: app.clone(),
-            direct,
+            direct: direct.clone(),
             stop: stop_rx.clone(),
             peer,
         };
@@ -132,8 +134,8 @@ enum Route {
     Check,
     /// With its query string.
     Limit(String),
-    /// Any request, for the router.
-    Service,
+    /// Any request, for the proxy.
+    Proxy,
 }
 
 /// What the head of the next request says.
@@ -152,7 +154,7 @@ enum Head {
     },
 }
 
-fn parse(buf: &[u8], direct: Direct) -> Head {
+fn parse(buf: &[u8], direct: &Direct) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -171,8 +173,8 @@ fn parse(buf: &[u8], direct: Direct) -> Head {
             _ => return Head::Other,
         },
         // Origin-form targets only (no CONNECT, no absolute URIs).
-        (Direct::Service, Some(m), Some(p)) if m != "CONNECT" && p.starts_with('/') => {
-            Route::Service
+        (Direct::Proxy(_), Some(m), Some(p)) if m != "CONNECT" && p.starts_with('/') => {
+            Route::Proxy
         }
         _ => return Head::Other,
     };
@@ -207,7 +209,7 @@ fn parse(buf: &[u8], direct: Direct) -> Head {
     let body_len = body_len.unwrap_or(0);
     let max = match direct {
         Direct::Decisions => MAX_BODY,
-        Direct::Service => MAX_DIRECT_BODY,
+        Direct::Proxy(_) => MAX_DIRECT_BODY,
     };
     if body_len > max {
         return Head::Other;
@@ -235,7 +237,7 @@ impl Conn {
         let mut out = Vec::with_capacity(1024);
         loop {
             let (route, head_len, body_len, close) = loop {
-                match parse(&buf, self.direct) {
+                match parse(&buf, &self.direct) {
                     Head::Direct {
                         route,
                         head_len,
@@ -255,10 +257,12 @@ impl Conn {
                 }
             }
             out.clear();
-            if route == Route::Service {
+            if let (Route::Proxy, Direct::Proxy(proxy)) = (&route, &self.direct) {
                 let head = buf.split_to(head_len);
                 let body = buf.split_to(body_len).freeze();
-                let keep = self.serve_one(&head, body, close, &mut tcp, &mut out).await;
+                let keep = self
+                    .proxy_one(proxy, &head, body, close, &mut tcp, &mut out)
+                    .await;
                 if !keep {
                     let _ = tcp.shutdown().await;
                     return;
@@ -307,18 +311,13 @@ impl Conn {
         let result = match route {
             Route::Check => api::check_json(&self.state, body, started).await,
             Route::Limit(q) => api::check_query(&self.state, &q, started).await,
-            Route::Service => return,
+            Route::Proxy => return,
         };
         match result {
             Ok(checked) => {
                 let (status, json) = api::decision_json(&checked);
                 write_head(out, status, "application/json", json.len(), close);
-                spillway_tower::rate_limit_headers(&checked, |name, value| {
-                    out.extend_from_slice(name.as_str().as_bytes());
-                    out.extend_from_slice(b": ");
-                    out.extend_from_slice(value.as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                });
+                write_rate_limit_headers(out, &checked);
                 out.extend_from_slice(b"\r\n");
                 out.extend_from_slice(&json);
             }
@@ -326,10 +325,12 @@ impl Conn {
         }
     }
 
-    /// Serves one request through the router and writes its response;
-    /// false when the connection must close (asked for, or broken).
-    async fn serve_one(
+    /// Decides one request and answers a denial, or forwards it and
+    /// writes the upstream's answer; false when the connection must close
+    /// (asked for, or broken).
+    async fn proxy_one(
         &self,
+        proxy: &DirectProxy,
         head: &[u8],
         body: Bytes,
         close: bool,
@@ -341,14 +342,49 @@ impl Conn {
         if !matches!(parsed.parse(head), Ok(httparse::Status::Complete(_))) {
             return false;
         }
-        let (method, path) = (parsed.method.unwrap_or("GET"), parsed.path.unwrap_or("/"));
+        let (method, target) = (parsed.method.unwrap_or("GET"), parsed.path.unwrap_or("/"));
+        let hdrs: &[httparse::Header<'_>] = parsed.headers;
+        let (path, query) = match target.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (target, None),
+        };
+        let user = proxy.identify.user(hdrs, query);
+        let ip = proxy.identify.ip(self.peer.ip(), hdrs).to_string();
+        let attrs = WireAttrs {
+            user: user.as_deref(),
+            ip: &ip,
+            headers: hdrs,
+        };
+        let checked = proxy
+            .limiter
+            .check(&spillway_store::Request {
+                method: Some(method),
+                path: Some(path),
+                attrs: &attrs,
+                cost: 1,
+            })
+            .await;
+        if !checked.decision.allowed {
+            let json = spillway_tower::problem_body(&checked);
+            write_head(
+                out,
+                StatusCode::TOO_MANY_REQUESTS,
+                "application/problem+json",
+                json.len(),
+                close,
+            );
+            write_rate_limit_headers(out, &checked);
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(json.as_bytes());
+            return tcp.write_all(out).await.is_ok() && !close;
+        }
         let head_only = method == "HEAD";
         let mut builder = http::Request::builder()
             .method(method)
-            .uri(path)
+            .uri(target)
             .version(http::Version::HTTP_11)
             .extension(ConnectInfo(self.peer));
-        for h in parsed.headers.iter() {
+        for h in hdrs {
             builder = builder.header(h.name, h.value);
         }
         let req = match builder.body(Body::from(body)) {
@@ -360,29 +396,28 @@ impl Conn {
                 return false;
             }
         };
-        let call = self.app.clone().oneshot(req);
-        tokio::pin!(call);
-        // Most answers are ready at once (a denial, a decision); if not (the
-        // upstream, a queued request), watch for the client leaving.
-        let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        let resp = match first {
-            Poll::Ready(r) => r,
-            Poll::Pending => {
-                let mut probe = [0u8; 1];
-                tokio::select! {
-                    r = &mut call => r,
-                    gone = tcp.peek(&mut probe) => match gone {
-                        // The client left (or broke): drop the request, and
-                        // with it its place in any queue.
-                        Ok(0) | Err(_) => return false,
-                        // A pipelined request: nothing to watch for any more.
-                        Ok(_) => call.await,
-                    },
-                }
+        let wait: Duration = checked.decision.wait.into();
+        let forward = proxy.forward.clone();
+        let call = async move {
+            if !wait.is_zero() {
+                // A shaper queued the request: wait its turn.
+                tokio::time::sleep(wait).await;
             }
+            forward.forward(req).await
         };
-        let Ok(resp) = resp;
-        write_response(resp, head_only, close, tcp, out).await && !close
+        tokio::pin!(call);
+        // Watch for the client leaving while the request waits or the
+        // upstream thinks: dropping the future leaves the queue.
+        let mut probe = [0u8; 1];
+        let resp = tokio::select! {
+            r = &mut call => r,
+            gone = tcp.peek(&mut probe) => match gone {
+                Ok(0) | Err(_) => return false,
+                // A pipelined request: nothing to watch for any more.
+                Ok(_) => call.await,
+            },
+        };
+        write_response(resp, head_only, close, &checked, tcp, out).await && !close
     }
 
     /// Serves the rest of the connection with hyper and the router, starting
@@ -418,6 +453,38 @@ impl Conn {
     }
 }
 
+/// The rate limit headers of a decision, as `name: value` lines.
+fn write_rate_limit_headers(out: &mut Vec<u8>, checked: &spillway_store::Checked) {
+    spillway_tower::rate_limit_headers(checked, |name, value| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    });
+}
+
+/// A request's identity and headers, for the rules' keys.
+struct WireAttrs<'a> {
+    user: Option<&'a str>,
+    ip: &'a str,
+    headers: &'a [httparse::Header<'a>],
+}
+
+impl spillway_core::Attributes for WireAttrs<'_> {
+    fn user(&self) -> Option<&str> {
+        self.user
+    }
+    fn ip(&self) -> Option<&str> {
+        Some(self.ip)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        Headers::value(self.headers, name)
+    }
+    fn descriptor(&self, _name: &str) -> Option<&str> {
+        None
+    }
+}
+
 fn write_problem(out: &mut Vec<u8>, e: &api::ApiError, close: bool) {
     let json = e.body();
     write_head(
@@ -439,6 +506,7 @@ async fn write_response(
     resp: http::Response<Body>,
     head_only: bool,
     close: bool,
+    checked: &spillway_store::Checked,
     tcp: &mut TcpStream,
     out: &mut Vec<u8>,
 ) -> bool {
@@ -455,6 +523,7 @@ async fn write_response(
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     write_headers(out, &parts.headers);
+    write_rate_limit_headers(out, checked);
     let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
     let mut chunked = false;
     if !has_length && !bodiless {
@@ -635,26 +704,26 @@ mod tests {
     fn takes_plain_decision_requests() {
         let r = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
         assert_eq!(
-            parse(r, Direct::Decisions),
+            parse(r, &Direct::Decisions),
             direct(Route::Check, r.len() - 2, 2, false)
         );
         let r = b"GET /v1/limit?key=a&api=x HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n";
         assert_eq!(
-            parse(r, Direct::Decisions),
+            parse(r, &Direct::Decisions),
             direct(Route::Limit("key=a&api=x".into()), r.len(), 0, true)
         );
         let r = b"GET /v1/limit HTTP/1.1\r\n\r\n";
         assert_eq!(
-            parse(r, Direct::Decisions),
+            parse(r, &Direct::Decisions),
             direct(Route::Limit(String::new()), r.len(), 0, false)
         );
     }
 
     #[test]
     fn waits_for_the_whole_head() {
-        assert_eq!(parse(b"", Direct::Decisions), Head::Partial);
+        assert_eq!(parse(b"", &Direct::Decisions), Head::Partial);
         assert_eq!(
-            parse(b"POST /v1/check HTTP/1.1\r\nHost", Direct::Decisions),
+            parse(b"POST /v1/check HTTP/1.1\r\nHost", &Direct::Decisions),
             Head::Partial
         );
     }
@@ -678,18 +747,18 @@ mod tests {
             b"\x00\x01garbage\r\n\r\n",
         ] {
             assert_eq!(
-                parse(r, Direct::Decisions),
+                parse(r, &Direct::Decisions),
                 Head::Other,
                 "{}",
                 String::from_utf8_lossy(r)
             );
         }
         let huge = format!("POST /v1/check HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD));
-        assert_eq!(parse(huge.as_bytes(), Direct::Decisions), Head::Other);
+        assert_eq!(parse(huge.as_bytes(), &Direct::Decisions), Head::Other);
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("h{i}: v\r\n"))
             .collect();
         let r = format!("POST /v1/check HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(parse(r.as_bytes(), Direct::Decisions), Head::Other);
+        assert_eq!(parse(r.as_bytes(), &Direct::Decisions), Head::Other);
     }
 }

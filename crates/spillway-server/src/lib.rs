@@ -224,14 +224,9 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(
-        opts,
-        listener,
-        shutdown,
-        "spillway",
-        fast::Direct::Decisions,
-        |state| http::router(state.clone()),
-    )
+    serve_with(opts, listener, shutdown, "spillway", |state| {
+        (http::router(state.clone()), fast::Direct::Decisions)
+    })
     .await
 }
 
@@ -246,14 +241,13 @@ pub async fn run_proxy(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
-    serve_with(
-        opts,
-        listener,
-        shutdown,
-        "spillway proxy",
-        fast::Direct::Service,
-        move |state| proxy::router(state, &proxy),
-    )
+    serve_with(opts, listener, shutdown, "spillway proxy", move |state| {
+        let direct = proxy::DirectProxy::new(state, &proxy);
+        (
+            proxy::router(state, &proxy),
+            fast::Direct::Proxy(Arc::new(direct)),
+        )
+    })
     .await
 }
 
@@ -262,8 +256,7 @@ async fn serve_with(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
-    direct: fast::Direct,
-    app: impl FnOnce(&Arc<AppState>) -> axum::Router,
+    app: impl FnOnce(&Arc<AppState>) -> (axum::Router, fast::Direct),
 ) -> std::io::Result<()> {
     let state = build_state(&opts).map_err(std::io::Error::other)?;
     let addr = listener.local_addr()?;
@@ -292,7 +285,7 @@ async fn serve_with(
             )))
         }
     };
-    let app = app(&state);
+    let (app, direct) = app(&state);
     // Plain HTTP/1.1 directly, the rest by hyper (see `fast`).
     let result = fast::serve(listener, state.clone(), app, direct, shutdown).await;
     let _ = stop_tx.send(true);

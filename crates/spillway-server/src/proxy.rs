@@ -106,7 +106,7 @@ pub fn parse_upstream(s: &str) -> Result<Uri, String> {
 /// rightmost address in `X-Forwarded-For` (or `Forwarded: for=`) that is not
 /// itself a trusted proxy. A client talking to us directly cannot choose its
 /// IP by sending the header: an untrusted peer's headers are ignored.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+pub fn client_ip<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[IpNet]) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(peer) {
         return peer;
@@ -124,11 +124,10 @@ pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr
 
 /// Addresses from `X-Forwarded-For` (all occurrences, in order), else from
 /// `Forwarded: for=...`; unparsable entries are skipped.
-fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
+fn forwarded_chain<H: Headers + ?Sized>(headers: &H) -> Vec<IpAddr> {
     let xff: Vec<IpAddr> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+        .all("x-forwarded-for")
+        .into_iter()
         .flat_map(|v| v.split(','))
         .filter_map(|s| parse_ip(s.trim()))
         .collect();
@@ -136,9 +135,8 @@ fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
         return xff;
     }
     headers
-        .get_all(header::FORWARDED)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+        .all("forwarded")
+        .into_iter()
         .flat_map(|v| v.split(','))
         .flat_map(|el| el.split(';'))
         .filter_map(|kv| {
@@ -149,6 +147,43 @@ fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
             parse_ip(v.trim().trim_matches('"'))
         })
         .collect()
+}
+
+/// Request headers by name (case-insensitive), as text: a `HeaderMap`, or
+/// the headers the direct HTTP/1.1 path parsed in place.
+pub trait Headers {
+    /// Every value of `name` that is valid text, in order.
+    fn all(&self, name: &str) -> Vec<&str>;
+    /// The first value of `name`.
+    fn value(&self, name: &str) -> Option<&str> {
+        self.all(name).into_iter().next()
+    }
+}
+
+impl Headers for HeaderMap {
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Headers for [httparse::Header<'_>] {
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+            .collect()
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| std::str::from_utf8(h.value).ok())
+    }
 }
 
 /// An address as forwarding headers write it: `1.2.3.4`, `1.2.3.4:80`,
@@ -170,29 +205,38 @@ pub struct ProxyIdentify {
     trusted: Arc<[IpNet]>,
 }
 
-impl spillway_tower::Identify<Body> for ProxyIdentify {
-    fn identify(&self, req: &Request<Body>) -> Identity {
-        let ip = req
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| client_ip(c.0.ip(), req.headers(), &self.trusted).to_string());
-        let user = match &self.user {
-            Some(UserSource::Header(h)) => req
-                .headers()
-                .get(h.as_str())
-                .and_then(|v| v.to_str().ok())
+impl ProxyIdentify {
+    /// The user, from its header or query parameter; empty counts as none.
+    pub fn user<H: Headers + ?Sized>(&self, headers: &H, query: Option<&str>) -> Option<String> {
+        match &self.user {
+            Some(UserSource::Header(h)) => headers
+                .value(h.as_str())
                 .filter(|v| !v.is_empty())
                 .map(str::to_string),
-            Some(UserSource::Query(q)) => req.uri().query().and_then(|query| {
+            Some(UserSource::Query(q)) => query.and_then(|query| {
                 form_urlencoded::parse(query.as_bytes())
                     .find(|(k, _)| k == q)
                     .map(|(_, v)| v.into_owned())
                     .filter(|v| !v.is_empty())
             }),
             None => None,
-        };
+        }
+    }
+
+    /// The client IP (see [`client_ip`]).
+    pub fn ip<H: Headers + ?Sized>(&self, peer: IpAddr, headers: &H) -> IpAddr {
+        client_ip(peer, headers, &self.trusted)
+    }
+}
+
+impl spillway_tower::Identify<Body> for ProxyIdentify {
+    fn identify(&self, req: &Request<Body>) -> Identity {
+        let ip = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| self.ip(c.0.ip(), req.headers()).to_string());
         Identity {
-            user,
+            user: self.user(req.headers(), req.uri().query()),
             ip,
             ..Identity::default()
         }
@@ -290,7 +334,9 @@ impl Forward {
         Uri::from_parts(parts).map_err(|e| e.to_string())
     }
 
-    async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+    /// Forwards `req` (with its peer in a `ConnectInfo` extension) and
+    /// returns the upstream's answer, or a 502 / 504 problem.
+    pub(crate) async fn forward(self, mut req: Request<Body>) -> Response<Body> {
         let target = match self.target(req.uri()) {
             Ok(t) => t,
             Err(e) => return problem(StatusCode::BAD_REQUEST, e),
@@ -376,14 +422,33 @@ pub struct ProxyOptions {
 /// The proxy's router: every request goes through the rate limit layer to
 /// the forwarder.
 pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
-    let trusted: Arc<[IpNet]> = opts.trusted.clone().into();
-    let identify = ProxyIdentify {
-        user: opts.user.clone(),
-        trusted: trusted.clone(),
-    };
-    let forward = Forward::new(opts.upstream.clone(), opts.timeout, trusted);
-    let service = RateLimitLayer::new(state.limiter.clone(), identify).layer(forward);
+    let direct = DirectProxy::new(state, opts);
+    let service = RateLimitLayer::new(state.limiter.clone(), direct.identify).layer(direct.forward);
     axum::Router::new().fallback_service(service)
+}
+
+/// The same proxy for the direct HTTP/1.1 path, which decides and answers
+/// denials itself and hands admitted requests to the forwarder (what the
+/// router's layer does, without building a request for a denial).
+#[derive(Debug, Clone)]
+pub(crate) struct DirectProxy {
+    pub(crate) limiter: Arc<spillway_store::Limiter<crate::ServerStore>>,
+    pub(crate) identify: ProxyIdentify,
+    pub(crate) forward: Forward,
+}
+
+impl DirectProxy {
+    pub(crate) fn new(state: &Arc<AppState>, opts: &ProxyOptions) -> DirectProxy {
+        let trusted: Arc<[IpNet]> = opts.trusted.clone().into();
+        DirectProxy {
+            limiter: state.limiter.clone(),
+            identify: ProxyIdentify {
+                user: opts.user.clone(),
+                trusted: trusted.clone(),
+            },
+            forward: Forward::new(opts.upstream.clone(), opts.timeout, trusted),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -102,28 +102,35 @@ pub trait Deny<ResBody>: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemJson;
 
+/// The RFC 9457 problem document [`ProblemJson`] answers a denial with
+/// (the deciding rule's name and the seconds to wait), for servers that
+/// write their own responses.
+pub fn problem_body(checked: &Checked) -> String {
+    let (rule, retry) = checked
+        .decision
+        .deciding
+        .as_ref()
+        .map(|d| {
+            (
+                checked.rule(d).map_or("", |r| r.name()).to_string(),
+                retry_after_secs(d.verdict.retry_after),
+            )
+        })
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "too many requests",
+        "status": 429,
+        "detail": format!("rate limit {rule:?} exceeded; retry after {retry} s"),
+        "rule": rule,
+        "retry_after": retry,
+    });
+    body.to_string()
+}
+
 impl<B: From<String>> Deny<B> for ProblemJson {
     fn deny(&self, checked: &Checked) -> Response<B> {
-        let (rule, retry) = checked
-            .decision
-            .deciding
-            .as_ref()
-            .map(|d| {
-                (
-                    checked.rule(d).map_or("", |r| r.name()).to_string(),
-                    retry_after_secs(d.verdict.retry_after),
-                )
-            })
-            .unwrap_or_default();
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": "too many requests",
-            "status": 429,
-            "detail": format!("rate limit {rule:?} exceeded; retry after {retry} s"),
-            "rule": rule,
-            "retry_after": retry,
-        });
-        let mut resp = Response::new(B::from(body.to_string()));
+        let mut resp = Response::new(B::from(problem_body(checked)));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,

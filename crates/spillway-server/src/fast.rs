@@ -30,11 +30,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, StatusCode};
-use http_body_util::BodyExt;
+use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,7 +41,8 @@ use tower::ServiceExt;
 
 use crate::AppState;
 use crate::http::{self as api, MAX_BODY};
-use crate::proxy::{DirectProxy, Headers};
+use crate::proxy::{self, DirectProxy, Headers};
+use crate::upstream::{Failure, Outgoing};
 
 /// Largest request head read before handing the connection to hyper (which
 /// then answers 431).
@@ -67,8 +66,6 @@ pub(crate) enum Direct {
 /// Largest request body the direct path buffers (larger ones stream
 /// through hyper).
 const MAX_DIRECT_BODY: usize = 64 * 1024;
-/// Response bytes gathered before a write.
-const WRITE_CHUNK: usize = 64 * 1024;
 
 /// Accepts connections on `listener` until `shutdown` completes, then lets
 /// requests in flight finish (idle connections close at once).
@@ -378,46 +375,60 @@ impl Conn {
             out.extend_from_slice(json.as_bytes());
             return tcp.write_all(out).await.is_ok() && !close;
         }
-        let head_only = method == "HEAD";
-        let mut builder = http::Request::builder()
-            .method(method)
-            .uri(target)
-            .version(http::Version::HTTP_11)
-            .extension(ConnectInfo(self.peer));
-        for h in hdrs {
-            builder = builder.header(h.name, h.value);
-        }
-        let req = match builder.body(Body::from(body)) {
-            Ok(r) => r,
-            Err(e) => {
-                let e = api::ApiError::bad_request(format!("bad request: {e}"));
-                write_problem(out, &e, true);
-                let _ = tcp.write_all(out).await;
-                return false;
-            }
+        let outgoing = Outgoing {
+            method,
+            target,
+            headers: hdrs,
+            body: &body,
+            peer: self.peer,
+            trusted: proxy.identify.trusted(),
         };
         let wait: Duration = checked.decision.wait.into();
-        let forward = proxy.forward.clone();
-        let call = async move {
+        let send = async {
             if !wait.is_zero() {
                 // A shaper queued the request: wait its turn.
                 tokio::time::sleep(wait).await;
             }
-            forward.forward(req).await
+            proxy.upstream.send(&outgoing).await
         };
-        tokio::pin!(call);
+        tokio::pin!(send);
         // Watch for the client leaving while the request waits or the
         // upstream thinks: dropping the future leaves the queue.
         let mut probe = [0u8; 1];
-        let resp = tokio::select! {
-            r = &mut call => r,
+        let sent = tokio::select! {
+            r = &mut send => r,
             gone = tcp.peek(&mut probe) => match gone {
                 Ok(0) | Err(_) => return false,
                 // A pipelined request: nothing to watch for any more.
-                Ok(_) => call.await,
+                Ok(_) => send.await,
             },
         };
-        write_response(resp, head_only, close, &checked, tcp, out).await && !close
+        let (status, detail) = match sent {
+            Ok(resp) => {
+                out.extend_from_slice(&resp.head);
+                write_rate_limit_headers(out, &checked);
+                let close = close || resp.close_client;
+                if close {
+                    out.extend_from_slice(b"connection: close\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                return proxy.upstream.relay(resp, tcp, out).await && !close;
+            }
+            Err(Failure::Bad(e)) => (
+                StatusCode::BAD_GATEWAY,
+                proxy::failed_detail(&proxy.upstream_uri, e),
+            ),
+            Err(Failure::Timeout) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                proxy::timeout_detail(&proxy.upstream_uri, proxy.timeout),
+            ),
+        };
+        let json = proxy::problem_json(status, &detail);
+        write_head(out, status, "application/problem+json", json.len(), close);
+        write_rate_limit_headers(out, &checked);
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(json.as_bytes());
+        tcp.write_all(out).await.is_ok() && !close
     }
 
     /// Serves the rest of the connection with hyper and the router, starting
@@ -496,105 +507,6 @@ fn write_problem(out: &mut Vec<u8>, e: &api::ApiError, close: bool) {
     );
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(&json);
-}
-
-/// Writes a router's response: its head, then its body with
-/// `Content-Length` framing when the length is known, else chunked (none
-/// for `HEAD` and bodiless statuses). False if the connection broke or the
-/// body failed midway (the client then sees the connection close).
-async fn write_response(
-    resp: http::Response<Body>,
-    head_only: bool,
-    close: bool,
-    checked: &spillway_store::Checked,
-    tcp: &mut TcpStream,
-    out: &mut Vec<u8>,
-) -> bool {
-    use http_body::Body as _;
-    let (parts, mut body) = resp.into_parts();
-    let status = parts.status;
-    let bodiless = head_only
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED;
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    write_headers(out, &parts.headers);
-    write_rate_limit_headers(out, checked);
-    let has_length = parts.headers.contains_key(http::header::CONTENT_LENGTH);
-    let mut chunked = false;
-    if !has_length && !bodiless {
-        match body.size_hint().exact() {
-            Some(n) => {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
-            None => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                chunked = true;
-            }
-        }
-    }
-    if !parts.headers.contains_key(http::header::DATE) {
-        out.extend_from_slice(b"date: ");
-        http_date(out);
-        out.extend_from_slice(b"\r\n");
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    if !bodiless {
-        while let Some(frame) = body.frame().await {
-            let Ok(frame) = frame else {
-                // Mid-body failure: the framing cannot be completed.
-                let _ = tcp.write_all(out).await;
-                return false;
-            };
-            let Ok(data) = frame.into_data() else {
-                continue; // trailers: dropped
-            };
-            if data.is_empty() {
-                continue;
-            }
-            if chunked {
-                out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-                out.extend_from_slice(&data);
-                out.extend_from_slice(b"\r\n");
-            } else {
-                out.extend_from_slice(&data);
-            }
-            if out.len() >= WRITE_CHUNK {
-                if tcp.write_all(out).await.is_err() {
-                    return false;
-                }
-                out.clear();
-            }
-        }
-        if chunked {
-            out.extend_from_slice(b"0\r\n\r\n");
-        }
-    }
-    tcp.write_all(out).await.is_ok()
-}
-
-/// `name: value` lines for every header but the connection's own framing
-/// (hop-by-hop headers are the service's to remove; the proxy's forwarder
-/// does).
-fn write_headers(out: &mut Vec<u8>, headers: &HeaderMap) {
-    for (name, value) in headers {
-        if name == http::header::CONNECTION || name == http::header::TRANSFER_ENCODING {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
 }
 
 /// The status line and the headers every answer has; the caller adds its

@@ -11,6 +11,7 @@ pub mod http;
 pub mod metrics;
 pub mod proxy;
 mod reload;
+mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -223,6 +223,11 @@ impl ProxyIdentify {
         }
     }
 
+    /// The trusted proxies.
+    pub fn trusted(&self) -> &[IpNet] {
+        &self.trusted
+    }
+
     /// The client IP (see [`client_ip`]).
     pub fn ip<H: Headers + ?Sized>(&self, peer: IpAddr, headers: &H) -> IpAddr {
         client_ip(peer, headers, &self.trusted)
@@ -261,7 +266,7 @@ impl fmt::Debug for Forward {
 }
 
 /// Headers that describe one connection, not the message: never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
+pub(crate) const HOP_BY_HOP: [&str; 8] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -289,14 +294,49 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     h.remove(header::TRANSFER_ENCODING);
 }
 
-fn problem(status: StatusCode, detail: String) -> Response<Body> {
-    let body = serde_json::json!({
+/// The `X-Forwarded-For` to send upstream: from a trusted proxy, its chain
+/// and the peer; from anyone else the peer alone (a direct client's own
+/// header is dropped, not passed on).
+pub(crate) fn forwarded_for<H: Headers + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    trusted: &[IpNet],
+) -> String {
+    if trusted.iter().any(|n| n.contains(peer)) {
+        forwarded_chain(headers)
+            .iter()
+            .map(ToString::to_string)
+            .chain([peer.to_string()])
+            .collect::<Vec<_>>()
+            .join(", ")
+    } else {
+        peer.to_string()
+    }
+}
+
+/// The problem document of a proxy failure (502, 504).
+pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
+    serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("error"),
         "status": status.as_u16(),
         "detail": detail,
-    });
-    let mut resp = Response::new(Body::from(body.to_string()));
+    })
+    .to_string()
+}
+
+/// The 502 detail for an upstream failure.
+pub(crate) fn failed_detail(upstream: &Uri, e: impl fmt::Display) -> String {
+    format!("upstream {upstream} failed: {e}")
+}
+
+/// The 504 detail.
+pub(crate) fn timeout_detail(upstream: &Uri, timeout: Duration) -> String {
+    format!("upstream {upstream} did not answer within {timeout:?}")
+}
+
+fn problem(status: StatusCode, detail: String) -> Response<Body> {
+    let mut resp = Response::new(Body::from(problem_json(status, &detail)));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -351,18 +391,7 @@ impl Forward {
             headers.insert("x-forwarded-host", host);
         }
         if let Some(peer) = peer {
-            // Keep the chain only from a trusted proxy; a direct client's
-            // own X-Forwarded-For is dropped, not passed on.
-            let chain = if self.trusted.iter().any(|n| n.contains(peer)) {
-                forwarded_chain(headers)
-                    .iter()
-                    .map(ToString::to_string)
-                    .chain([peer.to_string()])
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            } else {
-                peer.to_string()
-            };
+            let chain = forwarded_for(peer, &*headers, &self.trusted);
             if let Ok(v) = HeaderValue::from_str(&chain) {
                 headers.insert("x-forwarded-for", v);
             }
@@ -376,16 +405,10 @@ impl Forward {
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, Body::new(body))
             }
-            Ok(Err(e)) => problem(
-                StatusCode::BAD_GATEWAY,
-                format!("upstream {} failed: {e}", self.upstream),
-            ),
+            Ok(Err(e)) => problem(StatusCode::BAD_GATEWAY, failed_detail(&self.upstream, e)),
             Err(_) => problem(
                 StatusCode::GATEWAY_TIMEOUT,
-                format!(
-                    "upstream {} did not answer within {:?}",
-                    self.upstream, self.timeout
-                ),
+                timeout_detail(&self.upstream, self.timeout),
             ),
         }
     }
@@ -434,7 +457,12 @@ pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
 pub(crate) struct DirectProxy {
     pub(crate) limiter: Arc<spillway_store::Limiter<crate::ServerStore>>,
     pub(crate) identify: ProxyIdentify,
+    /// For the router (the hyper path).
     pub(crate) forward: Forward,
+    /// For the direct path.
+    pub(crate) upstream: Arc<crate::upstream::Upstream>,
+    pub(crate) upstream_uri: Uri,
+    pub(crate) timeout: Duration,
 }
 
 impl DirectProxy {
@@ -447,6 +475,9 @@ impl DirectProxy {
                 trusted: trusted.clone(),
             },
             forward: Forward::new(opts.upstream.clone(), opts.timeout, trusted),
+            upstream: Arc::new(crate::upstream::Upstream::new(&opts.upstream, opts.timeout)),
+            upstream_uri: opts.upstream.clone(),
+            timeout: opts.timeout,
         }
     }
 }

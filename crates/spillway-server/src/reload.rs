@@ -1,28 +1,15 @@
-//! Hot reload: poll the rules file (cheap: one `stat` a tick, a read only
-//! when size or mtime changed) and reload at once on SIGHUP. A file that
-//! fails validation is rejected whole; the last good rules stay in force.
+//! Hot reload: poll the rules file (read it each tick and compare: a rules
+//! file is small, and size and mtime alone miss an edit that keeps the size
+//! within the filesystem's timestamp tick) and reload at once on SIGHUP. A
+//! file that fails validation is rejected whole; the last good rules stay
+//! in force.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use tokio::sync::watch;
 
 use crate::config::Source;
 use crate::{AppState, ServeOptions, rule_set, unix_ms};
-
-#[derive(PartialEq, Eq, Clone, Copy, Debug)]
-struct Stamp {
-    len: u64,
-    modified: Option<SystemTime>,
-}
-
-fn stamp(path: &std::path::Path) -> Option<Stamp> {
-    let m = std::fs::metadata(path).ok()?;
-    Some(Stamp {
-        len: m.len(),
-        modified: m.modified().ok(),
-    })
-}
 
 pub(crate) async fn watch(
     state: Arc<AppState>,
@@ -33,16 +20,12 @@ pub(crate) async fn watch(
     if let Source::File(p) = &opts.source {
         paths.push(p.clone());
     }
-    let snapshot = |paths: &[std::path::PathBuf]| -> Vec<Option<Stamp>> {
-        paths.iter().map(|p| stamp(p)).collect()
-    };
     let read_all = |paths: &[std::path::PathBuf]| -> Vec<Option<String>> {
         paths
             .iter()
             .map(|p| std::fs::read_to_string(p).ok())
             .collect()
     };
-    let mut last = snapshot(&paths);
     let mut last_text = read_all(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
@@ -67,11 +50,6 @@ pub(crate) async fn watch(
         if paths.is_empty() {
             continue;
         }
-        let now = snapshot(&paths);
-        if !forced && now == last {
-            continue;
-        }
-        last = now;
         let text = read_all(&paths);
         if !forced && text == last_text {
             continue;

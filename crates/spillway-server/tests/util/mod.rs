@@ -38,6 +38,9 @@ impl Server {
                 c
             }
         };
+        // Its own process group, so a wrapper's child (faketime forks) is
+        // signalled and killed with it.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
             .arg(sub)
             .args(["--listen", "127.0.0.1:0"])
@@ -79,10 +82,10 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// Sends a signal to the process.
+    /// Sends a signal to the process (and a wrapper's child).
     pub fn signal(&self, sig: &str) {
         let status = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .args([&format!("-{sig}"), "--", &format!("-{}", self.child.id())])
             .status()
             .expect("run kill");
         assert!(status.success());
@@ -120,6 +123,10 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

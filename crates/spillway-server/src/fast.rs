@@ -34,6 +34,7 @@ use axum::extract::ConnectInfo;
 use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -76,7 +77,11 @@ pub(crate) async fn serve(
     direct: Direct,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let drain = Arc::new(Drain {
+        stopping: AtomicBool::new(false),
+        busy: AtomicUsize::new(0),
+        hyper: watch::Sender::new(false),
+    });
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -99,21 +104,54 @@ pub(crate) async fn serve(
             state: state.clone(),
             app: app.clone(),
             direct: direct.clone(),
-            stop: stop_rx.clone(),
+            drain: drain.clone(),
             peer,
         };
         tokio::spawn(conn.run(tcp));
     }
-    drop(stop_rx);
-    let _ = stop_tx.send(true);
-    // Each connection holds a receiver: closed means all have finished.
-    if tokio::time::timeout(DRAIN_TIMEOUT, stop_tx.closed())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still busy after {DRAIN_TIMEOUT:?}; stopping anyway");
+    // Answers in flight finish (and close their connections); idle direct
+    // connections are closed when the process ends; hyper's shut down
+    // gracefully.
+    drain.stopping.store(true, Ordering::SeqCst);
+    drain.hyper.send_replace(true);
+    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    while drain.busy.load(Ordering::SeqCst) > 0 || drain.hyper.receiver_count() > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("connections still busy after {DRAIN_TIMEOUT:?}; stopping anyway");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
+}
+
+/// What connections share with the accept loop, for shutdown. (Idle direct
+/// connections wait in a plain read: watching a shutdown signal there as
+/// well cost a registration on a shared list per request.)
+struct Drain {
+    /// Set when the server stops: answers then close their connections.
+    stopping: AtomicBool,
+    /// Direct-path requests being answered.
+    busy: AtomicUsize,
+    /// Connections handed to hyper hold a receiver and shut down gracefully
+    /// when it turns true.
+    hyper: watch::Sender<bool>,
+}
+
+/// Counts one request as busy while alive.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(n: &'a AtomicUsize) -> Busy<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        Busy(n)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One connection.
@@ -121,7 +159,7 @@ struct Conn {
     state: Arc<AppState>,
     app: Router,
     direct: Direct,
-    stop: watch::Receiver<bool>,
+    drain: Arc<Drain>,
     peer: SocketAddr,
 }
 
@@ -254,6 +292,8 @@ impl Conn {
                 }
             }
             out.clear();
+            let drain = self.drain.clone();
+            let _busy = Busy::new(&drain.busy);
             if let (Route::Proxy, Direct::Proxy(proxy)) = (&route, &self.direct) {
                 let head = buf.split_to(head_len);
                 let body = buf.split_to(body_len).freeze();
@@ -272,7 +312,7 @@ impl Conn {
                 }
                 buf.advance(head_len + body_len);
             }
-            if close || *self.stop.borrow() {
+            if close || self.drain.stopping.load(Ordering::Relaxed) {
                 let _ = tcp.shutdown().await;
                 return;
             }
@@ -280,20 +320,15 @@ impl Conn {
     }
 
     /// Reads more of the request; false when the connection is done (closed
-    /// by the peer, an error, too slow, or shutdown while idle).
+    /// by the peer, an error, or too slow).
     async fn read_more(&mut self, tcp: &mut TcpStream, buf: &mut BytesMut) -> bool {
         use tokio::io::AsyncReadExt;
         if buf.capacity() - buf.len() < 1024 {
             buf.reserve(4096);
         }
         let read = if buf.is_empty() {
-            // Between requests: wait as long as the client likes, unless
-            // the server is stopping.
-            tokio::select! {
-                biased;
-                _ = self.stop.changed() => return false,
-                r = tcp.read_buf(buf) => r,
-            }
+            // Between requests: wait as long as the client likes.
+            tcp.read_buf(buf).await
         } else {
             match tokio::time::timeout(READ_TIMEOUT, tcp.read_buf(buf)).await {
                 Ok(r) => r,
@@ -448,7 +483,7 @@ impl Conn {
         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         let conn = builder.serve_connection_with_upgrades(io, svc);
         tokio::pin!(conn);
-        let mut stop = self.stop;
+        let mut stop = self.drain.hyper.subscribe();
         if *stop.borrow() {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;

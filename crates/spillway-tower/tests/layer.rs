@@ -158,3 +158,42 @@ async fn tonic_service_answers_resource_exhausted() {
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().contains("per-user"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn the_denial_body_is_valid_json_whatever_the_rule_is_called() {
+    let rule = Rule::new(
+        "we\"ird\\name",
+        None,
+        KeySpec::parse("user").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(1, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let limiter = Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    );
+    let attrs = spillway_store::SimpleAttributes {
+        user: Some("u"),
+        ..Default::default()
+    };
+    let req = spillway_store::Request {
+        method: None,
+        path: None,
+        attrs: &attrs,
+        cost: 1,
+    };
+    assert!(limiter.check(&req).await.decision.allowed);
+    let denied = limiter.check(&req).await;
+    assert!(!denied.decision.allowed);
+    let body: serde_json::Value =
+        serde_json::from_str(&spillway_tower::problem_body(&denied)).unwrap();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["title"], "too many requests");
+    assert_eq!(body["rule"], "we\"ird\\name");
+    let retry = body["retry_after"].as_u64().unwrap();
+    assert!((1..=3600).contains(&retry), "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("exceeded"));
+}

@@ -6,12 +6,14 @@
 #  - deny path: one API key far over its limit: nearly all rejected (429);
 #  - added latency at low load: one connection, upstream direct vs through each proxy.
 # Prints requests/s, p50/p99 and proxy CPU microseconds per request.
-# Needs wrk and nginx (apt-get install wrk nginx-light). Usage: scripts/bench-proxy.sh [SECONDS]
+# Needs wrk and nginx (apt-get install wrk nginx-light).
+# Usage: scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
 . scripts/bench-lib.sh
 secs=${1:-10}
+rounds=${2:-2}
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q --bin spillway --example bare -p spillway-server
@@ -82,11 +84,22 @@ run() { # name pid port script conns
   local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
   echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
 }
-for r in 1 2; do
-  run nginx "$pid_ng" "$ng" allow.lua 64
-  run spillway "$pid_sp" "$sp" allow.lua 64
-  run nginx "$pid_ng" "$ng" deny.lua 64
-  run spillway "$pid_sp" "$sp" deny.lua 64
+results="$work/results"
+for r in $(seq "$rounds"); do
+  run nginx "$pid_ng" "$ng" allow.lua 64 | tee -a "$results"
+  run spillway "$pid_sp" "$sp" allow.lua 64 | tee -a "$results"
+  run nginx "$pid_ng" "$ng" deny.lua 64 | tee -a "$results"
+  run spillway "$pid_sp" "$sp" deny.lua 64 | tee -a "$results"
+done
+# The machine's speed drifts between runs; each round's spillway/nginx
+# ratio compares runs seconds apart. Medians over the rounds:
+ratio() { # path field
+  paste <(grep "^spillway $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") \
+        <(grep "^nginx $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") |
+    awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
+}
+for path in allow deny; do
+  echo "$path: spillway/nginx per-round median: rps $(ratio "$path" rps), cpu per request $(ratio "$path" proxy_cpu_us_per_req)"
 done
 direct=$(wrk -t1 -c1 -d"${secs}s" --latency "http://127.0.0.1:$up/api" | awk '$1=="50%" {print $2}')
 echo "direct upstream rps(allow, 64 conns)=$(wrk -t1 -c64 -d"${secs}s" -s "$work/allow.lua" "http://127.0.0.1:$up/api" | awk '/Requests\/sec/ {print $2}')"

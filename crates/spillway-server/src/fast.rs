@@ -381,10 +381,10 @@ impl Conn {
             None => (target, None),
         };
         let user = proxy.identify.user(hdrs, query);
-        let ip = proxy.identify.ip(self.peer.ip(), hdrs).to_string();
+        let ip = IpText::new(proxy.identify.ip(self.peer.ip(), hdrs));
         let attrs = WireAttrs {
             user: user.as_deref(),
-            ip: &ip,
+            ip: ip.as_str(),
             headers: hdrs,
         };
         let checked = proxy
@@ -507,6 +507,28 @@ fn write_rate_limit_headers(out: &mut Vec<u8>, checked: &spillway_store::Checked
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     });
+}
+
+/// An IP address as text, formatted on the stack (at most 45 bytes: an
+/// IPv4-mapped IPv6 address written out).
+struct IpText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl IpText {
+    fn new(ip: std::net::IpAddr) -> IpText {
+        use std::io::Write as _;
+        let mut buf = [0u8; 48];
+        let mut w = &mut buf[..];
+        let _ = write!(w, "{ip}");
+        let len = 48 - w.len();
+        IpText { buf, len }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
+    }
 }
 
 /// A request's identity and headers, for the rules' keys.
@@ -664,6 +686,19 @@ mod tests {
             parse(r, &Direct::Decisions),
             direct(Route::Limit(String::new()), r.len(), 0, false)
         );
+    }
+
+    #[test]
+    fn ip_text_holds_the_longest_addresses() {
+        for ip in [
+            "255.255.255.255",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "::ffff:255.255.255.255",
+            "::1",
+        ] {
+            let parsed: std::net::IpAddr = ip.parse().unwrap();
+            assert_eq!(IpText::new(parsed).as_str(), parsed.to_string());
+        }
     }
 
     #[test]

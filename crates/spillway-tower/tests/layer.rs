@@ -162,7 +162,7 @@ async fn tonic_service_answers_resource_exhausted() {
 #[tokio::test]
 async fn the_denial_body_is_valid_json_whatever_the_rule_is_called() {
     let rule = Rule::new(
-        "we\"ird\\name",
+        "we\"ird\\name\t",
         None,
         KeySpec::parse("user").unwrap(),
         vec![Limit::FixedWindow(
@@ -192,7 +192,7 @@ async fn the_denial_body_is_valid_json_whatever_the_rule_is_called() {
         serde_json::from_str(&spillway_tower::problem_body(&denied)).unwrap();
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "too many requests");
-    assert_eq!(body["rule"], "we\"ird\\name");
+    assert_eq!(body["rule"], "we\"ird\\name\t");
     let retry = body["retry_after"].as_u64().unwrap();
     assert!((1..=3600).contains(&retry), "{body}");
     assert!(body["detail"].as_str().unwrap().contains("exceeded"));

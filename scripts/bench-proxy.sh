@@ -7,6 +7,8 @@
 #  - added latency at low load: one connection, upstream direct vs through each proxy.
 # Prints requests/s, p50/p99 and proxy CPU microseconds per request.
 # Needs wrk and nginx (apt-get install wrk nginx-light).
+# spillway runs one worker thread, like nginx's one worker process (set
+# SPILLWAY_THREADS=2 for its default on this machine).
 # Usage: scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,8 @@ cd "$(dirname "$0")/.."
 . scripts/bench-lib.sh
 secs=${1:-10}
 rounds=${2:-2}
+threads=${SPILLWAY_THREADS:-1}
+echo "spillway worker threads: $threads"
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q --bin spillway --example bare -p spillway-server
@@ -60,7 +64,8 @@ rules:
     limits:
       - gcra: { rate: 100/1s, burst: 100 }
 YAML
-RUST_LOG=warn target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
+RUST_LOG=warn target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
+  --threads "$threads" 2>/dev/null &
 pid_sp=$!
 wait_port "$up"; wait_port "$ng"; wait_port "$sp"
 

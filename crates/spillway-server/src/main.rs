@@ -40,6 +40,9 @@ enum Command {
         /// An envoyproxy/ratelimit configuration file (one domain); may be given several times.
         #[arg(long, value_name = "FILE")]
         envoy_config: Vec<PathBuf>,
+        /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
     },
     /// Run as a reverse proxy: decide for every request, forward the admitted
     /// ones to the upstream, answer the others with 429.
@@ -57,6 +60,9 @@ enum Command {
         /// [default: the file's proxy.user].
         #[arg(long, value_name = "SOURCE")]
         user: Option<String>,
+        /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
     },
     /// Validate a rules file and print what it means.
     CheckConfig {
@@ -80,13 +86,22 @@ fn main() -> ExitCode {
             listen,
             grpc_listen,
             envoy_config,
-        } => serve(config, listen, None, grpc_listen, envoy_config),
+            threads,
+        } => serve(config, listen, None, grpc_listen, envoy_config, threads),
         Command::Proxy {
             upstream,
             config,
             listen,
             user,
-        } => serve(config, listen, Some((upstream, user)), None, Vec::new()),
+            threads,
+        } => serve(
+            config,
+            listen,
+            Some((upstream, user)),
+            None,
+            Vec::new(),
+            threads,
+        ),
         Command::CheckConfig { file } => check_config(&file),
     }
 }
@@ -98,6 +113,7 @@ fn serve(
     proxy: Option<(Option<String>, Option<String>)>,
     grpc_listen: Option<SocketAddr>,
     envoy_files: Vec<PathBuf>,
+    threads: Option<u16>,
 ) -> ExitCode {
     let source = config.map_or(Source::Example, Source::File);
     let cfg = match ServeOptions::load(&source, &envoy_files) {
@@ -120,10 +136,11 @@ fn serve(
     let addr = listen
         .or(cfg.listen)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(usize::from(n));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");

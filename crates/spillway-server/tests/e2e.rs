@@ -192,7 +192,8 @@ async fn every_algorithm_admits_three_then_denies() {
 
 #[tokio::test]
 async fn minimal_get_form_and_unknown_api() {
-    let s = Server::start(&[]);
+    // One worker thread is enough to serve.
+    let s = Server::start(&["--threads", "1"]);
     let c = client();
     for i in 0..10 {
         let r = c.get(s.url("/v1/limit?key=zoe")).send().await.unwrap();
@@ -479,6 +480,11 @@ fn bad_flags_and_missing_files_fail_cleanly() {
     let out = run(&["serve", "--config", "/nonexistent/rules.yaml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    for bad in ["0", "x", "5000"] {
+        let out = run(&["serve", "--threads", bad]);
+        assert_eq!(out.status.code(), Some(2), "--threads {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
+    }
     for sub in [
         &["--help"][..],
         &["serve", "--help"],

@@ -18,13 +18,21 @@ secs=${1:-10}
 rounds=${2:-2}
 threads=${SPILLWAY_THREADS:-1}
 echo "spillway worker threads: $threads"
+# The machine's two CPUs: the proxy under test on CPU 0, wrk and the
+# upstream on CPU 1, so both proxies run alone on a core (unpinned, the
+# scheduler now and then put a proxy beside wrk and halved its rate).
+# PIN=0 to leave placement to the kernel.
+pin_proxy=""; pin_load=""
+if [ "${PIN:-1}" != 0 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+  pin_proxy="taskset -c 0"; pin_load="taskset -c 1"
+fi
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
 cargo build --release --locked -q --bin spillway --example bare -p spillway-server
 hz=$(getconf CLK_TCK)
 
 up=$(free_port); ng=$(free_port); sp=$(free_port)
-target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
+$pin_load target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
 mkdir -p "$work/logs"
 cat > "$work/nginx.conf" <<NGINX
 daemon off;
@@ -52,7 +60,7 @@ http {
   }
 }
 NGINX
-nginx -p "$work" -c "$work/nginx.conf" &
+$pin_proxy nginx -p "$work" -c "$work/nginx.conf" &
 pid_ng=$!
 cat > "$work/rules.yaml" <<YAML
 proxy:
@@ -64,7 +72,7 @@ rules:
     limits:
       - gcra: { rate: 100/1s, burst: 100 }
 YAML
-RUST_LOG=warn target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
+RUST_LOG=warn $pin_proxy target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
   --threads "$threads" 2>/dev/null &
 pid_sp=$!
 wait_port "$up"; wait_port "$ng"; wait_port "$sp"
@@ -83,7 +91,7 @@ LUA
 
 run() { # name pid port script conns
   local c0; c0=$(cpu_ticks "$2")
-  local out; out=$(wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
+  local out; out=$($pin_load wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
   local c1; c1=$(cpu_ticks "$2")
   local total; total=$(awk '/requests in/ {print $1}' <<<"$out")
   local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
@@ -106,6 +114,6 @@ ratio() { # path field
 for path in allow deny; do
   echo "$path: spillway/nginx per-round median: rps $(ratio "$path" rps), cpu per request $(ratio "$path" proxy_cpu_us_per_req)"
 done
-direct=$(wrk -t1 -c1 -d"${secs}s" --latency "http://127.0.0.1:$up/api" | awk '$1=="50%" {print $2}')
-echo "direct upstream rps(allow, 64 conns)=$(wrk -t1 -c64 -d"${secs}s" -s "$work/allow.lua" "http://127.0.0.1:$up/api" | awk '/Requests\/sec/ {print $2}')"
-echo "low load (1 connection) p50: direct=$direct nginx=$(wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$ng/api" | awk '$1=="50%" {print $2}') spillway=$(wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$sp/api" | awk '$1=="50%" {print $2}')"
+direct=$($pin_load wrk -t1 -c1 -d"${secs}s" --latency "http://127.0.0.1:$up/api" | awk '$1=="50%" {print $2}')
+echo "direct upstream rps(allow, 64 conns)=$($pin_load wrk -t1 -c64 -d"${secs}s" -s "$work/allow.lua" "http://127.0.0.1:$up/api" | awk '/Requests\/sec/ {print $2}')"
+echo "low load (1 connection) p50: direct=$direct nginx=$($pin_load wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$ng/api" | awk '$1=="50%" {print $2}') spillway=$($pin_load wrk -t1 -c1 -d"${secs}s" --latency -s "$work/allow.lua" "http://127.0.0.1:$sp/api" | awk '$1=="50%" {print $2}')"

@@ -167,14 +167,20 @@ impl Upstream {
         }
         let read_head = async {
             let mut buf = Vec::with_capacity(4096);
+            // Read only when what is buffered is not a whole head: an
+            // interim answer may arrive together with the final one.
+            let mut need_more = true;
             loop {
                 if buf.len() >= MAX_RESPONSE_HEAD {
                     return Err(Failure::Bad("response head too large".into()));
                 }
-                let n = read_some(&mut conn, &mut buf).await.map_err(broken)?;
-                if n == 0 {
-                    return Err(Failure::Bad("connection closed before a response".into()));
+                if need_more {
+                    let n = read_some(&mut conn, &mut buf).await.map_err(broken)?;
+                    if n == 0 {
+                        return Err(Failure::Bad("connection closed before a response".into()));
+                    }
                 }
+                need_more = true;
                 let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
                 let mut resp = httparse::Response::new(&mut headers);
                 match resp.parse(&buf) {
@@ -183,6 +189,7 @@ impl Upstream {
                         if (100..200).contains(&code) && code != 101 {
                             // An interim answer (100 Continue, 103): skip it.
                             buf.drain(..len);
+                            need_more = buf.is_empty();
                             continue;
                         }
                         let parsed = parse_head(&resp, req.method == "HEAD");

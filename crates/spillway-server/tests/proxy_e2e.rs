@@ -507,3 +507,87 @@ async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
         String::from_utf8_lossy(&buf)
     );
 }
+
+/// An upstream written by hand, for what a framework would not send: a
+/// body that ends when the connection closes, an interim 103 before the
+/// answer, and keep-alive connections it closes after 50 ms idle.
+async fn raw_upstream() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // Read one request head (these requests have no body),
+                    // giving up after 50 ms idle: the connection is closed.
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 1024];
+                        match tokio::time::timeout(Duration::from_millis(50), conn.read(&mut chunk))
+                            .await
+                        {
+                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                            _ => return,
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    buf.drain(..end);
+                    let answer: &[u8] = if head.starts_with("GET /until-close") {
+                        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-close"
+                    } else if head.starts_with("GET /interim") {
+                        b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                    };
+                    if conn.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    if head.starts_with("GET /until-close") {
+                        let _ = conn.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusual_upstream_answers_and_connections_it_closed() {
+    let up = raw_upstream().await;
+    let dir = TempDir::new("proxy-raw");
+    let file = dir.write(
+        "rules.yaml",
+        &format!("proxy:\n  upstream: http://{up}\n  timeout: 2s\nrules: []\n"),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let c = client();
+    // An interim 103 is skipped; the final answer comes through.
+    let r = c.get(s.url("/interim")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "final");
+    // A body that ends with the upstream's connection arrives whole.
+    let r = c.get(s.url("/until-close")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "until-close");
+    // A pooled connection the upstream closed while idle is not used for
+    // the next request (no 502).
+    for _ in 0..3 {
+        let r = c.get(s.url("/ok")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), "ok");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // And back to back, on the same pooled connection.
+    for _ in 0..20 {
+        assert_eq!(c.get(s.url("/ok")).send().await.unwrap().status(), 200);
+    }
+}

@@ -192,7 +192,7 @@ impl Upstream {
                             need_more = buf.is_empty();
                             continue;
                         }
-                        let parsed = parse_head(&resp, req.method == "HEAD");
+                        let parsed = parse_head(&resp, req.method == "HEAD")?;
                         buf.drain(..len);
                         return Ok((parsed, buf));
                     }
@@ -343,8 +343,12 @@ async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize>
 
 /// The client-bound head (status line and headers, hop-by-hop ones
 /// dropped, no blank line), how the body is framed, and whether the
-/// connection can be reused.
-fn parse_head(resp: &httparse::Response<'_, '_>, head_request: bool) -> (Vec<u8>, Framing, bool) {
+/// connection can be reused; an error for framing that cannot be trusted
+/// (lengths that disagree).
+fn parse_head(
+    resp: &httparse::Response<'_, '_>,
+    head_request: bool,
+) -> Result<(Vec<u8>, Framing, bool), Failure> {
     let code = resp.code.unwrap_or(502);
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut close = resp.version == Some(0);
@@ -369,19 +373,32 @@ fn parse_head(resp: &httparse::Response<'_, '_>, head_request: bool) -> (Vec<u8>
     head.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     head.extend_from_slice(b"\r\n");
     for h in resp.headers.iter() {
-        let name = h.name;
-        if name.eq_ignore_ascii_case("content-length") {
-            length = std::str::from_utf8(h.value)
+        if h.name.eq_ignore_ascii_case("content-length") {
+            let n = std::str::from_utf8(h.value)
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok());
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| Failure::Bad("bad Content-Length".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Failure::Bad("conflicting Content-Length".into()));
+            }
+            length = Some(n);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = h
                 .value
                 .rsplit(|&b| b == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-            // Relayed as is: the client gets the same chunked bytes.
-        } else if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
+        }
+    }
+    for h in resp.headers.iter() {
+        let name = h.name;
+        if chunked && name.eq_ignore_ascii_case("content-length") {
+            // Chunked framing wins; passing both on invites smuggling.
+            continue;
+        }
+        // Transfer-Encoding is relayed as is: the client gets the same
+        // chunked bytes.
+        if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
             || listed.iter().any(|n| name.eq_ignore_ascii_case(n))
         {
             continue;
@@ -402,7 +419,7 @@ fn parse_head(resp: &httparse::Response<'_, '_>, head_request: bool) -> (Vec<u8>
         close = true;
         Framing::UntilClose
     };
-    (head, framing, !close)
+    Ok((head, framing, !close))
 }
 
 /// Finds where a chunked body ends, fed the bytes as they arrive.
@@ -508,6 +525,52 @@ impl Chunks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn head(raw: &[u8], head_request: bool) -> Result<(String, Framing, bool), Failure> {
+        let mut headers = [httparse::EMPTY_HEADER; 16];
+        let mut resp = httparse::Response::new(&mut headers);
+        assert!(resp.parse(raw).unwrap().is_complete());
+        parse_head(&resp, head_request).map(|(h, f, r)| (String::from_utf8(h).unwrap(), f, r))
+    }
+
+    #[test]
+    fn response_heads_are_framed_and_cleaned() {
+        let (h, f, reuse) = head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5\r\nX-A: 1\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(f, Framing::Chunked);
+        assert!(reuse);
+        assert!(!h.to_ascii_lowercase().contains("content-length"), "{h}");
+        assert!(!h.to_ascii_lowercase().contains("keep-alive"), "{h}");
+        assert!(
+            h.contains("Transfer-Encoding: chunked") && h.contains("X-A: 1"),
+            "{h}"
+        );
+        let (_, f, reuse) = head(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((f, reuse), (Framing::Length(3), false));
+        let (_, f, reuse) = head(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\n", false).unwrap();
+        assert_eq!((f, reuse), (Framing::Length(3), false));
+        let (_, f, reuse) = head(b"HTTP/1.1 200 OK\r\n\r\n", false).unwrap();
+        assert_eq!((f, reuse), (Framing::UntilClose, false));
+        let (_, f, _) = head(b"HTTP/1.1 204 No Content\r\n\r\n", false).unwrap();
+        assert_eq!(f, Framing::None);
+        let (_, f, _) = head(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true).unwrap();
+        assert_eq!(f, Framing::None);
+        assert!(
+            head(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                false
+            )
+            .is_err()
+        );
+        assert!(head(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false).is_err());
+    }
 
     #[test]
     fn finds_the_end_of_a_chunked_body_however_it_is_split() {

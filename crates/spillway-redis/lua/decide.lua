@@ -272,12 +272,13 @@ if allowed and not dry then
           end
           redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
         else
-          -- The bucket's TTL only grows (GT), or is set if it has none (NX).
+          -- The bucket's TTL only grows (GT); a bucket this write created
+          -- has none yet (NX). Every bucket that existed before has one.
           local field = lfield[j]
           local ttl = max(math.ceil((lexp[j] - now) / 1000), 1)
           local added = redis.call('HSET', key, field, lnext[j])
-          if redis.call('PEXPIRE', key, ttl, 'GT') == 0 then
-            redis.call('PEXPIRE', key, ttl, 'NX')
+          if added == 0 or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
+            redis.call('PEXPIRE', key, ttl, 'GT')
           end
           if added == 1 and now % 4 == 0 then
             -- Sweep: drop expired fields among up to 16, sparing this one.

@@ -293,6 +293,28 @@ fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
         .block_on(redis.decide_at(&[charge], 1, t0 + 30 * SEC_US))
         .unwrap();
     assert_eq!(d.deciding.unwrap().verdict.remaining, 8);
+    // A state that lives longer than any before it makes the bucket live
+    // longer too (a GCRA of one per two hours: its state lives two hours).
+    let long = rule(
+        "long",
+        Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(7200)).unwrap(), 1).unwrap()),
+    );
+    let key = Key::from_parts(["long"]);
+    let charge = Charge {
+        rule: &long,
+        key: &key,
+    };
+    rt.block_on(redis.decide_at(&[charge], 1, t0 + 40 * SEC_US))
+        .unwrap();
+    let ttl: i64 = server
+        .cli(&["PTTL", "spillway:{0}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 7_000_000,
+        "bucket TTL {ttl} ms after a two-hour state"
+    );
 }
 
 fn scripts(server: &RedisServer) -> u64 {

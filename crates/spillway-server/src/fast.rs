@@ -34,6 +34,7 @@ use axum::extract::ConnectInfo;
 use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -81,7 +82,9 @@ pub(crate) async fn serve(
         stopping: AtomicBool::new(false),
         busy: AtomicUsize::new(0),
         hyper: watch::Sender::new(false),
+        conns: parking_lot::Mutex::new(HashMap::new()),
     });
+    let mut next_id = 0u64;
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -100,20 +103,32 @@ pub(crate) async fn serve(
             }
         };
         let _ = tcp.set_nodelay(true);
+        next_id += 1;
+        let idle = Arc::new(AtomicBool::new(true));
         let conn = Conn {
             state: state.clone(),
             app: app.clone(),
             direct: direct.clone(),
             drain: drain.clone(),
             peer,
+            id: next_id,
+            idle: idle.clone(),
         };
-        tokio::spawn(conn.run(tcp));
+        // Registered under the lock the task's exit also takes, so a
+        // connection that ends at once is still removed after this insert.
+        let mut conns = drain.conns.lock();
+        let task = tokio::spawn(conn.run(tcp));
+        conns.insert(next_id, (idle, task.abort_handle()));
     }
-    // Answers in flight finish (and close their connections); idle direct
-    // connections are closed when the process ends; hyper's shut down
-    // gracefully.
+    // Answers in flight finish (and close their connections), idle direct
+    // connections close now, hyper's shut down gracefully.
     drain.stopping.store(true, Ordering::SeqCst);
     drain.hyper.send_replace(true);
+    for (idle, task) in drain.conns.lock().values() {
+        if idle.load(Ordering::SeqCst) {
+            task.abort();
+        }
+    }
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     while drain.busy.load(Ordering::SeqCst) > 0 || drain.hyper.receiver_count() > 0 {
         if tokio::time::Instant::now() >= deadline {
@@ -122,12 +137,16 @@ pub(crate) async fn serve(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    for (_, task) in drain.conns.lock().values() {
+        task.abort();
+    }
     Ok(())
 }
 
 /// What connections share with the accept loop, for shutdown. (Idle direct
-/// connections wait in a plain read: watching a shutdown signal there as
-/// well cost a registration on a shared list per request.)
+/// connections wait in a plain read and are aborted at shutdown: watching a
+/// shutdown signal there as well cost a registration on a shared list per
+/// request.)
 struct Drain {
     /// Set when the server stops: answers then close their connections.
     stopping: AtomicBool,
@@ -136,6 +155,8 @@ struct Drain {
     /// Connections handed to hyper hold a receiver and shut down gracefully
     /// when it turns true.
     hyper: watch::Sender<bool>,
+    /// Every open connection: whether it waits for a new request, and its task.
+    conns: parking_lot::Mutex<HashMap<u64, (Arc<AtomicBool>, tokio::task::AbortHandle)>>,
 }
 
 /// Counts one request as busy while alive.
@@ -161,6 +182,15 @@ struct Conn {
     direct: Direct,
     drain: Arc<Drain>,
     peer: SocketAddr,
+    id: u64,
+    /// True while waiting for the first byte of a request.
+    idle: Arc<AtomicBool>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.drain.conns.lock().remove(&self.id);
+    }
 }
 
 /// A request the direct path answers.
@@ -327,8 +357,12 @@ impl Conn {
             buf.reserve(4096);
         }
         let read = if buf.is_empty() {
-            // Between requests: wait as long as the client likes.
-            tcp.read_buf(buf).await
+            // Between requests: wait as long as the client likes (shutdown
+            // aborts the wait).
+            self.idle.store(true, Ordering::Relaxed);
+            let r = tcp.read_buf(buf).await;
+            self.idle.store(false, Ordering::Relaxed);
+            r
         } else {
             match tokio::time::timeout(READ_TIMEOUT, tcp.read_buf(buf)).await {
                 Ok(r) => r,
@@ -474,7 +508,7 @@ impl Conn {
             inner: tcp,
         });
         let peer = self.peer;
-        let app = self.app;
+        let app = self.app.clone();
         let svc =
             hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(ConnectInfo(peer));

@@ -254,3 +254,43 @@ async fn malformed_heads_get_hypers_errors_and_never_hang() {
     conn.write_all(post_check("{}").as_bytes()).await.unwrap();
     assert_eq!(read_answer(&mut conn, &mut Vec::new()).await.status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_and_returns() {
+    use spillway_server::config::Source;
+    use spillway_server::{ServeOptions, run};
+    let config = ServeOptions::load(&Source::Example, &[]).unwrap();
+    let opts = ServeOptions {
+        source: Source::Example,
+        config,
+        poll_interval: Duration::from_millis(500),
+        envoy_files: Vec::new(),
+        grpc_listen: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(run(opts, listener, async {
+        let _ = stopped.await;
+    }));
+    // A keep-alive connection that has been answered once and now idles.
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    conn.write_all(post_check(r#"{"user":"idle"}"#).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut conn, &mut buf).await.status, 200);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("run returns within 5 s of shutdown")
+        .unwrap()
+        .unwrap();
+    // The idle connection was closed, not left serving.
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
+        .await
+        .expect("closed")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+}

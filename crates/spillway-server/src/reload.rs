@@ -1,8 +1,10 @@
-//! Hot reload: poll the rules file (read it each tick and compare: a rules
-//! file is small, and size and mtime alone miss an edit that keeps the size
-//! within the filesystem's timestamp tick) and reload at once on SIGHUP. A
-//! file that fails validation is rejected whole; the last good rules stay
-//! in force.
+//! Hot reload: watch the rules files' directories (inotify on Linux: a
+//! change is seen at once, whether the file is written in place or replaced
+//! by a rename, as editors and config management do), poll them as a
+//! fallback (read each tick and compare: a rules file is small, and size and
+//! mtime alone miss an edit that keeps the size within the filesystem's
+//! timestamp tick), and reload at once on SIGHUP. A file that fails
+//! validation is rejected whole; the last good rules stay in force.
 
 use std::sync::Arc;
 
@@ -27,6 +29,7 @@ pub(crate) async fn watch(
             .collect()
     };
     let mut last_text = read_all(&paths);
+    let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -44,6 +47,7 @@ pub(crate) async fn watch(
         let sighup = std::future::pending::<()>();
         let forced = tokio::select! {
             _ = tick.tick() => false,
+            () = watcher.changed() => false,
             () = sighup => true,
             _ = stop.changed() => return,
         };
@@ -82,5 +86,99 @@ pub(crate) fn reload(state: &AppState, opts: &ServeOptions) {
             state.reload.lock().last_error = Some(e.to_string());
             tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
         }
+    }
+}
+
+/// Change notifications for the directories holding the watched files.
+struct Watcher {
+    #[cfg(target_os = "linux")]
+    fd: Option<tokio::io::unix::AsyncFd<inotify::Inotify>>,
+}
+
+impl Watcher {
+    #[cfg(target_os = "linux")]
+    fn new(paths: &[std::path::PathBuf]) -> Watcher {
+        use inotify::{Inotify, WatchMask};
+        if paths.is_empty() {
+            return Watcher { fd: None };
+        }
+        let setup = || -> std::io::Result<tokio::io::unix::AsyncFd<Inotify>> {
+            let inotify = Inotify::init()?;
+            let mut dirs: Vec<std::path::PathBuf> = paths
+                .iter()
+                .map(|p| match p.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                    _ => std::path::PathBuf::from("."),
+                })
+                .collect();
+            dirs.sort();
+            dirs.dedup();
+            for d in dirs {
+                inotify.watches().add(
+                    d,
+                    WatchMask::CLOSE_WRITE
+                        | WatchMask::MODIFY
+                        | WatchMask::MOVED_TO
+                        | WatchMask::CREATE
+                        | WatchMask::DELETE,
+                )?;
+            }
+            // SAFETY: the Inotify instance owns its descriptor until it is
+            // dropped (with the AsyncFd) and always reports the same one.
+            let fd = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(
+                    inotify,
+                    tokio::io::Interest::READABLE,
+                )
+            }?;
+            Ok(fd)
+        };
+        match setup() {
+            Ok(fd) => Watcher { fd: Some(fd) },
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the rules files; polling only");
+                Watcher { fd: None }
+            }
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new(_paths: &[std::path::PathBuf]) -> Watcher {
+        Watcher {}
+    }
+
+    /// Waits for a change in a watched directory, then for 50 ms of quiet
+    /// (an editor's save is several events; the caller compares contents).
+    #[cfg(target_os = "linux")]
+    async fn changed(&mut self) {
+        let Some(fd) = self.fd.as_mut() else {
+            return std::future::pending().await;
+        };
+        let mut buf = [0u8; 4096];
+        loop {
+            let Ok(mut guard) = fd.readable_mut().await else {
+                return std::future::pending().await;
+            };
+            match guard.try_io(|inner| inner.get_mut().read_events(&mut buf).map(|_| ())) {
+                Ok(Ok(())) => break,
+                Ok(Err(_)) => return std::future::pending().await,
+                Err(_would_block) => continue,
+            }
+        }
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let quiet = fd
+                .get_mut()
+                .read_events(&mut buf)
+                .map_or(true, |mut events| events.next().is_none());
+            if quiet {
+                return;
+            }
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    async fn changed(&mut self) {
+        std::future::pending().await
     }
 }

@@ -294,3 +294,62 @@ async fn shutdown_closes_idle_connections_and_returns() {
         .unwrap_or(0);
     assert_eq!(n, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_changes_reload_at_once_without_waiting_for_a_poll() {
+    use spillway_server::config::Source;
+    use spillway_server::{ServeOptions, run};
+    let rules = |n: u32| {
+        format!(
+            "rules:\n  - name: w\n    by: user\n    limits:\n      - fixed_window: {{ limit: {n}, window: 1h }}\n"
+        )
+    };
+    let dir = TempDir::new("watch");
+    let file = dir.write("rules.yaml", &rules(5));
+    let source = Source::File(file.clone());
+    let config = ServeOptions::load(&source, &[]).unwrap();
+    let opts = ServeOptions {
+        source,
+        config,
+        // Polling alone would take an hour.
+        poll_interval: Duration::from_secs(3600),
+        envoy_files: Vec::new(),
+        grpc_listen: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(run(opts, listener, async {
+        let _ = stopped.await;
+    }));
+    let limit_now = || async move {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(post_check(r#"{"user":"w"}"#).as_bytes())
+            .await
+            .unwrap();
+        read_answer(&mut conn, &mut Vec::new()).await.body["limit"].clone()
+    };
+    assert_eq!(limit_now().await, 5);
+    let wait_for = |want: u32| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            if limit_now().await == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "limit {want} not loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // Written in place...
+    std::fs::write(&file, rules(7)).unwrap();
+    wait_for(7).await;
+    // ...and replaced by a rename, as editors and config management do.
+    let tmp = dir.write("rules.yaml.new", &rules(9));
+    std::fs::rename(&tmp, &file).unwrap();
+    wait_for(9).await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

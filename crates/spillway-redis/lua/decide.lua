@@ -32,8 +32,9 @@
 -- before it holds anything, a field in a small hash about 20. A state's
 -- first number is the time it expires (after which it is as good as
 -- absent); a bucket's TTL is never shorter than its longest-lived field's,
--- and a write that adds a field sweeps a sample of the bucket for expired
--- ones one time in four, so dead fields stay a small fraction.
+-- and a write that adds a field to a bucket of more than 8 sweeps a sample
+-- of it for expired ones one time in four, so dead fields stay a small
+-- fraction.
 --
 -- Redis runs this whole chunk on every call, so it is written to allocate
 -- little: one function, not one per algorithm; verdicts written straight
@@ -292,7 +293,10 @@ if allowed and not dry then
           if added == 0 or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
             redis.call('PEXPIRE', key, ttl, 'GT')
           end
-          if added == 1 and now % 4 == 0 then
+          -- Small buckets are left alone: at most 8 fields each, live or
+          -- not, is a bounded cost (8 x buckets), and sweeping them was most
+          -- of the sweeps' work under churn.
+          if added == 1 and now % 4 == 0 and redis.call('HLEN', key) > 8 then
             -- Sweep: drop expired fields among up to 16, sparing this one.
             local sample = redis.call('HRANDFIELD', key, 16, 'WITHVALUES')
             local gone = {}

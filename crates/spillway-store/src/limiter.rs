@@ -153,8 +153,11 @@ impl<S: Store> Limiter<S> {
     /// parts it has.
     pub async fn check(&self, req: &Request<'_>) -> Checked {
         let rules = self.rules.load_full();
-        let mut matched: Vec<usize> = Vec::new();
-        let mut keys: Vec<Key<'_>> = Vec::new();
+        // The rules that apply, with their keys: the first one inline, the
+        // others (rare) in a Vec, so the common single-rule request
+        // allocates nothing here.
+        let mut first: Option<(usize, Key<'_>)> = None;
+        let mut more: Vec<(usize, Key<'_>)> = Vec::new();
         let mut skipped = Vec::new();
         for (i, rule) in rules.rules().iter().enumerate() {
             if !rule.applies_to(req.method, req.path) {
@@ -162,42 +165,56 @@ impl<S: Store> Limiter<S> {
             }
             let parts = rule.by().parts().iter().map(|p| req.attrs.part(p));
             match Key::try_from_parts(parts) {
-                Some(key) => {
-                    matched.push(i);
-                    keys.push(key);
-                }
+                Some(key) if first.is_none() => first = Some((i, key)),
+                Some(key) => more.push((i, key)),
                 None => skipped.push(i),
             }
         }
-        let charges: Vec<Charge<'_>> = matched
-            .iter()
-            .zip(&keys)
-            .map(|(&i, key)| Charge {
-                rule: &rules.rules()[i],
-                key,
-            })
-            .collect();
+        let matched = |j: usize| -> usize {
+            match (j, &first) {
+                (0, Some((i, _))) => *i,
+                _ => more[j - 1].0,
+            }
+        };
+        let one;
+        let many: Vec<Charge<'_>>;
+        let charges: &[Charge<'_>] = match &first {
+            None => &[],
+            Some((i, key)) if more.is_empty() => {
+                one = [Charge {
+                    rule: &rules.rules()[*i],
+                    key,
+                }];
+                &one
+            }
+            Some(f) => {
+                many = std::iter::once(f)
+                    .chain(&more)
+                    .map(|(i, key)| Charge {
+                        rule: &rules.rules()[*i],
+                        key,
+                    })
+                    .collect();
+                &many
+            }
+        };
         let cost = req.cost;
         let (mut decision, store_error) = if charges.is_empty() {
             (Decision::unlimited(), None)
         } else {
-            match self.store.decide(&charges, cost).await {
+            match self.store.decide(charges, cost).await {
                 Ok(d) => (d, None),
                 Err(e) => (
-                    by_policy(
-                        rules.on_store_error,
-                        matched.iter().map(|&i| &rules.rules()[i]),
-                    ),
+                    by_policy(rules.on_store_error, charges.iter().map(|c| c.rule)),
                     Some(e),
                 ),
             }
         };
-        drop(charges);
         for d in decision.rules.iter_mut() {
-            d.rule = matched[d.rule];
+            d.rule = matched(d.rule);
         }
         if let Some(d) = decision.deciding.as_mut() {
-            d.rule = matched[d.rule];
+            d.rule = matched(d.rule);
         }
         Checked {
             decision,

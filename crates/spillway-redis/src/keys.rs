@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use redis::{Script, ScriptInvocation};
+use redis::{Cmd, Script};
 use spillway_core::{Limit, Mode};
 use spillway_store::Charge;
 
@@ -69,22 +69,37 @@ fn params(base: &Limit, enforced: &Limit) -> [u64; 5] {
     [code, base.size(), enforced.size(), a, b]
 }
 
-/// The script call for `charges`.
-pub(crate) fn invocation<'s>(
-    script: &'s Script,
+/// The script call for `charges`: `EVALSHA sha numkeys KEYS... ARGV...`,
+/// built straight into one command buffer (a `ScriptInvocation` keeps every
+/// argument in its own allocation and copies them all again on sending).
+pub(crate) fn command(
+    script: &Script,
     prefix: &str,
     buckets: u32,
     charges: &[Charge<'_>],
     cost: u64,
     now_us: u64,
     dry: bool,
-) -> ScriptInvocation<'s> {
-    let mut inv = script.prepare_invoke();
-    inv.arg(now_us)
+) -> Cmd {
+    let tags: Vec<u64> = charges.iter().map(tag).collect();
+    let nkeys: usize = charges.iter().map(|c| c.rule.limits().len()).sum();
+    let mut cmd = Cmd::with_capacity(8 + 8 * nkeys, 64 + 96 * nkeys);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
+    for (c, &t) in charges.iter().zip(&tags) {
+        let bucket = bucket_key(prefix, t, buckets);
+        for (i, b) in c.rule.limits().iter().enumerate() {
+            if matches!(b, Limit::SlidingLog(_)) {
+                cmd.arg(log_key(prefix, t, buckets, i));
+            } else {
+                cmd.arg(&bucket);
+            }
+        }
+    }
+    cmd.arg(now_us)
         .arg(cost)
         .arg(u8::from(dry))
         .arg(charges.len());
-    for c in charges {
+    for (c, &t) in charges.iter().zip(&tags) {
         let mode = match c.rule.mode() {
             Mode::Hard => 0,
             Mode::Soft { .. } => 1,
@@ -92,21 +107,19 @@ pub(crate) fn invocation<'s>(
         };
         let base = c.rule.limits();
         let enforced = c.rule.enforced_limits();
-        inv.arg(mode).arg(base.len());
-        let t = tag(c);
-        let bucket = bucket_key(prefix, t, buckets);
+        cmd.arg(mode).arg(base.len());
         for (i, (b, e)) in base.iter().zip(enforced).enumerate() {
             for p in params(b, e) {
-                inv.arg(p);
+                cmd.arg(p);
             }
             if matches!(b, Limit::SlidingLog(_)) {
-                inv.key(log_key(prefix, t, buckets, i)).arg("");
+                cmd.arg("");
             } else {
-                inv.key(&bucket).arg(field(t, i));
+                cmd.arg(field(t, i));
             }
         }
     }
-    inv
+    cmd
 }
 
 /// CRC16 (XMODEM), as Redis Cluster hashes keys to its 16384 slots.

@@ -279,7 +279,7 @@ impl RedisStore {
         let buckets = self.inner.config.buckets;
         match conn {
             Conn::Single(mut c) => {
-                let inv = keys::invocation(
+                let cmd = keys::command(
                     &self.inner.script,
                     prefix,
                     buckets,
@@ -288,13 +288,13 @@ impl RedisStore {
                     now_us,
                     false,
                 );
-                let out: Vec<i64> = inv.invoke_async(&mut c).await?;
+                let out = eval(&mut c, &cmd, &self.inner.script).await?;
                 Ok(reply::decision(charges, &out, cost))
             }
             Conn::Cluster(mut c) => {
                 let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
-                    let inv = keys::invocation(
+                    let cmd = keys::command(
                         &self.inner.script,
                         prefix,
                         buckets,
@@ -303,7 +303,7 @@ impl RedisStore {
                         now_us,
                         false,
                     );
-                    let out: Vec<i64> = inv.invoke_async(&mut c).await?;
+                    let out = eval(&mut c, &cmd, &self.inner.script).await?;
                     return Ok(reply::decision(charges, &out, cost));
                 }
                 // Rules in several slots: dry-run everywhere, then charge.
@@ -337,7 +337,7 @@ impl RedisStore {
         let mut outs = vec![Vec::new(); charges.len()];
         for group in groups {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
-            let inv = keys::invocation(
+            let cmd = keys::command(
                 &self.inner.script,
                 prefix,
                 buckets,
@@ -346,12 +346,28 @@ impl RedisStore {
                 now_us,
                 dry,
             );
-            let out: Vec<i64> = inv.invoke_async(c).await?;
+            let out = eval(c, &cmd, &self.inner.script).await?;
             for (j, &i) in group.iter().enumerate() {
                 outs[i] = reply::slice_for(&part, &out, j);
             }
         }
         Ok(outs)
+    }
+}
+
+/// Runs the script call `cmd`; after `NOSCRIPT` (a restarted or failed-over
+/// server has an empty script cache) loads the script and runs it again.
+async fn eval<C: redis::aio::ConnectionLike>(
+    c: &mut C,
+    cmd: &redis::Cmd,
+    script: &Script,
+) -> redis::RedisResult<Vec<i64>> {
+    match cmd.query_async(c).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(c).await?;
+            cmd.query_async(c).await
+        }
+        other => other,
     }
 }
 

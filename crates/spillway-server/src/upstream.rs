@@ -573,6 +573,26 @@ mod tests {
     }
 
     #[test]
+    fn upstream_addresses_and_base_paths() {
+        let up = |u: &str| {
+            let u = Upstream::new(&u.parse().unwrap(), Duration::from_secs(1));
+            (u.authority, u.base)
+        };
+        assert_eq!(
+            up("http://127.0.0.1:9000"),
+            ("127.0.0.1:9000".into(), String::new())
+        );
+        assert_eq!(
+            up("http://example.com/api/"),
+            ("example.com:80".into(), "/api".into())
+        );
+        assert_eq!(
+            up("http://[::1]:9000/x"),
+            ("[::1]:9000".into(), "/x".into())
+        );
+    }
+
+    #[test]
     fn finds_the_end_of_a_chunked_body_however_it_is_split() {
         let body =
             b"5\r\nhello\r\n1a;ext=1\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-T: 1\r\n\r\nNEXT";

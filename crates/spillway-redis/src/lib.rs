@@ -275,35 +275,28 @@ impl RedisStore {
         cost: u64,
         now_us: u64,
     ) -> redis::RedisResult<Decision> {
-        let prefix = &self.inner.config.prefix;
         let buckets = self.inner.config.buckets;
+        // Everything in one call: a single server, or one cluster slot.
+        let one_call = || {
+            keys::command(
+                &self.inner.script,
+                &self.inner.config.prefix,
+                buckets,
+                charges,
+                cost,
+                now_us,
+                false,
+            )
+        };
         match conn {
             Conn::Single(mut c) => {
-                let cmd = keys::command(
-                    &self.inner.script,
-                    prefix,
-                    buckets,
-                    charges,
-                    cost,
-                    now_us,
-                    false,
-                );
-                let out = eval(&mut c, &cmd, &self.inner.script).await?;
+                let out = eval(&mut c, &one_call(), &self.inner.script).await?;
                 Ok(reply::decision(charges, &out, cost))
             }
             Conn::Cluster(mut c) => {
                 let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
-                    let cmd = keys::command(
-                        &self.inner.script,
-                        prefix,
-                        buckets,
-                        charges,
-                        cost,
-                        now_us,
-                        false,
-                    );
-                    let out = eval(&mut c, &cmd, &self.inner.script).await?;
+                    let out = eval(&mut c, &one_call(), &self.inner.script).await?;
                     return Ok(reply::decision(charges, &out, cost));
                 }
                 // Rules in several slots: dry-run everywhere, then charge.

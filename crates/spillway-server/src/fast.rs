@@ -44,7 +44,7 @@ use tower::ServiceExt;
 use crate::AppState;
 use crate::http::{self as api, MAX_BODY};
 use crate::proxy::{self, DirectProxy, Headers};
-use crate::upstream::{Failure, Outgoing};
+use crate::upstream::Outgoing;
 
 /// Largest request head read before handing the connection to hyper (which
 /// then answers 431).
@@ -483,14 +483,7 @@ impl Conn {
                 out.extend_from_slice(b"\r\n");
                 return proxy.upstream.relay(resp, tcp, out).await && !close;
             }
-            Err(Failure::Bad(e)) => (
-                StatusCode::BAD_GATEWAY,
-                proxy::failed_detail(&proxy.upstream_uri, e),
-            ),
-            Err(Failure::Timeout) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                proxy::timeout_detail(&proxy.upstream_uri, proxy.timeout),
-            ),
+            Err(failure) => proxy.upstream.failure(failure),
         };
         let json = proxy::problem_json(status, &detail);
         write_head(out, status, "application/problem+json", json.len(), close);

@@ -243,11 +243,9 @@ pub async fn run_proxy(
 ) -> std::io::Result<()> {
     tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
     serve_with(opts, listener, shutdown, "spillway proxy", move |state| {
+        // One identity, forwarder and upstream pool for both paths.
         let direct = proxy::DirectProxy::new(state, &proxy);
-        (
-            proxy::router(state, &proxy),
-            fast::Direct::Proxy(Arc::new(direct)),
-        )
+        (direct.router(), fast::Direct::Proxy(Arc::new(direct)))
     })
     .await
 }

@@ -445,9 +445,7 @@ pub struct ProxyOptions {
 /// The proxy's router: every request goes through the rate limit layer to
 /// the forwarder.
 pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
-    let direct = DirectProxy::new(state, opts);
-    let service = RateLimitLayer::new(state.limiter.clone(), direct.identify).layer(direct.forward);
-    axum::Router::new().fallback_service(service)
+    DirectProxy::new(state, opts).router()
 }
 
 /// The same proxy for the direct HTTP/1.1 path, which decides and answers
@@ -461,8 +459,6 @@ pub(crate) struct DirectProxy {
     pub(crate) forward: Forward,
     /// For the direct path.
     pub(crate) upstream: Arc<crate::upstream::Upstream>,
-    pub(crate) upstream_uri: Uri,
-    pub(crate) timeout: Duration,
 }
 
 impl DirectProxy {
@@ -476,9 +472,15 @@ impl DirectProxy {
             },
             forward: Forward::new(opts.upstream.clone(), opts.timeout, trusted),
             upstream: Arc::new(crate::upstream::Upstream::new(&opts.upstream, opts.timeout)),
-            upstream_uri: opts.upstream.clone(),
-            timeout: opts.timeout,
         }
+    }
+
+    /// The router for the hyper path: the rate limit layer in front of the
+    /// forwarder, sharing this proxy's identity rules and limiter.
+    pub(crate) fn router(&self) -> axum::Router {
+        let service = RateLimitLayer::new(self.limiter.clone(), self.identify.clone())
+            .layer(self.forward.clone());
+        axum::Router::new().fallback_service(service)
     }
 }
 

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{HOP_BY_HOP, Headers, IpNet, forwarded_for};
+use crate::proxy::{HOP_BY_HOP, Headers, IpNet, failed_detail, forwarded_for, timeout_detail};
 
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 256;
@@ -30,6 +30,8 @@ const RELAY: usize = 64 * 1024;
 /// One upstream and its idle connections.
 #[derive(Debug)]
 pub(crate) struct Upstream {
+    /// As configured, for error messages.
+    uri: Uri,
     /// `host:port` to connect to.
     authority: String,
     /// The upstream URL's path, without a trailing `/`, prefixed to every
@@ -87,10 +89,23 @@ impl Upstream {
         let host = upstream.host().unwrap_or("127.0.0.1");
         let port = upstream.port_u16().unwrap_or(80);
         Upstream {
+            uri: upstream.clone(),
             authority: format!("{host}:{port}"),
             base: upstream.path().trim_end_matches('/').to_string(),
             timeout,
             idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The status and problem detail for a failure (the same as the hyper
+    /// path's forwarder gives).
+    pub(crate) fn failure(&self, f: Failure) -> (StatusCode, String) {
+        match f {
+            Failure::Bad(e) => (StatusCode::BAD_GATEWAY, failed_detail(&self.uri, e)),
+            Failure::Timeout => (
+                StatusCode::GATEWAY_TIMEOUT,
+                timeout_detail(&self.uri, self.timeout),
+            ),
         }
     }
 

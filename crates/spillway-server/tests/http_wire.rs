@@ -7,6 +7,8 @@ mod util;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use spillway_server::config::Source;
+use spillway_server::{ServeOptions, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use util::{Server, TempDir};
@@ -255,15 +257,21 @@ async fn malformed_heads_get_hypers_errors_and_never_hang() {
     assert_eq!(read_answer(&mut conn, &mut Vec::new()).await.status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_closes_idle_connections_and_returns() {
-    use spillway_server::config::Source;
-    use spillway_server::{ServeOptions, run};
-    let config = ServeOptions::load(&Source::Example, &[]).unwrap();
+/// `spillway_server::run` in this process on a free port: its address, the
+/// sender that shuts it down, and its task.
+async fn in_process(
+    source: Source,
+    poll_interval: Duration,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let config = ServeOptions::load(&source, &[]).unwrap();
     let opts = ServeOptions {
-        source: Source::Example,
+        source,
         config,
-        poll_interval: Duration::from_millis(500),
+        poll_interval,
         envoy_files: Vec::new(),
         grpc_listen: None,
     };
@@ -273,6 +281,12 @@ async fn shutdown_closes_idle_connections_and_returns() {
     let server = tokio::spawn(run(opts, listener, async {
         let _ = stopped.await;
     }));
+    (addr, stop, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_and_returns() {
+    let (addr, stop, server) = in_process(Source::Example, Duration::from_millis(500)).await;
     // A keep-alive connection that has been answered once and now idles.
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let mut buf = Vec::new();
@@ -297,8 +311,6 @@ async fn shutdown_closes_idle_connections_and_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_changes_reload_at_once_without_waiting_for_a_poll() {
-    use spillway_server::config::Source;
-    use spillway_server::{ServeOptions, run};
     let rules = |n: u32| {
         format!(
             "rules:\n  - name: w\n    by: user\n    limits:\n      - fixed_window: {{ limit: {n}, window: 1h }}\n"
@@ -306,22 +318,9 @@ async fn file_changes_reload_at_once_without_waiting_for_a_poll() {
     };
     let dir = TempDir::new("watch");
     let file = dir.write("rules.yaml", &rules(5));
-    let source = Source::File(file.clone());
-    let config = ServeOptions::load(&source, &[]).unwrap();
-    let opts = ServeOptions {
-        source,
-        config,
-        // Polling alone would take an hour.
-        poll_interval: Duration::from_secs(3600),
-        envoy_files: Vec::new(),
-        grpc_listen: None,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(run(opts, listener, async {
-        let _ = stopped.await;
-    }));
+    // Polling alone would take an hour.
+    let (addr, stop, server) =
+        in_process(Source::File(file.clone()), Duration::from_secs(3600)).await;
     let limit_now = || async move {
         let mut conn = TcpStream::connect(addr).await.unwrap();
         conn.write_all(post_check(r#"{"user":"w"}"#).as_bytes())

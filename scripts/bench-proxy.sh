@@ -33,6 +33,7 @@ hz=$(getconf CLK_TCK)
 
 up=$(free_port); ng=$(free_port); sp=$(free_port)
 $pin_load target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
+pid_up=$!
 mkdir -p "$work/logs"
 cat > "$work/nginx.conf" <<NGINX
 daemon off;
@@ -56,6 +57,8 @@ http {
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Host \$host;
+      proxy_set_header X-Forwarded-Proto \$scheme;
     }
   }
 }
@@ -91,11 +94,14 @@ LUA
 
 run() { # name pid port script conns
   local c0; c0=$(cpu_ticks "$2")
+  local u0; u0=$(cpu_ticks "$pid_up")
   local out; out=$($pin_load wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
   local c1; c1=$(cpu_ticks "$2")
+  local u1; u1=$(cpu_ticks "$pid_up")
   local total; total=$(awk '/requests in/ {print $1}' <<<"$out")
   local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
-  echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
+  local uus; uus=$(awk -v a="$u0" -v b="$u1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
+  echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us upstream_cpu_us_per_req=$uus non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
 }
 results="$work/results"
 for r in $(seq "$rounds"); do

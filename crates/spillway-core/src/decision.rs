@@ -43,6 +43,9 @@ pub struct RuleDecision {
     pub outcome: Outcome,
 }
 
+/// The per-rule results of a [`Decision`].
+pub type RuleDecisions = smallvec::SmallVec<[RuleDecision; 1]>;
+
 /// The decision for a request over all the rules that apply to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -53,8 +56,9 @@ pub struct Decision {
     /// The deciding rule: the first denying one, else the one closest to denying.
     /// `None` when no rule applied.
     pub deciding: Option<RuleDecision>,
-    /// Every applied rule's result, in the order given.
-    pub rules: Vec<RuleDecision>,
+    /// Every applied rule's result, in the order given (held inline for
+    /// one rule, the common case: no allocation per decision).
+    pub rules: RuleDecisions,
 }
 
 impl Decision {
@@ -64,7 +68,7 @@ impl Decision {
             allowed: true,
             wait: Nanos::ZERO,
             deciding: None,
-            rules: Vec::new(),
+            rules: RuleDecisions::new(),
         }
     }
 
@@ -109,20 +113,31 @@ pub trait StateView {
 /// hard and soft rule is charged, and every shadow rule that would have
 /// admitted it. A denied request is charged to no rule.
 pub fn decide<V: StateView>(rules: &[&Rule], view: &mut V, now: Nanos, cost: u64) -> Decision {
-    let mut decisions = Vec::with_capacity(rules.len());
-    let mut charge = Vec::with_capacity(rules.len());
+    let mut decisions = RuleDecisions::with_capacity(rules.len());
+    // Which rules to charge: a bit each (a Vec only past 64 rules).
+    let mut charge_bits = 0u64;
+    let mut charge_more = Vec::new();
     let mut allowed = true;
     let mut wait = Nanos::ZERO;
     for (ri, rule) in rules.iter().enumerate() {
         let (rd, charged, admits) = decide_rule(ri, rule, view, now, cost);
-        charge.push(charged);
+        if ri < 64 {
+            charge_bits |= u64::from(charged) << ri;
+        } else {
+            charge_more.push(charged);
+        }
         allowed &= admits;
         wait = wait.max(rd.verdict.wait);
         decisions.push(rd);
     }
     if allowed {
         for (ri, rule) in rules.iter().enumerate() {
-            if charge[ri] {
+            let charged = if ri < 64 {
+                charge_bits >> ri & 1 == 1
+            } else {
+                charge_more[ri - 64]
+            };
+            if charged {
                 for (li, limit) in rule.enforced_limits().iter().enumerate() {
                     view.commit(ri, li, limit, now, cost);
                 }

@@ -40,7 +40,7 @@ pub use algo::{
     FixedWindow, Gcra, LeakyBucket, Limit, Log, Rate, Shaper, SlidingCounter, SlidingLog,
     StateKind, TokenBucket, Verdict, Wide,
 };
-pub use decision::{Decision, Outcome, RuleDecision, StateView, decide};
+pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
 pub use error::{Error, ErrorKind};
 pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
 pub use time::{Clock, ManualClock, Nanos};

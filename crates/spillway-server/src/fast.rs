@@ -35,7 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -85,6 +85,7 @@ pub(crate) async fn serve(
         conns: parking_lot::Mutex::new(HashMap::new()),
     });
     let mut next_id = 0u64;
+    let date = tokio::spawn(date_ticker());
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -140,6 +141,7 @@ pub(crate) async fn serve(
     for (_, task) in drain.conns.lock().values() {
         task.abort();
     }
+    date.abort();
     Ok(())
 }
 
@@ -300,6 +302,7 @@ impl Conn {
     async fn run(mut self, mut tcp: TcpStream) {
         let mut buf = BytesMut::with_capacity(4096);
         let mut out = Vec::with_capacity(1024);
+        let mut scratch = String::new();
         loop {
             let (route, head_len, body_len, close) = loop {
                 match parse(&buf, &self.direct) {
@@ -325,11 +328,11 @@ impl Conn {
             let drain = self.drain.clone();
             let _busy = Busy::new(&drain.busy);
             if let (Route::Proxy, Direct::Proxy(proxy)) = (&route, &self.direct) {
-                let head = buf.split_to(head_len);
-                let body = buf.split_to(body_len).freeze();
+                let message = buf[..head_len + body_len].split_at(head_len);
                 let keep = self
-                    .proxy_one(proxy, &head, body, close, &mut tcp, &mut out)
+                    .proxy_one(proxy, message, close, &mut tcp, &mut out, &mut scratch)
                     .await;
+                buf.advance(head_len + body_len);
                 if !keep {
                     let _ = tcp.shutdown().await;
                     return;
@@ -397,11 +400,11 @@ impl Conn {
     async fn proxy_one(
         &self,
         proxy: &DirectProxy,
-        head: &[u8],
-        body: Bytes,
+        (head, body): (&[u8], &[u8]),
         close: bool,
         tcp: &mut TcpStream,
         out: &mut Vec<u8>,
+        scratch: &mut String,
     ) -> bool {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut parsed = httparse::Request::new(&mut headers);
@@ -431,7 +434,9 @@ impl Conn {
             })
             .await;
         if !checked.decision.allowed {
-            let json = spillway_tower::problem_body(&checked);
+            scratch.clear();
+            spillway_tower::push_problem_body(&checked, scratch);
+            let json = &*scratch;
             write_head(
                 out,
                 StatusCode::TOO_MANY_REQUESTS,
@@ -448,7 +453,7 @@ impl Conn {
             method,
             target,
             headers: hdrs,
-            body: &body,
+            body,
             peer: self.peer,
             trusted: proxy.identify.trusted(),
         };
@@ -547,9 +552,32 @@ impl IpText {
     fn new(ip: std::net::IpAddr) -> IpText {
         use std::io::Write as _;
         let mut buf = [0u8; 48];
-        let mut w = &mut buf[..];
-        let _ = write!(w, "{ip}");
-        let len = 48 - w.len();
+        let len = match ip {
+            // The common case, without the formatting machinery (it
+            // showed in the proxy's profile).
+            std::net::IpAddr::V4(v4) => {
+                let mut len = 0;
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        buf[len] = b'.';
+                        len += 1;
+                    }
+                    let digits = 1 + usize::from(octet >= 10) + usize::from(octet >= 100);
+                    let mut n = octet;
+                    for d in (0..digits).rev() {
+                        buf[len + d] = b'0' + n % 10;
+                        n /= 10;
+                    }
+                    len += digits;
+                }
+                len
+            }
+            std::net::IpAddr::V6(_) => {
+                let mut w = &mut buf[..];
+                let _ = write!(w, "{ip}");
+                48 - w.len()
+            }
+        };
         IpText { buf, len }
     }
 
@@ -612,20 +640,45 @@ fn write_head(out: &mut Vec<u8>, status: StatusCode, content_type: &str, len: us
     out.extend_from_slice(b"\r\n");
 }
 
+/// The current second (since the epoch) for `Date` headers, kept by
+/// [`date_ticker`] while a server runs; 0 when none does. Reading it costs
+/// a load where reading the clock cost a `clock_gettime` per answer.
+static DATE_SECS: AtomicU64 = AtomicU64::new(0);
+
+fn epoch_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(1, |d| d.as_secs())
+}
+
+/// Sets [`DATE_SECS`] at every turn of a second. (Several servers in one
+/// process each run one; they write the same value.)
+async fn date_ticker() {
+    loop {
+        DATE_SECS.store(epoch_secs(), Ordering::Relaxed);
+        let into = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let to_next = Duration::from_nanos(1_000_000_000 - u64::from(into));
+        tokio::time::sleep(to_next + Duration::from_micros(200)).await;
+    }
+}
+
 /// The `Date` header's value, formatted once a second per thread.
 fn http_date(out: &mut Vec<u8>) {
     use std::cell::RefCell;
     thread_local! {
         static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
     }
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let secs = match DATE_SECS.load(Ordering::Relaxed) {
+        0 => epoch_secs(),
+        s => s,
+    };
     DATE.with(|d| {
         let mut d = d.borrow_mut();
         if d.0 != secs {
-            *d = (secs, httpdate::fmt_http_date(now));
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+            *d = (secs, httpdate::fmt_http_date(at));
         }
         out.extend_from_slice(d.1.as_bytes());
     });
@@ -719,6 +772,10 @@ mod tests {
     fn ip_text_holds_the_longest_addresses() {
         for ip in [
             "255.255.255.255",
+            "0.0.0.0",
+            "10.9.100.99",
+            "127.0.0.1",
+            "1.20.199.200",
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
             "::ffff:255.255.255.255",
             "::1",

@@ -136,10 +136,17 @@ fn serve(
     let addr = listen
         .or(cfg.listen)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = threads {
-        builder.worker_threads(usize::from(n));
-    }
+    // One thread: a current-thread runtime, which skips the work-stealing
+    // scheduler's bookkeeping (one event loop, like an nginx worker).
+    let mut builder = if threads == Some(1) {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = threads {
+            b.worker_threads(usize::from(n));
+        }
+        b
+    };
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {

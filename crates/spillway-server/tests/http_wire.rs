@@ -116,7 +116,16 @@ fn comparable(a: &Answer) -> (u16, BTreeMap<String, String>, serde_json::Value) 
         }
     }
     let mut h = a.headers.clone();
-    assert!(h.remove("date").is_some(), "a date header: {h:?}");
+    let date = h
+        .remove("date")
+        .unwrap_or_else(|| panic!("a date header: {h:?}"));
+    let at = httpdate::parse_http_date(&date).expect("an HTTP date");
+    let now = std::time::SystemTime::now();
+    let off = now.duration_since(at).unwrap_or_else(|e| e.duration());
+    assert!(
+        off < std::time::Duration::from_secs(3),
+        "date {date} is off by {off:?}"
+    );
     let mut body = a.body.clone();
     round_ms(&mut body);
     (a.status, h, body)

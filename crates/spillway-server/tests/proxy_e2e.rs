@@ -118,7 +118,11 @@ async fn start_counting(trusted: &str) -> (Server, TempDir, Arc<AtomicUsize>) {
     let (up, exports) = upstream().await;
     let dir = TempDir::new("proxy");
     let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), trusted));
-    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    // One worker thread (a current-thread runtime), as benchmarked.
+    let s = Server::start_cmd(
+        "proxy",
+        &["--config", file.to_str().unwrap(), "--threads", "1"],
+    );
     (s, dir, exports)
 }
 

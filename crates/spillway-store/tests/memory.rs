@@ -85,6 +85,41 @@ fn a_denied_request_is_charged_to_no_rule() {
 }
 
 #[test]
+fn charging_is_all_or_none_across_more_than_64_rules() {
+    // 70 rules on one client: rules 0-68 allow 3, rule 69 (past the
+    // 64-rule bit set, kept in a list) allows 2.
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let rules: Vec<Rule> = (0..70)
+        .map(|i| {
+            rule(
+                &format!("r{i}"),
+                vec![fw(if i == 69 { 2 } else { 3 }, 60)],
+                Mode::Hard,
+            )
+        })
+        .collect();
+    let key = Key::from_parts(["carol"]);
+    let charges: Vec<Charge<'_>> = rules
+        .iter()
+        .map(|r| Charge { rule: r, key: &key })
+        .collect();
+    assert!(store.decide_now(&charges, 1).allowed);
+    assert!(store.decide_now(&charges, 1).allowed);
+    let d = store.decide_now(&charges, 1);
+    assert!(!d.allowed);
+    assert_eq!(d.rules.len(), 70);
+    assert_eq!(d.deciding.unwrap().rule, 69);
+    // Rules 0 and 68 were charged twice, not three times.
+    for i in [0, 63, 64, 68] {
+        let alone = [charges[i]];
+        let d = store.decide_now(&alone, 1);
+        assert!(d.allowed, "rule {i}");
+        assert_eq!(d.deciding.unwrap().verdict.remaining, 0, "rule {i}");
+    }
+}
+
+#[test]
 fn shadow_never_denies_and_soft_admits_ten_percent_more() {
     let c = clock();
     let store = MemoryStore::new(c.clone(), MemoryConfig::default());

@@ -106,6 +106,13 @@ pub struct ProblemJson;
 /// (the deciding rule's name and the seconds to wait), for servers that
 /// write their own responses.
 pub fn problem_body(checked: &Checked) -> String {
+    let mut out = String::new();
+    push_problem_body(checked, &mut out);
+    out
+}
+
+/// [`problem_body`] appended to `out`, for a writer that reuses its buffer.
+pub fn push_problem_body(checked: &Checked, out: &mut String) {
     let (rule, retry) = checked
         .decision
         .deciding
@@ -121,19 +128,18 @@ pub fn problem_body(checked: &Checked) -> String {
     // this is every denial's answer in the proxy.
     let mut num = itoa::Buffer::new();
     let retry = num.format(retry);
-    let mut out = String::with_capacity(200 + 2 * rule.len());
+    out.reserve(200 + 2 * rule.len());
     out.push_str(
         r#"{"type":"about:blank","title":"too many requests","status":429,"detail":"rate limit \""#,
     );
-    push_json_escaped(&mut out, rule);
+    push_json_escaped(out, rule);
     out.push_str(r#"\" exceeded; retry after "#);
     out.push_str(retry);
     out.push_str(r#" s","rule":""#);
-    push_json_escaped(&mut out, rule);
+    push_json_escaped(out, rule);
     out.push_str(r#"","retry_after":"#);
     out.push_str(retry);
     out.push('}');
-    out
 }
 
 /// `s` as the inside of a JSON string.

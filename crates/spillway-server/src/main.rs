@@ -139,7 +139,9 @@ fn serve(
     // One thread: a current-thread runtime, which skips the work-stealing
     // scheduler's bookkeeping (one event loop, like an nginx worker).
     let mut builder = if threads == Some(1) {
-        tokio::runtime::Builder::new_current_thread()
+        let mut b = tokio::runtime::Builder::new_current_thread();
+        b.on_thread_park(spillway_server::before_park);
+        b
     } else {
         let mut b = tokio::runtime::Builder::new_multi_thread();
         if let Some(n) = threads {

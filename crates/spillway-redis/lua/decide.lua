@@ -3,15 +3,23 @@
 -- The same algorithms as crates/spillway-core, in microseconds (Lua numbers
 -- are doubles: integers are exact up to 2^53, i.e. 285 years of microseconds).
 --
--- KEYS[i]  where the i-th limit lives (rules in order, their limits in order):
---          for the sliding log its own list; for every other algorithm the
---          hash ("bucket") that holds its state in one field, next to the
---          states of other clients whose tags fall in the same bucket
--- ARGV[1]  now in microseconds, or 0 to use this server's TIME (the default:
---          instances with skewed clocks then agree)
--- ARGV[2]  cost
--- ARGV[3]  1 for a dry run (decide, write nothing), else 0
--- ARGV[4]  number of rules
+-- One call decides one or more requests ("decisions"), one after the
+-- other, each atomic and all-or-none on its own; a client batches the
+-- decisions of concurrent requests into one call, sharing the cost of the
+-- call and of reading the clock.
+--
+-- KEYS[i]  where the i-th limit lives (decisions in order, their rules in
+--          order, their limits in order): for the sliding log its own list;
+--          for every other algorithm the hash ("bucket") that holds its state
+--          in one field, next to the states of other clients whose tags fall
+--          in the same bucket
+-- ARGV[1]  number of decisions
+-- then per decision:
+--   now in microseconds, or 0 to use this server's TIME (the default:
+--   instances with skewed clocks then agree; read once per call)
+--   cost
+--   1 for a dry run (decide, write nothing), else 0
+--   number of rules
 -- then per rule: mode (0 hard, 1 soft, 2 shadow), number of limits,
 -- and per limit five numbers: algorithm, base size, enforced size, a, b,
 -- then the limit's field in its bucket (ignored for the sliding log)
@@ -23,9 +31,9 @@
 --   6 sliding counter   a = window
 --   7 gcra              a = microseconds per request
 --
--- Returns {now, then per limit 12 numbers: the verdict under the enforced
--- size, then under the base size: allowed (1/0), limit, remaining, reset,
--- retry after (-1 = never), wait}.
+-- Returns, per decision, {now, then per limit 12 numbers: the verdict under
+-- the enforced size, then under the base size: allowed (1/0), limit,
+-- remaining, reset, retry after (-1 = never), wait}, all in one flat list.
 --
 -- Every key written gets a TTL in the same call, so idle keys vanish.
 -- Counter states share small hashes: a Redis key costs about 110 bytes
@@ -174,143 +182,158 @@ local function counter(out, o, code, state, size, a, b, now, cost)
   return nxt, exp
 end
 
-local now = tonumber(ARGV[1])
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local cost = tonumber(ARGV[2])
-local dry = ARGV[3] == '1'
-local nrules = tonumber(ARGV[4])
+local time_now = nil
+local ndecisions = tonumber(ARGV[1])
 
 -- Tables are made with room for one rule of one limit (the common case):
 -- growing them one entry at a time reallocates, and together with a table
 -- per field below that cost a third of the script's own time (measured).
-local out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
-local n = 1
--- Per limit k, at L[9k - 8 .. 9k]: code, key, field, enforced size, a,
--- state to write, expiry, and for a sliding log the list read and how many
--- of its entries are dead. Per rule r, at R[3r - 2 .. 3r]: charged or not,
--- its first limit, its number of limits.
+local out = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local n = 0
+-- Per limit k of a decision, at L[9k - 8 .. 9k]: code, key, field,
+-- enforced size, a, state to write, expiry, and for a sliding log the list
+-- read and how many of its entries are dead. Per rule r, at R[3r - 2 .. 3r]:
+-- charged or not, its first limit, its number of limits. Reused by each
+-- decision in turn.
 local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
-local p, k = 5, 1
-local allowed = true
-for r = 1, nrules do
-  local mode, nl = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-  p = p + 2
-  R[3 * r - 1], R[3 * r] = k, nl
-  local hard_ok, enf_ok = true, true
-  for _ = 1, nl do
-    local code = tonumber(ARGV[p])
-    local base, enf = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
-    local a, b = tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-    local field = ARGV[p + 5]
-    p = p + 6
-    local key = KEYS[k]
-    local q = 9 * k - 9
-    L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
-    if code == 5 then
-      -- The sliding log: a list of admission times, oldest first.
-      local all = redis.call('LRANGE', key, 0, -1)
-      local dead = 0
-      for i = 1, #all do
-        if tonumber(all[i]) + a <= now then dead = i else break end
-      end
-      L[q + 8], L[q + 9] = all, dead
-      local count = #all - dead
-      local newest_end = 0
-      if #all > 0 then newest_end = tonumber(all[#all]) + a end
-      for pass = 1, 2 do
-        local size, o = enf, n
-        if pass == 2 then size, o = base, n + 6 end
-        local total = count + cost
-        if total <= size then
-          out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 1, size - total, max(now + a, newest_end) - now, 0
-        else
-          local retry = NEVER
-          if cost <= size then retry = max(tonumber(all[dead + total - size]) + a - now, 0) end
-          out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 0, max(size - count, 0), max(newest_end - now, 0), retry
-        end
-        out[o + 2], out[o + 6] = size, 0
-      end
-    else
-      local state = redis.call('HGET', key, field)
-      L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
-      if base == enf then
-        for i = 1, 6 do out[n + 6 + i] = out[n + i] end
-      else
-        counter(out, n + 6, code, state, base, a, b, now, cost)
-      end
+local p, key_base = 2, 0
+
+for _ = 1, ndecisions do
+  local now = tonumber(ARGV[p])
+  if now == 0 then
+    if not time_now then
+      local t = redis.call('TIME')
+      time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
-    hard_ok = hard_ok and out[n + 7] == 1
-    enf_ok = enf_ok and out[n + 1] == 1
-    n = n + 12
-    k = k + 1
+    now = time_now
   end
-  local charge, admits = hard_ok, hard_ok
-  if mode == 1 then
-    charge, admits = enf_ok, enf_ok
-  elseif mode == 2 then
-    admits = true
-  end
-  R[3 * r - 2] = charge
-  allowed = allowed and admits
-end
+  local cost = tonumber(ARGV[p + 1])
+  local dry = ARGV[p + 2] == '1'
+  local nrules = tonumber(ARGV[p + 3])
+  p = p + 4
+  out[n + 1] = now
+  n = n + 1
 
--- (No limits at all: drop the placeholders.)
-for i = n + 1, 13 do out[i] = nil end
-
-if allowed and not dry then
+  local k = 1
+  local allowed = true
   for r = 1, nrules do
-    if R[3 * r - 2] then
-      for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
-        local q = 9 * j - 9
-        local key, a = L[q + 2], L[q + 5]
-        if L[q + 1] == 5 then
-          local all, dead = L[q + 8], L[q + 9]
-          if dead > 0 then redis.call('LTRIM', key, dead, -1) end
-          local t = now
-          if #all > dead then t = max(now, tonumber(all[#all])) end
-          local cnt = min(cost, L[q + 4])
-          local items = {}
-          local ts = fmt('%.0f', t)
-          for i = 1, cnt do items[i] = ts end
-          -- RPUSH in chunks: Lua's unpack has a stack limit.
-          local i = 1
-          while i <= cnt do
-            local e = min(i + 999, cnt)
-            redis.call('RPUSH', key, unpack(items, i, e))
-            i = e + 1
+    local mode, nl = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
+    p = p + 2
+    R[3 * r - 1], R[3 * r] = k, nl
+    local hard_ok, enf_ok = true, true
+    for _ = 1, nl do
+      local code = tonumber(ARGV[p])
+      local base, enf = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+      local a, b = tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
+      local field = ARGV[p + 5]
+      p = p + 6
+      local key = KEYS[key_base + k]
+      local q = 9 * k - 9
+      L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
+      if code == 5 then
+        -- The sliding log: a list of admission times, oldest first.
+        local all = redis.call('LRANGE', key, 0, -1)
+        local dead = 0
+        for i = 1, #all do
+          if tonumber(all[i]) + a <= now then dead = i else break end
+        end
+        L[q + 8], L[q + 9] = all, dead
+        local count = #all - dead
+        local newest_end = 0
+        if #all > 0 then newest_end = tonumber(all[#all]) + a end
+        for pass = 1, 2 do
+          local size, o = enf, n
+          if pass == 2 then size, o = base, n + 6 end
+          local total = count + cost
+          if total <= size then
+            out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 1, size - total, max(now + a, newest_end) - now, 0
+          else
+            local retry = NEVER
+            if cost <= size then retry = max(tonumber(all[dead + total - size]) + a - now, 0) end
+            out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 0, max(size - count, 0), max(newest_end - now, 0), retry
           end
-          redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
+          out[o + 2], out[o + 6] = size, 0
+        end
+      else
+        local state = redis.call('HGET', key, field)
+        L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
+        if base == enf then
+          for i = 1, 6 do out[n + 6 + i] = out[n + i] end
         else
-          -- The bucket's TTL only grows (GT); a bucket this write created
-          -- has none yet (NX). Every bucket that existed before has one.
-          local field = L[q + 3]
-          local ttl = max(math.ceil((L[q + 7] - now) / 1000), 1)
-          local added = redis.call('HSET', key, field, L[q + 6])
-          if added == 0 or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
-            redis.call('PEXPIRE', key, ttl, 'GT')
-          end
-          -- Small buckets are left alone: at most 8 fields each, live or
-          -- not, is a bounded cost (8 x buckets), and sweeping them was most
-          -- of the sweeps' work under churn.
-          if added == 1 and now % 4 == 0 and redis.call('HLEN', key) > 8 then
-            -- Sweep: drop expired fields among up to 16, sparing this one.
-            local sample = redis.call('HRANDFIELD', key, 16, 'WITHVALUES')
-            local gone = {}
-            for s = 1, #sample, 2 do
-              if sample[s] ~= field then
-                local e = tonumber(match(sample[s + 1], '^%d+'))
-                if e and e <= now then gone[#gone + 1] = sample[s] end
-              end
+          counter(out, n + 6, code, state, base, a, b, now, cost)
+        end
+      end
+      hard_ok = hard_ok and out[n + 7] == 1
+      enf_ok = enf_ok and out[n + 1] == 1
+      n = n + 12
+      k = k + 1
+    end
+    local charge, admits = hard_ok, hard_ok
+    if mode == 1 then
+      charge, admits = enf_ok, enf_ok
+    elseif mode == 2 then
+      admits = true
+    end
+    R[3 * r - 2] = charge
+    allowed = allowed and admits
+  end
+
+  if allowed and not dry then
+    for r = 1, nrules do
+      if R[3 * r - 2] then
+        for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
+          local q = 9 * j - 9
+          local key, a = L[q + 2], L[q + 5]
+          if L[q + 1] == 5 then
+            local all, dead = L[q + 8], L[q + 9]
+            if dead > 0 then redis.call('LTRIM', key, dead, -1) end
+            local t = now
+            if #all > dead then t = max(now, tonumber(all[#all])) end
+            local cnt = min(cost, L[q + 4])
+            local items = {}
+            local ts = fmt('%.0f', t)
+            for i = 1, cnt do items[i] = ts end
+            -- RPUSH in chunks: Lua's unpack has a stack limit.
+            local i = 1
+            while i <= cnt do
+              local e = min(i + 999, cnt)
+              redis.call('RPUSH', key, unpack(items, i, e))
+              i = e + 1
             end
-            if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+            redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
+          else
+            -- The bucket's TTL only grows (GT); a bucket this write created
+            -- has none yet (NX). Every bucket that existed before has one.
+            local field = L[q + 3]
+            local ttl = max(math.ceil((L[q + 7] - now) / 1000), 1)
+            local added = redis.call('HSET', key, field, L[q + 6])
+            if added == 0 or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
+              redis.call('PEXPIRE', key, ttl, 'GT')
+            end
+            -- Small buckets are left alone: at most 8 fields each, live or
+            -- not, is a bounded cost (8 x buckets), and sweeping them was most
+            -- of the sweeps' work under churn.
+            if added == 1 and now % 4 == 0 and redis.call('HLEN', key) > 8 then
+              -- Sweep: drop expired fields among up to 16, sparing this one.
+              local sample = redis.call('HRANDFIELD', key, 16, 'WITHVALUES')
+              local gone = {}
+              for s = 1, #sample, 2 do
+                if sample[s] ~= field then
+                  local e = tonumber(match(sample[s + 1], '^%d+'))
+                  if e and e <= now then gone[#gone + 1] = sample[s] end
+                end
+              end
+              if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
+            end
           end
         end
       end
     end
   end
+  key_base = key_base + k - 1
 end
+
+-- (Fewer numbers than the placeholders: drop the rest.)
+for i = n + 1, 13 do out[i] = nil end
 return out

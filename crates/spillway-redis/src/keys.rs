@@ -69,22 +69,36 @@ fn params(base: &Limit, enforced: &Limit) -> [u64; 5] {
     [code, base.size(), enforced.size(), a, b]
 }
 
-/// The script call for `charges`: `EVALSHA sha numkeys KEYS... ARGV...`,
-/// built straight into one command buffer (a `ScriptInvocation` keeps every
-/// argument in its own allocation and copies them all again on sending).
-pub(crate) fn command(
-    script: &Script,
+/// One decision's share of a script call: its keys, then its arguments
+/// (see the contract at the top of `lua/decide.lua`).
+#[derive(Debug)]
+pub(crate) struct Part {
+    /// The keys, then the arguments, as a command's argument list (one
+    /// buffer, not one allocation per argument).
+    args: Cmd,
+    /// How many of `args` are keys: one per limit.
+    nkeys: usize,
+}
+
+impl Part {
+    /// How many numbers the script answers for this decision.
+    pub(crate) fn reply_len(&self) -> usize {
+        1 + crate::reply::PER_LIMIT * self.nkeys
+    }
+}
+
+/// The part of a script call deciding `charges`.
+pub(crate) fn part(
     prefix: &str,
     buckets: u32,
     charges: &[Charge<'_>],
     cost: u64,
     now_us: u64,
     dry: bool,
-) -> Cmd {
+) -> Part {
     let tags: Vec<u64> = charges.iter().map(tag).collect();
     let nkeys: usize = charges.iter().map(|c| c.rule.limits().len()).sum();
-    let mut cmd = Cmd::with_capacity(8 + 8 * nkeys, 64 + 96 * nkeys);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
+    let mut cmd = Cmd::with_capacity(4 + 8 * nkeys, 64 + 96 * nkeys);
     for (c, &t) in charges.iter().zip(&tags) {
         let bucket = bucket_key(prefix, t, buckets);
         for (i, b) in c.rule.limits().iter().enumerate() {
@@ -119,7 +133,40 @@ pub(crate) fn command(
             }
         }
     }
+    Part { args: cmd, nkeys }
+}
+
+/// The script call deciding `parts` one after the other: `EVALSHA sha
+/// numkeys KEYS... ARGV...`, built into one command buffer (a
+/// `ScriptInvocation` keeps every argument in its own allocation and copies
+/// them all again on sending).
+pub(crate) fn command<'a>(script: &Script, parts: impl Iterator<Item = &'a Part> + Clone) -> Cmd {
+    let (mut nargs, mut nkeys, mut ndecisions) = (0, 0, 0);
+    for p in parts.clone() {
+        nargs += p.args.args_iter().len();
+        nkeys += p.nkeys;
+        ndecisions += 1;
+    }
+    let mut cmd = Cmd::with_capacity(4 + nargs, 64 + 96 * nargs);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
+    for p in parts.clone() {
+        for a in p.args.args_iter().take(p.nkeys) {
+            push(&mut cmd, a);
+        }
+    }
+    cmd.arg(ndecisions);
+    for p in parts {
+        for a in p.args.args_iter().skip(p.nkeys) {
+            push(&mut cmd, a);
+        }
+    }
     cmd
+}
+
+fn push(cmd: &mut Cmd, a: redis::Arg<&[u8]>) {
+    if let redis::Arg::Simple(bytes) = a {
+        cmd.arg(bytes);
+    }
 }
 
 /// CRC16 (XMODEM), as Redis Cluster hashes keys to its 16384 slots.

@@ -40,6 +40,7 @@ use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use spillway_core::Decision;
 use spillway_store::{Charge, Store, StoreError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use breaker::Breaker;
 pub use breaker::BreakerState;
@@ -106,6 +107,26 @@ struct Inner {
     script: Script,
     breaker: Breaker,
     connected: tokio::sync::Notify,
+    /// Decisions for a single server, on their way to the batcher.
+    queue: mpsc::Sender<Pending>,
+}
+
+/// While this many script calls to a single server are under way, new
+/// decisions wait and then go out together in one call: under load a call
+/// carries many decisions (Redis then parses one command, starts the
+/// script and reads the clock once for all of them); alone, a decision
+/// goes out at once.
+const MAX_IN_FLIGHT: usize = 2;
+/// Most decisions in one call.
+const MAX_BATCH: usize = 64;
+/// Most decisions waiting for a call; more fail (as a store error, so by
+/// policy) instead of queueing without bound.
+const MAX_QUEUED: usize = 4096;
+
+/// A decision waiting to be sent.
+struct Pending {
+    part: keys::Part,
+    reply: oneshot::Sender<redis::RedisResult<Vec<i64>>>,
 }
 
 /// The Redis / Redis Cluster store. Cheap to clone; clones share connections.
@@ -161,6 +182,7 @@ impl RedisStore {
                     .map_err(|e| err(false, format!("redis cluster: {e}")))?,
             )
         };
+        let (queue, queued) = mpsc::channel(MAX_QUEUED);
         let store = RedisStore {
             inner: Arc::new(Inner {
                 breaker: Breaker::new(config.breaker_failures, config.probe_interval),
@@ -168,9 +190,11 @@ impl RedisStore {
                 conn: RwLock::new(None),
                 script: Script::new(DECIDE_LUA),
                 connected: tokio::sync::Notify::new(),
+                queue,
             }),
         };
         tokio::spawn(connect_loop(Arc::downgrade(&store.inner), target));
+        tokio::spawn(batcher(Arc::downgrade(&store.inner), queued));
         Ok(store)
     }
 
@@ -277,9 +301,8 @@ impl RedisStore {
     ) -> redis::RedisResult<Decision> {
         let buckets = self.inner.config.buckets;
         // Everything in one call: a single server, or one cluster slot.
-        let one_call = || {
-            keys::command(
-                &self.inner.script,
+        let part = || {
+            keys::part(
                 &self.inner.config.prefix,
                 buckets,
                 charges,
@@ -289,14 +312,27 @@ impl RedisStore {
             )
         };
         match conn {
-            Conn::Single(mut c) => {
-                let out = eval(&mut c, &one_call(), &self.inner.script).await?;
+            Conn::Single(_) => {
+                let (reply, answer) = oneshot::channel();
+                let queued = self.inner.queue.try_send(Pending {
+                    part: part(),
+                    reply,
+                });
+                if queued.is_err() {
+                    return Err(
+                        std::io::Error::other("too many decisions waiting for redis").into(),
+                    );
+                }
+                let out = answer
+                    .await
+                    .map_err(|_| std::io::Error::other("redis batcher stopped"))??;
                 Ok(reply::decision(charges, &out, cost))
             }
             Conn::Cluster(mut c) => {
                 let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
-                    let out = eval(&mut c, &one_call(), &self.inner.script).await?;
+                    let cmd = keys::command(&self.inner.script, std::iter::once(&part()));
+                    let out = eval(&mut c, &cmd, &self.inner.script).await?;
                     return Ok(reply::decision(charges, &out, cost));
                 }
                 // Rules in several slots: dry-run everywhere, then charge.
@@ -330,21 +366,83 @@ impl RedisStore {
         let mut outs = vec![Vec::new(); charges.len()];
         for group in groups {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
-            let cmd = keys::command(
-                &self.inner.script,
-                prefix,
-                buckets,
-                &part,
-                cost,
-                now_us,
-                dry,
-            );
+            let args = keys::part(prefix, buckets, &part, cost, now_us, dry);
+            let cmd = keys::command(&self.inner.script, std::iter::once(&args));
             let out = eval(c, &cmd, &self.inner.script).await?;
             for (j, &i) in group.iter().enumerate() {
                 outs[i] = reply::slice_for(&part, &out, j);
             }
         }
         Ok(outs)
+    }
+}
+
+/// Sends the decisions queued for a single server: up to [`MAX_IN_FLIGHT`]
+/// script calls at a time, each carrying every decision that waited for it
+/// (at most [`MAX_BATCH`]). Decisions whose caller gave up (timed out) are
+/// dropped unsent. Ends with the store.
+async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pending>) {
+    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queued.recv().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(8);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queued.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        batch.retain(|p| !p.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let Some(inner) = store.upgrade() else { return };
+        tokio::spawn(async move {
+            let _slot = slot;
+            let conn = inner.conn.read().clone();
+            let result = match conn {
+                Some(Conn::Single(mut c)) => {
+                    let cmd = keys::command(&inner.script, batch.iter().map(|p| &p.part));
+                    eval(&mut c, &cmd, &inner.script).await
+                }
+                _ => Err(std::io::Error::other("not connected to redis").into()),
+            };
+            drop(inner);
+            answer(batch, result);
+        });
+    }
+}
+
+/// Hands each decision of a call its own numbers from the reply.
+fn answer(batch: Vec<Pending>, result: redis::RedisResult<Vec<i64>>) {
+    let expected: usize = batch.iter().map(|p| p.part.reply_len()).sum();
+    let result = result.and_then(|out| {
+        if out.len() == expected {
+            Ok(out)
+        } else {
+            Err((redis::ErrorKind::Parse, "script reply of the wrong length").into())
+        }
+    });
+    match result {
+        Ok(out) => {
+            let mut at = 0;
+            for p in batch {
+                let len = p.part.reply_len();
+                let _ = p.reply.send(Ok(out[at..at + len].to_vec()));
+                at += len;
+            }
+        }
+        Err(e) => {
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use spillway_store::Charge;
 
 /// Numbers per limit in the reply: a verdict under the enforced size, then
 /// one under the base size.
-const PER_LIMIT: usize = 12;
+pub(crate) const PER_LIMIT: usize = 12;
 
 fn verdict(v: &[i64]) -> Verdict {
     let us = |x: i64| Nanos(u64::try_from(x).unwrap_or(0).saturating_mul(1000));

@@ -177,6 +177,120 @@ fn several_rules_are_charged_all_or_none_in_one_call() {
     assert_eq!(d.deciding.unwrap().verdict.remaining, 98);
 }
 
+/// Calls of the decision script so far (INFO commandstats).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn concurrent_decisions_share_script_calls_and_stay_exact() {
+    // 40 clients x 4 exact limits (sliding log, fixed window, GCRA, a
+    // multi-limit rule), 12 concurrent requests each, all at once: each
+    // (client, rule) admits exactly its limit, though decisions travel
+    // together in script calls.
+    let server = RedisServer::start();
+    let rt = rt();
+    // A timeout no decision reaches here: one that timed out after its call
+    // was sent would be charged but not counted.
+    let redis = {
+        let _rt = rt.enter();
+        RedisStore::new(RedisConfig {
+            timeout: Duration::from_secs(10),
+            ..config(server.url())
+        })
+        .unwrap()
+    };
+    assert!(rt.block_on(redis.wait_connected(Duration::from_secs(5))));
+    let by = || KeySpec::parse("user").unwrap();
+    let w = Nanos::from_secs(60);
+    let rules = vec![
+        Rule::new(
+            "log",
+            None,
+            by(),
+            vec![Limit::SlidingLog(SlidingLog::new(5, w).unwrap())],
+            Mode::Hard,
+        )
+        .unwrap(),
+        Rule::new(
+            "window",
+            None,
+            by(),
+            vec![Limit::FixedWindow(
+                FixedWindow::new(7, Nanos::from_secs(3600)).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap(),
+        Rule::new(
+            "gcra",
+            None,
+            by(),
+            vec![Limit::Gcra(
+                Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 3).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap(),
+        Rule::new(
+            "multi",
+            None,
+            by(),
+            vec![
+                Limit::FixedWindow(FixedWindow::new(9, Nanos::from_secs(3600)).unwrap()),
+                Limit::SlidingLog(SlidingLog::new(4, w).unwrap()),
+            ],
+            Mode::Hard,
+        )
+        .unwrap(),
+    ];
+    let expected = [5, 7, 3, 4];
+    let rules = std::sync::Arc::new(rules);
+    let before = script_calls(&server);
+    let admitted = rt.block_on(async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for client in 0..40 {
+            for (ri, _) in expected.iter().enumerate() {
+                for _ in 0..12 {
+                    let (redis, rules) = (redis.clone(), rules.clone());
+                    tasks.spawn(async move {
+                        let name = format!("c{client}");
+                        let key = Key::from_parts([name.as_str()]);
+                        let charge = Charge {
+                            rule: &rules[ri],
+                            key: &key,
+                        };
+                        let d = redis.decide(&[charge], 1).await.unwrap();
+                        (client, ri, d.allowed)
+                    });
+                }
+            }
+        }
+        let mut admitted = std::collections::HashMap::new();
+        while let Some(r) = tasks.join_next().await {
+            let (client, ri, allowed) = r.unwrap();
+            *admitted.entry((client, ri)).or_insert(0) += u32::from(allowed);
+        }
+        admitted
+    });
+    for client in 0..40 {
+        for (ri, &n) in expected.iter().enumerate() {
+            assert_eq!(admitted[&(client, ri)], n, "client {client} rule {ri}");
+        }
+    }
+    let calls = script_calls(&server) - before;
+    let decisions = 40 * 4 * 12;
+    assert!(
+        calls < decisions,
+        "{calls} script calls for {decisions} concurrent decisions: none shared a call"
+    );
+}
+
 #[test]
 fn every_key_has_a_ttl_and_the_script_cache_stays_constant() {
     let server = RedisServer::start();

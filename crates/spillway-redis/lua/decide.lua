@@ -31,9 +31,11 @@
 --   6 sliding counter   a = window
 --   7 gcra              a = microseconds per request
 --
--- Returns, per decision, {now, then per limit 12 numbers: the verdict under
--- the enforced size, then under the base size: allowed (1/0), limit,
--- remaining, reset, retry after (-1 = never), wait}, all in one flat list.
+-- Returns one flat list: per decision, per limit, a verdict of five numbers
+-- (allowed 1/0, remaining, reset, retry after (-1 = never), wait; the caller
+-- knows the limit), for a soft rule twice: under the enforced (raised) size,
+-- then under the base size. (Redis turns each number into a reply element
+-- and the client parses each: the reply is kept to what the client lacks.)
 --
 -- Every key written gets a TTL in the same call, so idle keys vanish.
 -- Counter states share small hashes: a Redis key costs about 110 bytes
@@ -57,7 +59,7 @@ local max, min, floor, fmod = math.max, math.min, math.floor, math.fmod
 local fmt, match, tonumber = string.format, string.match, tonumber
 
 -- Decides one counter algorithm for `size` and writes the verdict to
--- out[o + 1 .. o + 6]. Returns the state to write if admitted and when it
+-- out[o + 1 .. o + 5]. Returns the state to write if admitted and when it
 -- expires (absolute microseconds; the state's first number).
 local function counter(out, o, code, state, size, a, b, now, cost)
   local ok, rem, reset, retry, wait, nxt, exp = true, 0, 0, 0, 0, nil, 0
@@ -174,11 +176,10 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     end
   end
   out[o + 1] = ok and 1 or 0
-  out[o + 2] = size
-  out[o + 3] = rem
-  out[o + 4] = reset
-  out[o + 5] = retry
-  out[o + 6] = wait
+  out[o + 2] = rem
+  out[o + 3] = reset
+  out[o + 4] = retry
+  out[o + 5] = wait
   return nxt, exp
 end
 
@@ -188,7 +189,7 @@ local ndecisions = tonumber(ARGV[1])
 -- Tables are made with room for one rule of one limit (the common case):
 -- growing them one entry at a time reallocates, and together with a table
 -- per field below that cost a third of the script's own time (measured).
-local out = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local out = { 0, 0, 0, 0, 0 }
 local n = 0
 -- Per limit k of a decision, at L[9k - 8 .. 9k]: code, key, field,
 -- enforced size, a, state to write, expiry, and for a sliding log the list
@@ -212,8 +213,6 @@ for _ = 1, ndecisions do
   local dry = ARGV[p + 2] == '1'
   local nrules = tonumber(ARGV[p + 3])
   p = p + 4
-  out[n + 1] = now
-  n = n + 1
 
   local k = 1
   local allowed = true
@@ -222,6 +221,8 @@ for _ = 1, ndecisions do
     p = p + 2
     R[3 * r - 1], R[3 * r] = k, nl
     local hard_ok, enf_ok = true, true
+    -- A soft rule's limits get two verdicts: raised, and as written.
+    local two = mode == 1
     for _ = 1, nl do
       local code = tonumber(ARGV[p])
       local base, enf = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
@@ -242,31 +243,32 @@ for _ = 1, ndecisions do
         local count = #all - dead
         local newest_end = 0
         if #all > 0 then newest_end = tonumber(all[#all]) + a end
-        for pass = 1, 2 do
+        for pass = 1, two and 2 or 1 do
           local size, o = enf, n
-          if pass == 2 then size, o = base, n + 6 end
+          if pass == 2 then size, o = base, n + 5 end
           local total = count + cost
           if total <= size then
-            out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 1, size - total, max(now + a, newest_end) - now, 0
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - total, max(now + a, newest_end) - now, 0
           else
             local retry = NEVER
             if cost <= size then retry = max(tonumber(all[dead + total - size]) + a - now, 0) end
-            out[o + 1], out[o + 3], out[o + 4], out[o + 5] = 0, max(size - count, 0), max(newest_end - now, 0), retry
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, max(size - count, 0), max(newest_end - now, 0), retry
           end
-          out[o + 2], out[o + 6] = size, 0
+          out[o + 5] = 0
         end
       else
         local state = redis.call('HGET', key, field)
         L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
-        if base == enf then
-          for i = 1, 6 do out[n + 6 + i] = out[n + i] end
-        else
-          counter(out, n + 6, code, state, base, a, b, now, cost)
-        end
+        if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
       end
-      hard_ok = hard_ok and out[n + 7] == 1
       enf_ok = enf_ok and out[n + 1] == 1
-      n = n + 12
+      if two then
+        hard_ok = hard_ok and out[n + 6] == 1
+        n = n + 10
+      else
+        hard_ok = hard_ok and out[n + 1] == 1
+        n = n + 5
+      end
       k = k + 1
     end
     local charge, admits = hard_ok, hard_ok
@@ -335,5 +337,5 @@ for _ = 1, ndecisions do
 end
 
 -- (Fewer numbers than the placeholders: drop the rest.)
-for i = n + 1, 13 do out[i] = nil end
+for i = n + 1, 5 do out[i] = nil end
 return out

@@ -78,13 +78,8 @@ pub(crate) struct Part {
     args: Cmd,
     /// How many of `args` are keys: one per limit.
     nkeys: usize,
-}
-
-impl Part {
     /// How many numbers the script answers for this decision.
-    pub(crate) fn reply_len(&self) -> usize {
-        1 + crate::reply::PER_LIMIT * self.nkeys
-    }
+    pub(crate) reply_len: usize,
 }
 
 /// The part of a script call deciding `charges`.
@@ -133,7 +128,11 @@ pub(crate) fn part(
             }
         }
     }
-    Part { args: cmd, nkeys }
+    Part {
+        args: cmd,
+        nkeys,
+        reply_len: crate::reply::reply_len(charges),
+    }
 }
 
 /// The script call deciding `parts` one after the other: `EVALSHA sha

@@ -421,7 +421,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
 
 /// Hands each decision of a call its own numbers from the reply.
 fn answer(batch: Vec<Pending>, result: redis::RedisResult<Vec<i64>>) {
-    let expected: usize = batch.iter().map(|p| p.part.reply_len()).sum();
+    let expected: usize = batch.iter().map(|p| p.part.reply_len).sum();
     let result = result.and_then(|out| {
         if out.len() == expected {
             Ok(out)
@@ -433,7 +433,7 @@ fn answer(batch: Vec<Pending>, result: redis::RedisResult<Vec<i64>>) {
         Ok(out) => {
             let mut at = 0;
             for p in batch {
-                let len = p.part.reply_len();
+                let len = p.part.reply_len;
                 let _ = p.reply.send(Ok(out[at..at + len].to_vec()));
                 at += len;
             }

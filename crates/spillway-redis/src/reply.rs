@@ -8,30 +8,43 @@
 use spillway_core::{Decision, Limit, Nanos, StateView, Verdict, decide};
 use spillway_store::Charge;
 
-/// Numbers per limit in the reply: a verdict under the enforced size, then
-/// one under the base size.
-pub(crate) const PER_LIMIT: usize = 12;
+/// Numbers per verdict in the reply: allowed, remaining, reset, retry
+/// after, wait (the limit's size is the caller's).
+const PER_VERDICT: usize = 5;
 
-fn verdict(v: &[i64]) -> Verdict {
+/// Whether the script answers two verdicts per limit of `rule` (under the
+/// raised and the base size: a soft rule) or one.
+fn two_verdicts(rule: &spillway_core::Rule) -> bool {
+    !std::ptr::eq(rule.limits(), rule.enforced_limits())
+}
+
+/// How many numbers the script answers for one charge.
+fn charge_len(c: &Charge<'_>) -> usize {
+    let per_limit = if two_verdicts(c.rule) { 2 } else { 1 } * PER_VERDICT;
+    c.rule.limits().len() * per_limit
+}
+
+/// How many numbers the script answers for a decision over `charges`.
+pub(crate) fn reply_len(charges: &[Charge<'_>]) -> usize {
+    charges.iter().map(charge_len).sum()
+}
+
+fn verdict(v: &[i64], size: u64) -> Verdict {
     let us = |x: i64| Nanos(u64::try_from(x).unwrap_or(0).saturating_mul(1000));
     Verdict {
         allowed: v[0] == 1,
-        limit: u64::try_from(v[1]).unwrap_or(0),
-        remaining: u64::try_from(v[2]).unwrap_or(0),
-        reset: us(v[3]),
-        retry_after: if v[4] < 0 { Nanos::MAX } else { us(v[4]) },
-        wait: us(v[5]),
+        limit: size,
+        remaining: u64::try_from(v[1]).unwrap_or(0),
+        reset: us(v[2]),
+        retry_after: if v[3] < 0 { Nanos::MAX } else { us(v[3]) },
+        wait: us(v[4]),
     }
 }
 
-/// Charge `j`'s numbers in a reply for `charges` (skipping the leading `now`).
+/// Charge `j`'s numbers in a reply for `charges`.
 pub(crate) fn slice_for(charges: &[Charge<'_>], out: &[i64], j: usize) -> Vec<i64> {
-    let start = 1 + charges[..j]
-        .iter()
-        .map(|c| c.rule.limits().len() * PER_LIMIT)
-        .sum::<usize>();
-    let len = charges[j].rule.limits().len() * PER_LIMIT;
-    out.get(start..start + len)
+    let start = reply_len(&charges[..j]);
+    out.get(start..start + charge_len(&charges[j]))
         .map(<[i64]>::to_vec)
         .unwrap_or_default()
 }
@@ -43,10 +56,15 @@ struct Replay<'a> {
 
 impl StateView for Replay<'_> {
     fn verdict(&mut self, charge: usize, index: usize, limit: &Limit, _: Nanos, _: u64) -> Verdict {
-        let base = std::ptr::eq(limit, &self.charges[charge].rule.limits()[index]);
-        let at = index * PER_LIMIT + if base { 6 } else { 0 };
-        match self.parts[charge].get(at..at + 6) {
-            Some(v) => verdict(v),
+        let rule = self.charges[charge].rule;
+        let at = if two_verdicts(rule) {
+            let base = std::ptr::eq(limit, &rule.limits()[index]);
+            index * 2 * PER_VERDICT + if base { PER_VERDICT } else { 0 }
+        } else {
+            index * PER_VERDICT
+        };
+        match self.parts[charge].get(at..at + PER_VERDICT) {
+            Some(v) => verdict(v, limit.size()),
             // A short reply: deny rather than guess.
             None => Verdict {
                 allowed: false,

@@ -31,7 +31,8 @@
 --   6 sliding counter   a = window
 --   7 gcra              a = microseconds per request
 --
--- Returns one flat list: per decision, per limit, a verdict of five numbers
+-- Returns one flat list, packed with MessagePack (cmsgpack, built into
+-- Redis's Lua): per decision, per limit, a verdict of five numbers
 -- (allowed 1/0, remaining, reset, retry after (-1 = never), wait; the caller
 -- knows the limit), for a soft rule twice: under the enforced (raised) size,
 -- then under the base size. (Redis turns each number into a reply element
@@ -338,4 +339,8 @@ end
 
 -- (Fewer numbers than the placeholders: drop the rest.)
 for i = n + 1, 5 do out[i] = nil end
-return out
+-- One MessagePack string rather than a list: Redis would make a reply
+-- element of each number and the client parse each one (a fifth of the
+-- client's time per decision in profiles); packing costs Redis about as
+-- much as the elements did.
+return cmsgpack.pack(out)

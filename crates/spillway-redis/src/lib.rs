@@ -30,6 +30,7 @@
 
 mod breaker;
 mod keys;
+mod msgpack;
 mod reply;
 
 use std::sync::Arc;
@@ -453,13 +454,15 @@ async fn eval<C: redis::aio::ConnectionLike>(
     cmd: &redis::Cmd,
     script: &Script,
 ) -> redis::RedisResult<Vec<i64>> {
-    match cmd.query_async(c).await {
+    let packed: Vec<u8> = match cmd.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             script.load_async(c).await?;
-            cmd.query_async(c).await
+            cmd.query_async(c).await?
         }
-        other => other,
-    }
+        other => other?,
+    };
+    msgpack::unpack_numbers(&packed)
+        .map_err(|why| (redis::ErrorKind::Parse, "bad script reply", why.to_string()).into())
 }
 
 /// The largest cost the Redis store accepts: keeps every product in the

@@ -142,19 +142,25 @@ pub fn push_problem_body(checked: &Checked, out: &mut String) {
     out.push('}');
 }
 
-/// `s` as the inside of a JSON string.
-fn push_json_escaped(out: &mut String, s: &str) {
+/// Appends `s` as the inside of a JSON string (quotes, backslashes and
+/// control characters escaped), for writers of JSON by hand.
+pub fn push_json_escaped(out: &mut String, s: &str) {
     use std::fmt::Write as _;
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        if b == b'"' || b == b'\\' || b < 0x20 {
+            out.push_str(&s[plain..i]);
+            match b {
+                b'"' => out.push_str("\\\""),
+                b'\\' => out.push_str("\\\\"),
+                _ => {
+                    let _ = write!(out, "\\u{b:04x}");
+                }
             }
-            c => out.push(c),
+            plain = i + 1;
         }
     }
+    out.push_str(&s[plain..]);
 }
 
 impl<B: From<String>> Deny<B> for ProblemJson {

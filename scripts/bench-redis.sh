@@ -5,7 +5,7 @@
 #  2. spillway's Redis store in-process (examples/redis_bench.rs);
 #  3. spillway serve on that Redis over HTTP (wrk, random users over 100,000),
 #     next to a bare axum server (the HTTP ceiling).
-# 127.0.0.1 only, bounded in time. Usage: scripts/bench-redis.sh [SECONDS]
+# 127.0.0.1 only, bounded in time. Usage: [ROUNDS=3] scripts/bench-redis.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
@@ -58,8 +58,25 @@ sp=$(free_port); bp=$(free_port)
 RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
 target/release/examples/bare "127.0.0.1:$bp" 2>/dev/null &
 wait_port "$sp"; wait_port "$bp"; sleep 0.5
-for name in bare spillway-redis; do
-  if [ "$name" = bare ]; then url="http://127.0.0.1:$bp/"; else url="http://127.0.0.1:$sp/v1/check"; fi
-  out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/load.lua" "$url")
-  echo "$name http rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")"
+# 64 connections, and 256: a decision on Redis waits for a script call, so
+# a closed loop needs more requests in flight to keep the two CPUs busy
+# (the bare server runs as fast at either). The machine's speed drifts
+# between runs: ROUNDS interleaved rounds, and the median of each round's
+# spillway/bare ratio.
+rounds=${ROUNDS:-3}
+results="$work/http-results"
+for r in $(seq "$rounds"); do
+  for conns in 64 256; do
+    for name in bare spillway-redis; do
+      if [ "$name" = bare ]; then url="http://127.0.0.1:$bp/"; else url="http://127.0.0.1:$sp/v1/check"; fi
+      out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$work/load.lua" "$url")
+      echo "$name http conns=$conns rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
+    done
+  done
+done
+for conns in 64 256; do
+  ratio=$(paste <(grep "^spillway-redis http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
+                <(grep "^bare http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
+    awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  echo "HTTP on Redis / bare, $conns connections, per-round median: $ratio"
 done

@@ -410,7 +410,17 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
             let result = match conn {
                 Some(Conn::Single(mut c)) => {
                     let cmd = keys::command(&inner.script, batch.iter().map(|p| &p.part));
-                    eval(&mut c, &cmd, &inner.script).await
+                    // Bounded like each decision, so a call to a hung server
+                    // gives its slot back (its callers have given up by then).
+                    let call = eval(&mut c, &cmd, &inner.script);
+                    match tokio::time::timeout(inner.config.timeout, call).await {
+                        Ok(r) => r,
+                        Err(_) => Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "redis did not answer in time",
+                        )
+                        .into()),
+                    }
                 }
                 _ => Err(std::io::Error::other("not connected to redis").into()),
             };

@@ -13,16 +13,19 @@
 --          for every other algorithm the hash ("bucket") that holds its state
 --          in one field, next to the states of other clients whose tags fall
 --          in the same bucket
--- ARGV[1]  number of decisions
--- then per decision:
+-- ARGV[1]  number of distinct rules in this call, then each rule (the
+--          decisions of a call mostly share a few rules, so their
+--          parameters are sent, and parsed, once): mode (0 hard, 1 soft,
+--          2 shadow), number of limits, and per limit five numbers:
+--          algorithm, base size, enforced size, a, b
+-- then     number of decisions, and per decision:
 --   now in microseconds, or 0 to use this server's TIME (the default:
 --   instances with skewed clocks then agree; read once per call)
 --   cost
 --   1 for a dry run (decide, write nothing), else 0
 --   number of rules
--- then per rule: mode (0 hard, 1 soft, 2 shadow), number of limits,
--- and per limit five numbers: algorithm, base size, enforced size, a, b,
--- then the limit's field in its bucket (ignored for the sliding log)
+--   then per rule: its number in the list above, then per limit its field
+--   in its bucket (empty for the sliding log)
 --   1 token bucket      a = microseconds per token
 --   2 leaky bucket      a = microseconds per unit leaked
 --   3 shaper            a = microseconds per unit, b = max wait
@@ -185,7 +188,20 @@ local function counter(out, o, code, state, size, a, b, now, cost)
 end
 
 local time_now = nil
-local ndecisions = tonumber(ARGV[1])
+
+-- The rules, into one flat table: rule r's mode at RP[RS[r]], its number of
+-- limits after it, then five numbers per limit.
+local RP, RS = {}, {}
+local p = 2
+for r = 1, tonumber(ARGV[1]) do
+  local at = #RP + 1
+  RS[r] = at
+  local nl = tonumber(ARGV[p + 1])
+  for i = 0, 1 + 5 * nl do RP[at + i] = tonumber(ARGV[p + i]) end
+  p = p + 2 + 5 * nl
+end
+local ndecisions = tonumber(ARGV[p])
+p = p + 1
 
 -- Tables are made with room for one rule of one limit (the common case):
 -- growing them one entry at a time reallocates, and together with a table
@@ -199,7 +215,7 @@ local n = 0
 -- decision in turn.
 local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
-local p, key_base = 2, 0
+local key_base = 0
 
 for _ = 1, ndecisions do
   local now = tonumber(ARGV[p])
@@ -218,18 +234,19 @@ for _ = 1, ndecisions do
   local k = 1
   local allowed = true
   for r = 1, nrules do
-    local mode, nl = tonumber(ARGV[p]), tonumber(ARGV[p + 1])
-    p = p + 2
+    local rp = RS[tonumber(ARGV[p])]
+    p = p + 1
+    local mode, nl = RP[rp], RP[rp + 1]
+    rp = rp + 2
     R[3 * r - 1], R[3 * r] = k, nl
     local hard_ok, enf_ok = true, true
     -- A soft rule's limits get two verdicts: raised, and as written.
     local two = mode == 1
     for _ = 1, nl do
-      local code = tonumber(ARGV[p])
-      local base, enf = tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
-      local a, b = tonumber(ARGV[p + 3]), tonumber(ARGV[p + 4])
-      local field = ARGV[p + 5]
-      p = p + 6
+      local code, base, enf, a, b = RP[rp], RP[rp + 1], RP[rp + 2], RP[rp + 3], RP[rp + 4]
+      rp = rp + 5
+      local field = ARGV[p]
+      p = p + 1
       local key = KEYS[key_base + k]
       local q = 9 * k - 9
       L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use redis::{Cmd, Script};
+use smallvec::SmallVec;
 use spillway_core::{Limit, Mode};
 use spillway_store::Charge;
 
@@ -55,82 +56,77 @@ fn us_up(ns: u64) -> u64 {
     ns.div_ceil(1000).max(1)
 }
 
+/// The sliding log's algorithm code.
+const SLIDING_LOG: u64 = 5;
+
 /// `(code, base size, enforced size, a, b)` of a limit, in microseconds.
-fn params(base: &Limit, enforced: &Limit) -> [u64; 5] {
+fn params_of(base: &Limit, enforced: &Limit) -> [u64; 5] {
     let (code, a, b) = match base {
         Limit::TokenBucket(l) => (1, us_up(l.refill().interval()), 0),
         Limit::LeakyBucket(l) => (2, us_up(l.leak().interval()), 0),
         Limit::Shaper(l) => (3, us_up(l.leak().interval()), l.max_wait().as_u64() / 1000),
         Limit::FixedWindow(l) => (4, us_up(l.window().as_u64()), 0),
-        Limit::SlidingLog(l) => (5, us_up(l.window().as_u64()), 0),
+        Limit::SlidingLog(l) => (SLIDING_LOG, us_up(l.window().as_u64()), 0),
         Limit::SlidingCounter(l) => (6, us_up(l.window().as_u64()), 0),
         Limit::Gcra(l) => (7, us_up(l.rate().interval()), 0),
     };
     [code, base.size(), enforced.size(), a, b]
 }
 
-/// One decision's share of a script call: its keys, then its arguments
-/// (see the contract at the top of `lua/decide.lua`).
+/// One rule's share of a decision: its parameters and its client's tag.
+#[derive(Debug)]
+struct RulePart {
+    /// Mode (0 hard, 1 soft, 2 shadow), number of limits, then per limit:
+    /// code, base size, enforced size, a, b (see [`params`]).
+    params: SmallVec<[u64; 7]>,
+    tag: u64,
+}
+
+impl RulePart {
+    fn limits(&self) -> impl Iterator<Item = &[u64]> {
+        self.params[2..].chunks_exact(5)
+    }
+}
+
+/// One decision's share of a script call (see the contract at the top of
+/// `lua/decide.lua`), as plain values: the batcher writes the command.
 #[derive(Debug)]
 pub(crate) struct Part {
-    /// The keys, then the arguments, as a command's argument list (one
-    /// buffer, not one allocation per argument).
-    args: Cmd,
-    /// How many of `args` are keys: one per limit.
-    nkeys: usize,
+    now_us: u64,
+    cost: u64,
+    dry: bool,
+    rules: SmallVec<[RulePart; 1]>,
     /// How many numbers the script answers for this decision.
     pub(crate) reply_len: usize,
 }
 
 /// The part of a script call deciding `charges`.
-pub(crate) fn part(
-    prefix: &str,
-    buckets: u32,
-    charges: &[Charge<'_>],
-    cost: u64,
-    now_us: u64,
-    dry: bool,
-) -> Part {
-    let tags: Vec<u64> = charges.iter().map(tag).collect();
-    let nkeys: usize = charges.iter().map(|c| c.rule.limits().len()).sum();
-    let mut cmd = Cmd::with_capacity(4 + 8 * nkeys, 64 + 96 * nkeys);
-    for (c, &t) in charges.iter().zip(&tags) {
-        let bucket = bucket_key(prefix, t, buckets);
-        for (i, b) in c.rule.limits().iter().enumerate() {
-            if matches!(b, Limit::SlidingLog(_)) {
-                cmd.arg(log_key(prefix, t, buckets, i));
-            } else {
-                cmd.arg(&bucket);
+pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, dry: bool) -> Part {
+    let rules = charges
+        .iter()
+        .map(|c| {
+            let mode = match c.rule.mode() {
+                Mode::Hard => 0,
+                Mode::Soft { .. } => 1,
+                Mode::Shadow => 2,
+            };
+            let base = c.rule.limits();
+            let mut params = SmallVec::with_capacity(2 + 5 * base.len());
+            params.extend([mode, base.len() as u64]);
+            for (b, e) in base.iter().zip(c.rule.enforced_limits()) {
+                params.extend(params_of(b, e));
             }
-        }
-    }
-    cmd.arg(now_us)
-        .arg(cost)
-        .arg(u8::from(dry))
-        .arg(charges.len());
-    for (c, &t) in charges.iter().zip(&tags) {
-        let mode = match c.rule.mode() {
-            Mode::Hard => 0,
-            Mode::Soft { .. } => 1,
-            Mode::Shadow => 2,
-        };
-        let base = c.rule.limits();
-        let enforced = c.rule.enforced_limits();
-        cmd.arg(mode).arg(base.len());
-        for (i, (b, e)) in base.iter().zip(enforced).enumerate() {
-            for p in params(b, e) {
-                cmd.arg(p);
+            RulePart {
+                params,
+                tag: tag(c),
             }
-            if matches!(b, Limit::SlidingLog(_)) {
-                cmd.arg("");
-            } else {
-                cmd.arg(field(t, i));
-            }
-        }
-    }
+        })
+        .collect();
     Part {
-        args: cmd,
-        nkeys,
+        now_us,
+        cost,
+        dry,
+        rules,
         reply_len: crate::reply::reply_len(charges),
     }
 }
@@ -138,34 +134,75 @@ pub(crate) fn part(
 /// The script call deciding `parts` one after the other: `EVALSHA sha
 /// numkeys KEYS... ARGV...`, built into one command buffer (a
 /// `ScriptInvocation` keeps every argument in its own allocation and copies
-/// them all again on sending).
-pub(crate) fn command<'a>(script: &Script, parts: impl Iterator<Item = &'a Part> + Clone) -> Cmd {
-    let (mut nargs, mut nkeys, mut ndecisions) = (0, 0, 0);
+/// them all again on sending). Rules shared by several decisions are sent
+/// once.
+pub(crate) fn command<'a>(
+    script: &Script,
+    prefix: &str,
+    buckets: u32,
+    parts: impl Iterator<Item = &'a Part> + Clone,
+) -> Cmd {
+    // The distinct rules, and each rule application's number among them.
+    let mut distinct: Vec<&[u64]> = Vec::new();
+    let mut index: Vec<usize> = Vec::new();
+    let (mut nkeys, mut nargs, mut ndecisions) = (0, 1, 0);
     for p in parts.clone() {
-        nargs += p.args.args_iter().len();
-        nkeys += p.nkeys;
         ndecisions += 1;
+        nargs += 4;
+        for r in &p.rules {
+            let i = match distinct.iter().position(|d| *d == &r.params[..]) {
+                Some(i) => i,
+                None => {
+                    distinct.push(&r.params);
+                    nargs += r.params.len();
+                    distinct.len() - 1
+                }
+            };
+            index.push(i + 1);
+            let nl = r.limits().count();
+            nkeys += nl;
+            nargs += 1 + nl;
+        }
     }
-    let mut cmd = Cmd::with_capacity(4 + nargs, 64 + 96 * nargs);
+    let mut cmd = Cmd::with_capacity(4 + nkeys + nargs, 64 + 40 * nkeys + 12 * nargs);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
     for p in parts.clone() {
-        for a in p.args.args_iter().take(p.nkeys) {
-            push(&mut cmd, a);
+        for r in &p.rules {
+            let bucket = bucket_key(prefix, r.tag, buckets);
+            for (i, l) in r.limits().enumerate() {
+                if l[0] == SLIDING_LOG {
+                    cmd.arg(log_key(prefix, r.tag, buckets, i));
+                } else {
+                    cmd.arg(&bucket);
+                }
+            }
+        }
+    }
+    cmd.arg(distinct.len());
+    for d in &distinct {
+        for &v in *d {
+            cmd.arg(v);
         }
     }
     cmd.arg(ndecisions);
+    let mut next = index.into_iter();
     for p in parts {
-        for a in p.args.args_iter().skip(p.nkeys) {
-            push(&mut cmd, a);
+        cmd.arg(p.now_us)
+            .arg(p.cost)
+            .arg(u8::from(p.dry))
+            .arg(p.rules.len());
+        for r in &p.rules {
+            cmd.arg(next.next().unwrap_or(0));
+            for (i, l) in r.limits().enumerate() {
+                if l[0] == SLIDING_LOG {
+                    cmd.arg("");
+                } else {
+                    cmd.arg(field(r.tag, i));
+                }
+            }
         }
     }
     cmd
-}
-
-fn push(cmd: &mut Cmd, a: redis::Arg<&[u8]>) {
-    if let redis::Arg::Simple(bytes) = a {
-        cmd.arg(bytes);
-    }
 }
 
 /// CRC16 (XMODEM), as Redis Cluster hashes keys to its 16384 slots.
@@ -206,6 +243,66 @@ pub(crate) fn slot_groups(buckets: u32, charges: &[Charge<'_>]) -> Vec<Vec<usize
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rules_shared_by_decisions_are_sent_once() {
+        use spillway_core::{FixedWindow, KeySpec, Nanos, Rule, SlidingLog};
+        use spillway_store::Key;
+        let by = || KeySpec::parse("user").unwrap();
+        let w = Nanos::from_secs(60);
+        let window = Rule::new(
+            "w",
+            None,
+            by(),
+            vec![Limit::FixedWindow(FixedWindow::new(10, w).unwrap())],
+            Mode::Hard,
+        )
+        .unwrap();
+        let log = Rule::new(
+            "l",
+            None,
+            by(),
+            vec![Limit::SlidingLog(SlidingLog::new(3, w).unwrap())],
+            Mode::Shadow,
+        )
+        .unwrap();
+        let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
+        let charge = |rule, key| Charge { rule, key };
+        let parts = [
+            part(&[charge(&window, &a)], 1, 0, false),
+            part(&[charge(&log, &b), charge(&window, &b)], 2, 0, false),
+            part(&[charge(&window, &b)], 1, 7, true),
+        ];
+        let cmd = command(&Script::new("return 1"), "p:", 16, parts.iter());
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"?".to_vec(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVALSHA");
+        assert_eq!(args[2], b"4", "one key per limit");
+        for k in &args[3..7] {
+            assert!(k.starts_with(b"p:{"), "{k:?}");
+        }
+        let (fa, fb) = (
+            field(tag(&charge(&window, &a)), 0),
+            field(tag(&charge(&window, &b)), 0),
+        );
+        let n = |v: u64| v.to_string().into_bytes();
+        let us = n(60_000_000);
+        let mut expected: Vec<Vec<u8>> = vec![n(2)];
+        // The two rules: hard fixed window of 10; shadow sliding log of 3.
+        expected.extend([n(0), n(1), n(4), n(10), n(10), us.clone(), n(0)]);
+        expected.extend([n(2), n(1), n(5), n(3), n(3), us, n(0)]);
+        // Three decisions: now, cost, dry, rules, then rule number and fields.
+        expected.push(n(3));
+        expected.extend([n(0), n(1), n(0), n(1), n(1), fa]);
+        expected.extend([n(0), n(2), n(0), n(2), n(2), Vec::new(), n(1), fb.clone()]);
+        expected.extend([n(7), n(1), n(1), n(1), n(1), fb]);
+        assert_eq!(args[7..], expected[..]);
+    }
 
     #[test]
     fn crc16_matches_the_cluster_spec_example() {

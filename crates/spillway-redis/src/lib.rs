@@ -302,16 +302,8 @@ impl RedisStore {
     ) -> redis::RedisResult<Decision> {
         let buckets = self.inner.config.buckets;
         // Everything in one call: a single server, or one cluster slot.
-        let part = || {
-            keys::part(
-                &self.inner.config.prefix,
-                buckets,
-                charges,
-                cost,
-                now_us,
-                false,
-            )
-        };
+        let prefix = &self.inner.config.prefix;
+        let part = || keys::part(charges, cost, now_us, false);
         match conn {
             Conn::Single(_) => {
                 let (reply, answer) = oneshot::channel();
@@ -332,7 +324,12 @@ impl RedisStore {
             Conn::Cluster(mut c) => {
                 let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
-                    let cmd = keys::command(&self.inner.script, std::iter::once(&part()));
+                    let cmd = keys::command(
+                        &self.inner.script,
+                        prefix,
+                        buckets,
+                        std::iter::once(&part()),
+                    );
                     let out = eval(&mut c, &cmd, &self.inner.script).await?;
                     return Ok(reply::decision(charges, &out, cost));
                 }
@@ -367,8 +364,8 @@ impl RedisStore {
         let mut outs = vec![Vec::new(); charges.len()];
         for group in groups {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
-            let args = keys::part(prefix, buckets, &part, cost, now_us, dry);
-            let cmd = keys::command(&self.inner.script, std::iter::once(&args));
+            let args = keys::part(&part, cost, now_us, dry);
+            let cmd = keys::command(&self.inner.script, prefix, buckets, std::iter::once(&args));
             let out = eval(c, &cmd, &self.inner.script).await?;
             for (j, &i) in group.iter().enumerate() {
                 outs[i] = reply::slice_for(&part, &out, j);
@@ -409,7 +406,9 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
             let conn = inner.conn.read().clone();
             let result = match conn {
                 Some(Conn::Single(mut c)) => {
-                    let cmd = keys::command(&inner.script, batch.iter().map(|p| &p.part));
+                    let config = &inner.config;
+                    let parts = batch.iter().map(|p| &p.part);
+                    let cmd = keys::command(&inner.script, &config.prefix, config.buckets, parts);
                     // Bounded like each decision, so a call to a hung server
                     // gives its slot back (its callers have given up by then).
                     let call = eval(&mut c, &cmd, &inner.script);

@@ -13,7 +13,10 @@
 --          for every other algorithm the hash ("bucket") that holds its state
 --          in one field, next to the states of other clients whose tags fall
 --          in the same bucket
--- ARGV[1]  number of distinct rules in this call, then each rule (the
+-- ARGV[1]  one MessagePack array of every number and field below (Redis
+--          makes an object of each argument and the script a string of
+--          each; cmsgpack unpacks them all at once, numbers as numbers):
+--          number of distinct rules in this call, then each rule (the
 --          decisions of a call mostly share a few rules, so their
 --          parameters are sent, and parsed, once): mode (0 hard, 1 soft,
 --          2 shadow), number of limits, and per limit five numbers:
@@ -189,18 +192,16 @@ end
 
 local time_now = nil
 
--- The rules, into one flat table: rule r's mode at RP[RS[r]], its number of
--- limits after it, then five numbers per limit.
-local RP, RS = {}, {}
+local A = cmsgpack.unpack(ARGV[1])
+-- Rule r's mode at A[RS[r]], its number of limits after it, then five
+-- numbers per limit.
+local RS = {}
 local p = 2
-for r = 1, tonumber(ARGV[1]) do
-  local at = #RP + 1
-  RS[r] = at
-  local nl = tonumber(ARGV[p + 1])
-  for i = 0, 1 + 5 * nl do RP[at + i] = tonumber(ARGV[p + i]) end
-  p = p + 2 + 5 * nl
+for r = 1, A[1] do
+  RS[r] = p
+  p = p + 2 + 5 * A[p + 1]
 end
-local ndecisions = tonumber(ARGV[p])
+local ndecisions = A[p]
 p = p + 1
 
 -- Tables are made with room for one rule of one limit (the common case):
@@ -218,7 +219,7 @@ local R = { false, 0, 0 }
 local key_base = 0
 
 for _ = 1, ndecisions do
-  local now = tonumber(ARGV[p])
+  local now = A[p]
   if now == 0 then
     if not time_now then
       local t = redis.call('TIME')
@@ -226,26 +227,26 @@ for _ = 1, ndecisions do
     end
     now = time_now
   end
-  local cost = tonumber(ARGV[p + 1])
-  local dry = ARGV[p + 2] == '1'
-  local nrules = tonumber(ARGV[p + 3])
+  local cost = A[p + 1]
+  local dry = A[p + 2] == 1
+  local nrules = A[p + 3]
   p = p + 4
 
   local k = 1
   local allowed = true
   for r = 1, nrules do
-    local rp = RS[tonumber(ARGV[p])]
+    local rp = RS[A[p]]
     p = p + 1
-    local mode, nl = RP[rp], RP[rp + 1]
+    local mode, nl = A[rp], A[rp + 1]
     rp = rp + 2
     R[3 * r - 1], R[3 * r] = k, nl
     local hard_ok, enf_ok = true, true
     -- A soft rule's limits get two verdicts: raised, and as written.
     local two = mode == 1
     for _ = 1, nl do
-      local code, base, enf, a, b = RP[rp], RP[rp + 1], RP[rp + 2], RP[rp + 3], RP[rp + 4]
+      local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
       rp = rp + 5
-      local field = ARGV[p]
+      local field = A[p]
       p = p + 1
       local key = KEYS[key_base + k]
       local q = 9 * k - 9

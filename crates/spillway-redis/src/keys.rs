@@ -4,6 +4,8 @@ use std::fmt::Write;
 
 use redis::{Cmd, Script};
 use smallvec::SmallVec;
+
+use crate::msgpack;
 use spillway_core::{Limit, Mode};
 use spillway_store::Charge;
 
@@ -144,27 +146,28 @@ pub(crate) fn command<'a>(
 ) -> Cmd {
     // The distinct rules, and each rule application's number among them.
     let mut distinct: Vec<&[u64]> = Vec::new();
-    let mut index: Vec<usize> = Vec::new();
-    let (mut nkeys, mut nargs, mut ndecisions) = (0, 1, 0);
+    let mut index: Vec<u64> = Vec::new();
+    // Values in the argument array: the two counts, rules, decisions.
+    let (mut nkeys, mut nvalues, mut ndecisions) = (0, 2, 0);
     for p in parts.clone() {
         ndecisions += 1;
-        nargs += 4;
+        nvalues += 4;
         for r in &p.rules {
             let i = match distinct.iter().position(|d| *d == &r.params[..]) {
                 Some(i) => i,
                 None => {
                     distinct.push(&r.params);
-                    nargs += r.params.len();
+                    nvalues += r.params.len();
                     distinct.len() - 1
                 }
             };
-            index.push(i + 1);
+            index.push(i as u64 + 1);
             let nl = r.limits().count();
             nkeys += nl;
-            nargs += 1 + nl;
+            nvalues += 1 + nl;
         }
     }
-    let mut cmd = Cmd::with_capacity(4 + nkeys + nargs, 64 + 40 * nkeys + 12 * nargs);
+    let mut cmd = Cmd::with_capacity(4 + nkeys, 64 + 40 * nkeys);
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
     for p in parts.clone() {
         for r in &p.rules {
@@ -178,30 +181,32 @@ pub(crate) fn command<'a>(
             }
         }
     }
-    cmd.arg(distinct.len());
+    let mut a = Vec::with_capacity(16 * nvalues);
+    msgpack::push_array_len(&mut a, nvalues);
+    msgpack::push_uint(&mut a, distinct.len() as u64);
     for d in &distinct {
         for &v in *d {
-            cmd.arg(v);
+            msgpack::push_uint(&mut a, v);
         }
     }
-    cmd.arg(ndecisions);
+    msgpack::push_uint(&mut a, ndecisions);
     let mut next = index.into_iter();
     for p in parts {
-        cmd.arg(p.now_us)
-            .arg(p.cost)
-            .arg(u8::from(p.dry))
-            .arg(p.rules.len());
+        for v in [p.now_us, p.cost, u64::from(p.dry), p.rules.len() as u64] {
+            msgpack::push_uint(&mut a, v);
+        }
         for r in &p.rules {
-            cmd.arg(next.next().unwrap_or(0));
+            msgpack::push_uint(&mut a, next.next().unwrap_or(0));
             for (i, l) in r.limits().enumerate() {
                 if l[0] == SLIDING_LOG {
-                    cmd.arg("");
+                    msgpack::push_str(&mut a, b"");
                 } else {
-                    cmd.arg(field(r.tag, i));
+                    msgpack::push_str(&mut a, &field(r.tag, i));
                 }
             }
         }
     }
+    cmd.arg(a);
     cmd
 }
 
@@ -290,18 +295,32 @@ mod tests {
             field(tag(&charge(&window, &a)), 0),
             field(tag(&charge(&window, &b)), 0),
         );
-        let n = |v: u64| v.to_string().into_bytes();
-        let us = n(60_000_000);
-        let mut expected: Vec<Vec<u8>> = vec![n(2)];
+        enum V {
+            N(u64),
+            S(Vec<u8>),
+        }
+        use V::{N, S};
+        let us = 60_000_000;
+        let mut expected = vec![N(2)];
         // The two rules: hard fixed window of 10; shadow sliding log of 3.
-        expected.extend([n(0), n(1), n(4), n(10), n(10), us.clone(), n(0)]);
-        expected.extend([n(2), n(1), n(5), n(3), n(3), us, n(0)]);
+        expected.extend([N(0), N(1), N(4), N(10), N(10), N(us), N(0)]);
+        expected.extend([N(2), N(1), N(5), N(3), N(3), N(us), N(0)]);
         // Three decisions: now, cost, dry, rules, then rule number and fields.
-        expected.push(n(3));
-        expected.extend([n(0), n(1), n(0), n(1), n(1), fa]);
-        expected.extend([n(0), n(2), n(0), n(2), n(2), Vec::new(), n(1), fb.clone()]);
-        expected.extend([n(7), n(1), n(1), n(1), n(1), fb]);
-        assert_eq!(args[7..], expected[..]);
+        expected.push(N(3));
+        expected.extend([N(0), N(1), N(0), N(1), N(1), S(fa)]);
+        expected.extend([N(0), N(2), N(0), N(2), N(2), S(Vec::new()), N(1)]);
+        expected.push(S(fb.clone()));
+        expected.extend([N(7), N(1), N(1), N(1), N(1), S(fb)]);
+        let mut blob = Vec::new();
+        msgpack::push_array_len(&mut blob, expected.len());
+        for v in &expected {
+            match v {
+                N(n) => msgpack::push_uint(&mut blob, *n),
+                S(s) => msgpack::push_str(&mut blob, s),
+            }
+        }
+        assert_eq!(args.len(), 8, "the keys, then one argument");
+        assert_eq!(args[7], blob);
     }
 
     #[test]

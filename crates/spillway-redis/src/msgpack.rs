@@ -28,6 +28,58 @@ pub(crate) fn unpack_numbers(b: &[u8]) -> Result<Vec<i64>, &'static str> {
     Ok(out)
 }
 
+/// Appends a MessagePack array header for `n` values.
+pub(crate) fn push_array_len(out: &mut Vec<u8>, n: usize) {
+    match n {
+        0..=15 => out.push(0x90 | n as u8),
+        16..=0xffff => {
+            out.push(0xdc);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(0xdd);
+            out.extend_from_slice(&(u32::try_from(n).unwrap_or(u32::MAX)).to_be_bytes());
+        }
+    }
+}
+
+/// Appends `v` in the shortest MessagePack form.
+pub(crate) fn push_uint(out: &mut Vec<u8>, v: u64) {
+    match v {
+        0..=0x7f => out.push(v as u8),
+        0x80..=0xff => out.extend_from_slice(&[0xcc, v as u8]),
+        0x100..=0xffff => {
+            out.push(0xcd);
+            out.extend_from_slice(&(v as u16).to_be_bytes());
+        }
+        0x1_0000..=0xffff_ffff => {
+            out.push(0xce);
+            out.extend_from_slice(&(v as u32).to_be_bytes());
+        }
+        _ => {
+            out.push(0xcf);
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// Appends `s` as a MessagePack string (raw bytes: Lua strings are bytes).
+pub(crate) fn push_str(out: &mut Vec<u8>, s: &[u8]) {
+    match s.len() {
+        0..=31 => out.push(0xa0 | s.len() as u8),
+        32..=0xff => out.extend_from_slice(&[0xd9, s.len() as u8]),
+        n @ 0x100..=0xffff => {
+            out.push(0xda);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0xdb);
+            out.extend_from_slice(&(u32::try_from(n).unwrap_or(u32::MAX)).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(s);
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
@@ -151,6 +203,56 @@ mod tests {
                 2
             ]
         );
+    }
+
+    #[test]
+    fn a_real_redis_unpacks_what_is_packed() {
+        // Every form the writers use, read back by Redis's cmsgpack and
+        // echoed as text.
+        let numbers = [
+            0u64,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            4_294_967_295,
+            4_294_967_296,
+            1_795_332_211_397_156,
+        ];
+        let strings: [&[u8]; 4] = [b"", b"\x00\x01tag\xff", &[b'x'; 40], &[b'y'; 300]];
+        let mut blob = Vec::new();
+        push_array_len(&mut blob, numbers.len() + strings.len());
+        for n in numbers {
+            push_uint(&mut blob, n);
+        }
+        for s in strings {
+            push_str(&mut blob, s);
+        }
+        let server = spillway_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let script = "local t = cmsgpack.unpack(ARGV[1]) \
+             local out = {} \
+             for i = 1, #t do \
+               if type(t[i]) == 'number' then out[i] = string.format('%.0f', t[i]) \
+               else out[i] = t[i] end \
+             end \
+             return out";
+        let back: Vec<Vec<u8>> = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .arg(blob)
+            .query(&mut c)
+            .unwrap();
+        let mut expected: Vec<Vec<u8>> =
+            numbers.iter().map(|n| n.to_string().into_bytes()).collect();
+        expected.extend(strings.iter().map(|s| s.to_vec()));
+        assert_eq!(back, expected);
+        let mut big = Vec::new();
+        push_array_len(&mut big, 70_000);
+        assert_eq!(big, [0xdd, 0, 1, 0x11, 0x70]);
     }
 
     #[test]

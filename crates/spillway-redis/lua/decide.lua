@@ -48,8 +48,10 @@
 -- Counter states share small hashes: a Redis key costs about 110 bytes
 -- before it holds anything, a field in a small hash about 20. A state's
 -- first number is the time it expires (after which it is as good as
--- absent); a bucket's TTL is never shorter than its longest-lived field's,
--- and a write that adds a field to a bucket of more than 8 sweeps a sample
+-- absent); a bucket's TTL is never shorter than its longest-lived field's
+-- (its field "~" remembers until when it was last set to live, so most
+-- writes need no PEXPIRE), and a write that adds a field to a bucket of
+-- more than 8 states sweeps a sample
 -- of it for expired ones one time in four, so dead fields stay a small
 -- fraction.
 --
@@ -209,12 +211,13 @@ p = p + 1
 -- per field below that cost a third of the script's own time (measured).
 local out = { 0, 0, 0, 0, 0 }
 local n = 0
--- Per limit k of a decision, at L[9k - 8 .. 9k]: code, key, field,
--- enforced size, a, state to write, expiry, and for a sliding log the list
--- read and how many of its entries are dead. Per rule r, at R[3r - 2 .. 3r]:
+-- Per limit k of a decision, at L[10k - 9 .. 10k]: code, key, field,
+-- enforced size, a, state to write, expiry, for a sliding log the list
+-- read and how many of its entries are dead, for a counter the bucket's
+-- "~" (until when it was set to live). Per rule r, at R[3r - 2 .. 3r]:
 -- charged or not, its first limit, its number of limits. Reused by each
 -- decision in turn.
-local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
 local key_base = 0
 
@@ -249,7 +252,7 @@ for _ = 1, ndecisions do
       local field = A[p]
       p = p + 1
       local key = KEYS[key_base + k]
-      local q = 9 * k - 9
+      local q = 10 * k - 10
       L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
       if code == 5 then
         -- The sliding log: a list of admission times, oldest first.
@@ -276,7 +279,11 @@ for _ = 1, ndecisions do
           out[o + 5] = 0
         end
       else
-        local state = redis.call('HGET', key, field)
+        -- The state, and the bucket's "~" field: the time it was last set
+        -- to expire at (it expires no sooner).
+        local got = redis.call('HMGET', key, field, '~')
+        local state = got[1]
+        L[q + 10] = tonumber(got[2])
         L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
         if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
       end
@@ -304,7 +311,7 @@ for _ = 1, ndecisions do
     for r = 1, nrules do
       if R[3 * r - 2] then
         for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
-          local q = 9 * j - 9
+          local q = 10 * j - 10
           local key, a = L[q + 2], L[q + 5]
           if L[q + 1] == 5 then
             local all, dead = L[q + 8], L[q + 9]
@@ -324,23 +331,34 @@ for _ = 1, ndecisions do
             end
             redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
           else
-            -- The bucket's TTL only grows (GT); a bucket this write created
-            -- has none yet (NX). Every bucket that existed before has one.
-            local field = L[q + 3]
-            local ttl = max(math.ceil((L[q + 7] - now) / 1000), 1)
-            local added = redis.call('HSET', key, field, L[q + 6])
-            if added == 0 or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
-              redis.call('PEXPIRE', key, ttl, 'GT')
+            -- The bucket must outlive this state. Most writes find it set
+            -- to live long enough already (its "~" field says until when)
+            -- and only write the state. Otherwise it is set to live half as
+            -- long again (at least 0.5 s more), so the next writes find it
+            -- long enough: its TTL only grows (GT); a bucket without "~"
+            -- may be new, without a TTL (NX first).
+            local field, e, stamp = L[q + 3], L[q + 7], L[q + 10]
+            local added
+            if stamp and e <= stamp then
+              added = redis.call('HSET', key, field, L[q + 6])
+            else
+              local life = max(e, now) + max((e - now) / 2, 500000)
+              local ttl = max(math.ceil((life - now) / 1000), 1)
+              added = redis.call('HSET', key, field, L[q + 6], '~', fmt('%.0f', life))
+              if stamp or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
+                redis.call('PEXPIRE', key, ttl, 'GT')
+              end
             end
             -- Small buckets are left alone: at most 8 fields each, live or
             -- not, is a bounded cost (8 x buckets), and sweeping them was most
             -- of the sweeps' work under churn.
-            if added == 1 and now % 4 == 0 and redis.call('HLEN', key) > 8 then
-              -- Sweep: drop expired fields among up to 16, sparing this one.
+            if added >= 1 and now % 4 == 0 and redis.call('HLEN', key) > 9 then
+              -- Sweep: drop expired fields among up to 16, sparing this one
+              -- and "~".
               local sample = redis.call('HRANDFIELD', key, 16, 'WITHVALUES')
               local gone = {}
               for s = 1, #sample, 2 do
-                if sample[s] ~= field then
+                if sample[s] ~= field and sample[s] ~= '~' then
                   local e = tonumber(match(sample[s + 1], '^%d+'))
                   if e and e <= now then gone[#gone + 1] = sample[s] end
                 end

@@ -15,8 +15,15 @@
 //!   state costs tens of bytes instead of a key's 130. Sliding logs are
 //!   lists, `<prefix>{<bucket>}<tag>.<limit>`. The braces keep one rule's
 //!   limits in one cluster slot. Every key gets a TTL in the same script,
-//!   never shorter than its longest-lived state's, and writes sweep
-//!   expired fields: idle state vanishes.
+//!   never shorter than its longest-lived state's (a bucket's `~` field
+//!   says until when it was last set to live, so most writes need no
+//!   `PEXPIRE`), and writes sweep expired fields: idle state vanishes.
+//! - **Batching**: on a single server, decisions that arrive while two
+//!   script calls are under way go out together in the next call (up to
+//!   64, each atomic and all-or-none on its own, sharing one `TIME`);
+//!   rules shared by those decisions are sent once. A decision alone goes
+//!   out at once, so "one round trip per decision" still holds for its
+//!   latency while Redis does less work per decision under load.
 //! - **Failures**: every call has a timeout; errors are transient
 //!   [`StoreError`]s for the limiter's fail-open/closed policy. A circuit
 //!   breaker opens after repeated failures (answers at once, without waiting

@@ -295,6 +295,45 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// `check_many` decides what `check` on each item in turn decides,
+    /// for every kind of state (repeated keys within a batch included).
+    #[test]
+    fn check_many_matches_check_one_by_one(
+        batches in prop::collection::vec(
+            (prop::collection::vec((0u8..6, 0usize..3, 1u64..3), 0..20), 0u64..300_000_000),
+            1..20,
+        )
+    ) {
+        let limits = [
+            Limit::Gcra(Gcra::new(Rate::new(5, Nanos::from_secs(1)).unwrap(), 3).unwrap()),
+            fw(4, 1),
+            log(3, 1),
+        ];
+        let cfg = || MemoryConfig { max_keys: 1 << 20, shards: 4 };
+        let (many, one) = (MemoryStore::new(clock(), cfg()), MemoryStore::new(clock(), cfg()));
+        let mut now = T0;
+        for (items, gap) in batches {
+            now += gap;
+            let keys: Vec<[u8; 1]> = items.iter().map(|&(k, _, _)| [k]).collect();
+            let batch: Vec<(&[u8], &Limit, u64)> = items
+                .iter()
+                .zip(&keys)
+                .map(|(&(_, l, cost), key)| (&key[..], &limits[l], cost))
+                .collect();
+            let mut got = Vec::new();
+            many.check_many(&batch, Nanos(now), &mut got);
+            let want: Vec<_> = batch
+                .iter()
+                .map(|&(key, limit, cost)| one.check(key, limit, cost, Nanos(now)))
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}
+
 trait NowValue {
     fn now_value(&self) -> Nanos;
 }

@@ -158,7 +158,11 @@ impl<S: SlotState> Table<S> {
         // SAFETY: `_mm_prefetch` needs SSE, which every x86_64 CPU has; a
         // prefetch never faults (any address is allowed) and writes nothing.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(slot.cast());
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            _mm_prefetch::<_MM_HINT_T0>(slot.cast());
+            // A probe often runs on into the next line (a sliding log's
+            // slot is a whole line).
+            _mm_prefetch::<_MM_HINT_T0>(slot.cast::<i8>().wrapping_add(64));
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = slot;

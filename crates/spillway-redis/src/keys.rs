@@ -253,24 +253,27 @@ mod tests {
     fn rules_shared_by_decisions_are_sent_once() {
         use spillway_core::{FixedWindow, KeySpec, Nanos, Rule, SlidingLog};
         use spillway_store::Key;
-        let by = || KeySpec::parse("user").unwrap();
         let w = Nanos::from_secs(60);
-        let window = Rule::new(
+        let rule = |name, limit, mode| {
+            Rule::new(
+                name,
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![limit],
+                mode,
+            )
+            .unwrap()
+        };
+        let window = rule(
             "w",
-            None,
-            by(),
-            vec![Limit::FixedWindow(FixedWindow::new(10, w).unwrap())],
+            Limit::FixedWindow(FixedWindow::new(10, w).unwrap()),
             Mode::Hard,
-        )
-        .unwrap();
-        let log = Rule::new(
+        );
+        let log = rule(
             "l",
-            None,
-            by(),
-            vec![Limit::SlidingLog(SlidingLog::new(3, w).unwrap())],
+            Limit::SlidingLog(SlidingLog::new(3, w).unwrap()),
             Mode::Shadow,
-        )
-        .unwrap();
+        );
         let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
         let charge = |rule, key| Charge { rule, key };
         let parts = [

@@ -344,14 +344,14 @@ impl RedisStore {
                 let dry = self
                     .cluster_round(&mut c, &groups, charges, cost, now_us, true)
                     .await?;
-                let d = reply::decision_from_parts(charges, &dry, cost);
+                let d = reply::decision_from_parts(charges, &parts(&dry), cost);
                 if !d.allowed {
                     return Ok(d);
                 }
                 let outs = self
                     .cluster_round(&mut c, &groups, charges, cost, now_us, false)
                     .await?;
-                Ok(reply::decision_from_parts(charges, &outs, cost))
+                Ok(reply::decision_from_parts(charges, &parts(&outs), cost))
             }
         }
     }
@@ -374,12 +374,17 @@ impl RedisStore {
             let args = keys::part(&part, cost, now_us, dry);
             let cmd = keys::command(&self.inner.script, prefix, buckets, std::iter::once(&args));
             let out = eval(c, &cmd, &self.inner.script).await?;
-            for (j, &i) in group.iter().enumerate() {
-                outs[i] = reply::slice_for(&part, &out, j);
+            for (&i, numbers) in group.iter().zip(reply::split(&part, &out)) {
+                outs[i] = numbers.to_vec();
             }
         }
         Ok(outs)
     }
+}
+
+/// Each charge's numbers as slices.
+fn parts(owned: &[Vec<i64>]) -> Vec<&[i64]> {
+    owned.iter().map(Vec::as_slice).collect()
 }
 
 /// Sends the decisions queued for a single server: up to [`MAX_IN_FLIGHT`]

@@ -166,51 +166,13 @@ mod tests {
     }
 
     #[test]
-    fn reads_what_a_real_redis_packs() {
-        // Redis's own cmsgpack, on numbers of every size the script may
-        // return (times in microseconds, "never" = -1, a fraction).
-        let server = spillway_testkit::RedisServer::start();
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut c = client.get_connection().unwrap();
-        let script = "return cmsgpack.pack({0, 1, 127, 128, 255, 256, 65535, 65536, \
-             4294967295, 4294967296, 1795332211397156, 9007199254740992, \
-             -1, -32, -33, -128, -129, -32768, -32769, -2147483648, -2147483649, 2.5})";
-        let packed: Vec<u8> = redis::cmd("EVAL").arg(script).arg(0).query(&mut c).unwrap();
-        assert_eq!(
-            unpack_numbers(&packed).unwrap(),
-            vec![
-                0,
-                1,
-                127,
-                128,
-                255,
-                256,
-                65_535,
-                65_536,
-                4_294_967_295,
-                4_294_967_296,
-                1_795_332_211_397_156,
-                9_007_199_254_740_992,
-                -1,
-                -32,
-                -33,
-                -128,
-                -129,
-                -32_768,
-                -32_769,
-                -2_147_483_648,
-                -2_147_483_649,
-                2
-            ]
-        );
-    }
-
-    #[test]
-    fn a_real_redis_unpacks_what_is_packed() {
-        // Every form the writers use, read back by Redis's cmsgpack and
-        // echoed as text.
-        let numbers = [
-            0u64,
+    fn agrees_with_a_real_redis_both_ways() {
+        // Numbers of every size the script and the client exchange (times in
+        // microseconds, "never" = -1), through Redis's own cmsgpack: packed
+        // there and read here, packed here and read there.
+        let signed: [i64; 21] = [
+            0,
+            1,
             127,
             128,
             255,
@@ -220,19 +182,42 @@ mod tests {
             4_294_967_295,
             4_294_967_296,
             1_795_332_211_397_156,
+            9_007_199_254_740_992,
+            -1,
+            -32,
+            -33,
+            -128,
+            -129,
+            -32_768,
+            -32_769,
+            -2_147_483_648,
+            -2_147_483_649,
         ];
+        let server = spillway_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_connection().unwrap();
+
+        let list: Vec<String> = signed.iter().map(i64::to_string).collect();
+        // A fraction is truncated.
+        let script = format!("return cmsgpack.pack({{{}, 2.5}})", list.join(", "));
+        let packed: Vec<u8> = redis::cmd("EVAL").arg(script).arg(0).query(&mut c).unwrap();
+        let mut expected = signed.to_vec();
+        expected.push(2);
+        assert_eq!(unpack_numbers(&packed).unwrap(), expected);
+
+        let unsigned: Vec<u64> = signed
+            .iter()
+            .filter_map(|&n| u64::try_from(n).ok())
+            .collect();
         let strings: [&[u8]; 4] = [b"", b"\x00\x01tag\xff", &[b'x'; 40], &[b'y'; 300]];
         let mut blob = Vec::new();
-        push_array_len(&mut blob, numbers.len() + strings.len());
-        for n in numbers {
+        push_array_len(&mut blob, unsigned.len() + strings.len());
+        for &n in &unsigned {
             push_uint(&mut blob, n);
         }
         for s in strings {
             push_str(&mut blob, s);
         }
-        let server = spillway_testkit::RedisServer::start();
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut c = client.get_connection().unwrap();
         let script = "local t = cmsgpack.unpack(ARGV[1]) \
              local out = {} \
              for i = 1, #t do \
@@ -246,8 +231,10 @@ mod tests {
             .arg(blob)
             .query(&mut c)
             .unwrap();
-        let mut expected: Vec<Vec<u8>> =
-            numbers.iter().map(|n| n.to_string().into_bytes()).collect();
+        let mut expected: Vec<Vec<u8>> = unsigned
+            .iter()
+            .map(|n| n.to_string().into_bytes())
+            .collect();
         expected.extend(strings.iter().map(|s| s.to_vec()));
         assert_eq!(back, expected);
         let mut big = Vec::new();

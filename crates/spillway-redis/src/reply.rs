@@ -5,6 +5,7 @@
 //! same decision the in-memory store would build, from one shared piece of
 //! mode logic.
 
+use smallvec::SmallVec;
 use spillway_core::{Decision, Limit, Nanos, StateView, Verdict, decide};
 use spillway_store::Charge;
 
@@ -41,17 +42,24 @@ fn verdict(v: &[i64], size: u64) -> Verdict {
     }
 }
 
-/// Charge `j`'s numbers in a reply for `charges`.
-pub(crate) fn slice_for(charges: &[Charge<'_>], out: &[i64], j: usize) -> Vec<i64> {
-    let start = reply_len(&charges[..j]);
-    out.get(start..start + charge_len(&charges[j]))
-        .map(<[i64]>::to_vec)
-        .unwrap_or_default()
+/// Each charge's numbers in a reply covering `charges` (empty where the
+/// reply is short).
+pub(crate) fn split<'o>(charges: &[Charge<'_>], out: &'o [i64]) -> SmallVec<[&'o [i64]; 1]> {
+    let mut at = 0;
+    charges
+        .iter()
+        .map(|c| {
+            let len = charge_len(c);
+            let part = out.get(at..at + len).unwrap_or_default();
+            at += len;
+            part
+        })
+        .collect()
 }
 
 struct Replay<'a> {
     charges: &'a [Charge<'a>],
-    parts: &'a [Vec<i64>],
+    parts: &'a [&'a [i64]],
 }
 
 impl StateView for Replay<'_> {
@@ -82,19 +90,12 @@ impl StateView for Replay<'_> {
 
 /// The decision from one reply covering every charge.
 pub(crate) fn decision(charges: &[Charge<'_>], out: &[i64], cost: u64) -> Decision {
-    let parts: Vec<Vec<i64>> = (0..charges.len())
-        .map(|j| slice_for(charges, out, j))
-        .collect();
-    decision_from_parts(charges, &parts, cost)
+    decision_from_parts(charges, &split(charges, out), cost)
 }
 
 /// The decision from each charge's own numbers.
-pub(crate) fn decision_from_parts(
-    charges: &[Charge<'_>],
-    parts: &[Vec<i64>],
-    cost: u64,
-) -> Decision {
-    let rules: Vec<&spillway_core::Rule> = charges.iter().map(|c| c.rule).collect();
+pub(crate) fn decision_from_parts(charges: &[Charge<'_>], parts: &[&[i64]], cost: u64) -> Decision {
+    let rules: SmallVec<[&spillway_core::Rule; 1]> = charges.iter().map(|c| c.rule).collect();
     let mut view = Replay { charges, parts };
     decide(&rules, &mut view, Nanos::ZERO, cost)
 }

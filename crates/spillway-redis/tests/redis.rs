@@ -56,6 +56,15 @@ fn limits() -> Vec<Limit> {
     ]
 }
 
+/// A rule keyed by user.
+fn user_rule(name: &str, limits: Vec<Limit>, mode: Mode) -> Rule {
+    Rule::new(name, None, KeySpec::parse("user").unwrap(), limits, mode).unwrap()
+}
+
+fn fixed_window(n: u64, secs: u64) -> Limit {
+    Limit::FixedWindow(FixedWindow::new(n, Nanos::from_secs(secs)).unwrap())
+}
+
 fn rules() -> Vec<Rule> {
     let by = || KeySpec::parse("user").unwrap();
     let mut out: Vec<Rule> = limits()
@@ -129,27 +138,8 @@ fn several_rules_are_charged_all_or_none_in_one_call() {
     let server = RedisServer::start();
     let rt = rt();
     let redis = rt.block_on(connected(server.url()));
-    let by = || KeySpec::parse("user").unwrap();
-    let wide = Rule::new(
-        "wide",
-        None,
-        by(),
-        vec![Limit::FixedWindow(
-            FixedWindow::new(100, Nanos::from_secs(60)).unwrap(),
-        )],
-        Mode::Hard,
-    )
-    .unwrap();
-    let narrow = Rule::new(
-        "narrow",
-        None,
-        by(),
-        vec![Limit::FixedWindow(
-            FixedWindow::new(1, Nanos::from_secs(60)).unwrap(),
-        )],
-        Mode::Hard,
-    )
-    .unwrap();
+    let wide = user_rule("wide", vec![fixed_window(100, 60)], Mode::Hard);
+    let narrow = user_rule("narrow", vec![fixed_window(1, 60)], Mode::Hard);
     let key = Key::from_parts(["bob"]);
     let both = [
         Charge {
@@ -206,48 +196,14 @@ fn concurrent_decisions_share_script_calls_and_stay_exact() {
         .unwrap()
     };
     assert!(rt.block_on(redis.wait_connected(Duration::from_secs(5))));
-    let by = || KeySpec::parse("user").unwrap();
     let w = Nanos::from_secs(60);
+    let log = |n| Limit::SlidingLog(SlidingLog::new(n, w).unwrap());
+    let hourly_gcra = Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 3).unwrap();
     let rules = vec![
-        Rule::new(
-            "log",
-            None,
-            by(),
-            vec![Limit::SlidingLog(SlidingLog::new(5, w).unwrap())],
-            Mode::Hard,
-        )
-        .unwrap(),
-        Rule::new(
-            "window",
-            None,
-            by(),
-            vec![Limit::FixedWindow(
-                FixedWindow::new(7, Nanos::from_secs(3600)).unwrap(),
-            )],
-            Mode::Hard,
-        )
-        .unwrap(),
-        Rule::new(
-            "gcra",
-            None,
-            by(),
-            vec![Limit::Gcra(
-                Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 3).unwrap(),
-            )],
-            Mode::Hard,
-        )
-        .unwrap(),
-        Rule::new(
-            "multi",
-            None,
-            by(),
-            vec![
-                Limit::FixedWindow(FixedWindow::new(9, Nanos::from_secs(3600)).unwrap()),
-                Limit::SlidingLog(SlidingLog::new(4, w).unwrap()),
-            ],
-            Mode::Hard,
-        )
-        .unwrap(),
+        user_rule("log", vec![log(5)], Mode::Hard),
+        user_rule("window", vec![fixed_window(7, 3600)], Mode::Hard),
+        user_rule("gcra", vec![Limit::Gcra(hourly_gcra)], Mode::Hard),
+        user_rule("multi", vec![fixed_window(9, 3600), log(4)], Mode::Hard),
     ];
     let expected = [5, 7, 3, 4];
     let rules = std::sync::Arc::new(rules);

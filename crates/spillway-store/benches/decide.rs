@@ -63,17 +63,7 @@ fn bench(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(2));
         for limit in limits(nkeys) {
             for threads in [1usize, 2] {
-                let store = MemoryStore::new(
-                    ManualClock::new(Nanos(T0)),
-                    MemoryConfig {
-                        max_keys: 4_000_000,
-                        shards: 256,
-                    },
-                );
-                // Seed every key so the table is at its final size.
-                for k in 0..nkeys {
-                    store.check(&k.to_le_bytes(), &limit, 1, Nanos(T0));
-                }
+                let store = seeded(&limit, nkeys);
                 let id = BenchmarkId::new(limit.algorithm_name(), format!("{threads}t"));
                 g.bench_function(id, |b| {
                     b.iter_custom(|iters| {
@@ -87,16 +77,7 @@ fn bench(c: &mut Criterion) {
             }
             // The batch entry point, measured separately: one thread, 16
             // keys per call, their slots prefetched before deciding.
-            let store = MemoryStore::new(
-                ManualClock::new(Nanos(T0)),
-                MemoryConfig {
-                    max_keys: 4_000_000,
-                    shards: 256,
-                },
-            );
-            for k in 0..nkeys {
-                store.check(&k.to_le_bytes(), &limit, 1, Nanos(T0));
-            }
+            let store = seeded(&limit, nkeys);
             let id = BenchmarkId::new(limit.algorithm_name(), "batch16");
             g.bench_function(id, |b| {
                 let mut out = Vec::with_capacity(BATCH);
@@ -138,6 +119,22 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
+}
+
+/// A store holding every key of the workload, so its tables are at their
+/// final size.
+fn seeded(limit: &Limit, nkeys: u64) -> MemoryStore<ManualClock> {
+    let store = MemoryStore::new(
+        ManualClock::new(Nanos(T0)),
+        MemoryConfig {
+            max_keys: 4_000_000,
+            shards: 256,
+        },
+    );
+    for k in 0..nkeys {
+        store.check(&k.to_le_bytes(), limit, 1, Nanos(T0));
+    }
+    store
 }
 
 /// Runs `iters` decisions split over `threads` threads and returns the wall

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use spillway_core::{Attributes, Decision, FailPolicy, Mode, Nanos, Outcome, Rule, RuleDecision};
 
 use crate::{Charge, Key, Store};
@@ -153,11 +154,9 @@ impl<S: Store> Limiter<S> {
     /// parts it has.
     pub async fn check(&self, req: &Request<'_>) -> Checked {
         let rules = self.rules.load_full();
-        // The rules that apply, with their keys: the first one inline, the
-        // others (rare) in a Vec, so the common single-rule request
-        // allocates nothing here.
-        let mut first: Option<(usize, Key<'_>)> = None;
-        let mut more: Vec<(usize, Key<'_>)> = Vec::new();
+        // The rules that apply, with their keys (held inline for one rule,
+        // the common case: no allocation here).
+        let mut matched: SmallVec<[(usize, Key<'_>); 1]> = SmallVec::new();
         let mut skipped = Vec::new();
         for (i, rule) in rules.rules().iter().enumerate() {
             if !rule.applies_to(req.method, req.path) {
@@ -165,39 +164,18 @@ impl<S: Store> Limiter<S> {
             }
             let parts = rule.by().parts().iter().map(|p| req.attrs.part(p));
             match Key::try_from_parts(parts) {
-                Some(key) if first.is_none() => first = Some((i, key)),
-                Some(key) => more.push((i, key)),
+                Some(key) => matched.push((i, key)),
                 None => skipped.push(i),
             }
         }
-        let matched = |j: usize| -> usize {
-            match (j, &first) {
-                (0, Some((i, _))) => *i,
-                _ => more[j - 1].0,
-            }
-        };
-        let one;
-        let many: Vec<Charge<'_>>;
-        let charges: &[Charge<'_>] = match &first {
-            None => &[],
-            Some((i, key)) if more.is_empty() => {
-                one = [Charge {
-                    rule: &rules.rules()[*i],
-                    key,
-                }];
-                &one
-            }
-            Some(f) => {
-                many = std::iter::once(f)
-                    .chain(&more)
-                    .map(|(i, key)| Charge {
-                        rule: &rules.rules()[*i],
-                        key,
-                    })
-                    .collect();
-                &many
-            }
-        };
+        let owned: SmallVec<[Charge<'_>; 1]> = matched
+            .iter()
+            .map(|(i, key)| Charge {
+                rule: &rules.rules()[*i],
+                key,
+            })
+            .collect();
+        let charges = &owned[..];
         let cost = req.cost;
         let (mut decision, store_error) = if charges.is_empty() {
             (Decision::unlimited(), None)
@@ -210,11 +188,9 @@ impl<S: Store> Limiter<S> {
                 ),
             }
         };
-        for d in decision.rules.iter_mut() {
-            d.rule = matched(d.rule);
-        }
-        if let Some(d) = decision.deciding.as_mut() {
-            d.rule = matched(d.rule);
+        drop(owned);
+        for d in decision.rules.iter_mut().chain(decision.deciding.as_mut()) {
+            d.rule = matched[d.rule].0;
         }
         Checked {
             decision,

@@ -179,7 +179,7 @@ impl<C: Clock> MemoryStore<C> {
     /// byte string naming the client; `limit` must be the same for a key
     /// across calls.
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64, now: Nanos) -> Verdict {
-        let tag = nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed));
+        let tag = self.key_tag(key);
         let mut shard = self.shard(tag).0.lock();
         apply(&mut shard, tag, limit, now, cost, self.per_shard_cap, true)
     }
@@ -193,7 +193,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn check_many(&self, items: &[(&[u8], &Limit, u64)], now: Nanos, out: &mut Vec<Verdict>) {
         let mut tags = Vec::with_capacity(items.len());
         for &(key, limit, _) in items {
-            let tag = nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed));
+            let tag = self.key_tag(key);
             tags.push(tag);
             // The shard's header is small and hot; the slot is the miss.
             let shard = self.shard(tag).0.lock();
@@ -261,6 +261,12 @@ impl<C: Clock> MemoryStore<C> {
             u.bytes += s.narrow.bytes() + s.wide.bytes() + s.logs.bytes();
         }
         u
+    }
+
+    /// The tag of a bare key ([`check`](Self::check) and
+    /// [`check_many`](Self::check_many)).
+    fn key_tag(&self, key: &[u8]) -> u64 {
+        nonzero(xxhash_rust::xxh3::xxh3_64_with_seed(key, self.seed))
     }
 
     fn hash(&self, c: &Charge<'_>) -> u64 {

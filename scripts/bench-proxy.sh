@@ -9,7 +9,10 @@
 # Needs wrk and nginx (apt-get install wrk nginx-light).
 # spillway runs one worker thread, like nginx's one worker process (set
 # SPILLWAY_THREADS=2 for its default on this machine).
-# Usage: scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
+# COUNTERS=1 also prints, per request, the proxy's user and kernel cycles
+# and epoll_wait calls (perf stat, needs kernel.perf_event_paranoid <= 2)
+# and how often it went to sleep (voluntary context switches).
+# Usage: [COUNTERS=1] scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
@@ -92,16 +95,34 @@ request = function()
 end
 LUA
 
+# Voluntary context switches (times the process went to sleep), all threads.
+sleeps() { cat /proc/"$1"/task/*/status | awk '/^voluntary_ctxt/ {s+=$2} END {print s}'; }
 run() { # name pid port script conns
   local c0; c0=$(cpu_ticks "$2")
   local u0; u0=$(cpu_ticks "$pid_up")
+  local v0; v0=$(sleeps "$2")
+  if [ -n "${COUNTERS:-}" ]; then
+    # perf stat over the whole run: user and kernel cycles, epoll_wait calls.
+    perf stat -x, -e cycles:u,cycles:k,syscalls:sys_enter_epoll_wait -p "$2" -o "$work/perf.$2" &
+    local perf_pid=$!
+  fi
   local out; out=$($pin_load wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
   local c1; c1=$(cpu_ticks "$2")
   local u1; u1=$(cpu_ticks "$pid_up")
+  local v1; v1=$(sleeps "$2")
   local total; total=$(awk '/requests in/ {print $1}' <<<"$out")
+  local counters=""
+  if [ -n "${COUNTERS:-}" ]; then
+    kill -INT "$perf_pid"; wait "$perf_pid" 2>/dev/null || true
+    counters=" sleeps_per_req=$(awk -v a="$v0" -v b="$v1" -v n="$total" 'BEGIN {printf "%.3f", (b-a)/n}')"
+    counters+=$(awk -F, -v n="$total" '
+      $3 == "cycles:u" {printf " user_cycles_per_req=%.0f", $1/n}
+      $3 == "cycles:k" {printf " kernel_cycles_per_req=%.0f", $1/n}
+      $3 ~ /epoll_wait/ {printf " epoll_waits_per_req=%.3f", $1/n}' "$work/perf.$2")
+  fi
   local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
   local uus; uus=$(awk -v a="$u0" -v b="$u1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
-  echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us upstream_cpu_us_per_req=$uus non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
+  echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us upstream_cpu_us_per_req=$uus$counters non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
 }
 results="$work/results"
 for r in $(seq "$rounds"); do

@@ -19,6 +19,7 @@ cargo build --release --locked -q --example redis_bench -p spillway-redis
 
 rp=$(free_port)
 redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
+pid_redis=$!
 wait_port "$rp"
 
 # The ceiling's script: the least a GCRA decision can do in Redis.
@@ -56,6 +57,7 @@ end
 LUA
 sp=$(free_port); bp=$(free_port)
 RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
+pid_sp=$!
 target/release/examples/bare "127.0.0.1:$bp" 2>/dev/null &
 wait_port "$sp"; wait_port "$bp"; sleep 0.5
 # 64 connections, and 256: a decision on Redis waits for a script call, so
@@ -64,13 +66,26 @@ wait_port "$sp"; wait_port "$bp"; sleep 0.5
 # between runs: ROUNDS interleaved rounds, and the median of each round's
 # spillway/bare ratio.
 rounds=${ROUNDS:-3}
+hz=$(getconf CLK_TCK)
+# Microseconds Redis has spent running the decision script so far.
+script_usec() { redis-cli -p "$rp" INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $4}' | grep . || echo 0; }
 results="$work/http-results"
 for r in $(seq "$rounds"); do
   for conns in 64 256; do
     for name in bare spillway-redis; do
       if [ "$name" = bare ]; then url="http://127.0.0.1:$bp/"; else url="http://127.0.0.1:$sp/v1/check"; fi
+      s0=$(cpu_ticks "$pid_sp"); r0=$(cpu_ticks "$pid_redis"); e0=$(script_usec)
       out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$work/load.lua" "$url")
-      echo "$name http conns=$conns rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
+      s1=$(cpu_ticks "$pid_sp"); r1=$(cpu_ticks "$pid_redis"); e1=$(script_usec)
+      n=$(awk '/requests in/ {print $1}' <<<"$out")
+      cpu=""
+      if [ "$name" != bare ]; then
+        # CPU per request of spillway and of redis-server, and the time
+        # Redis spent inside the script per decision.
+        cpu=$(awk -v n="$n" -v hz="$hz" -v s="$((s1 - s0))" -v r="$((r1 - r0))" -v e="$((e1 - e0))" \
+          'BEGIN {printf " spillway_cpu_us_per_req=%.2f redis_cpu_us_per_req=%.2f script_us_per_decision=%.2f", s/hz*1e6/n, r/hz*1e6/n, e/n}')
+      fi
+      echo "$name http conns=$conns rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out")$cpu non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
     done
   done
 done

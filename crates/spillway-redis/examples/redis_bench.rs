@@ -1,8 +1,9 @@
 //! In-process decisions through the Redis store: `CONCURRENCY` tasks share
 //! one store (one multiplexed connection, so concurrent decisions pipeline)
 //! and decide GCRA limits for random keys over 100,000 users for `SECONDS`.
-//! Prints decisions/s, p50/p99 latency, and how many script calls Redis saw
-//! per decision (INFO commandstats). Then measures Redis memory per client
+//! Prints decisions/s, p50/p99 latency, how many script calls Redis saw per
+//! decision and how long Redis spent in them per decision (INFO
+//! commandstats). Then measures Redis memory per client
 //! key at 100,000 and 1,000,000 keys.
 //!
 //! Usage: `redis_bench REDIS_URL [SECONDS] [CONCURRENCY]`
@@ -15,25 +16,43 @@ use spillway_core::{FixedWindow, Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
 use spillway_redis::{RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Store};
 
+/// A numeric `field:value` line of an INFO section.
 fn info_field(url: &str, section: &str, field: &str) -> f64 {
     let client = redis::Client::open(url).expect("url");
     let mut c = client.get_connection().expect("connect");
     let info: String = redis::cmd("INFO").arg(section).query(&mut c).expect("INFO");
     info.lines()
         .find_map(|l| l.strip_prefix(field))
-        .and_then(|rest| {
-            let rest = rest.trim_start_matches(':');
-            // commandstats lines look like calls=N,usec=...
-            let v = rest.split(',').next().unwrap_or(rest);
-            let v = v.split('=').next_back().unwrap_or(v);
-            v.trim().parse().ok()
-        })
+        .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }
 
-fn evalsha_calls(url: &str) -> f64 {
-    info_field(url, "commandstats", "cmdstat_evalsha:calls=")
-        + info_field(url, "commandstats", "cmdstat_eval:calls=")
+/// Script calls so far and the microseconds Redis spent in them (INFO
+/// commandstats: `cmdstat_evalsha:calls=N,usec=M,...`).
+fn script_stats(url: &str) -> (f64, f64) {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client.get_connection().expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .expect("INFO");
+    let (mut calls, mut usec) = (0.0, 0.0);
+    for line in info.lines() {
+        let Some(rest) = line
+            .strip_prefix("cmdstat_evalsha:")
+            .or_else(|| line.strip_prefix("cmdstat_eval:"))
+        else {
+            continue;
+        };
+        for kv in rest.split(',') {
+            match kv.split_once('=') {
+                Some(("calls", v)) => calls += v.trim().parse::<f64>().unwrap_or(0.0),
+                Some(("usec", v)) => usec += v.trim().parse::<f64>().unwrap_or(0.0),
+                _ => {}
+            }
+        }
+    }
+    (calls, usec)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -66,7 +85,7 @@ async fn main() {
         )
         .unwrap(),
     );
-    let calls_before = evalsha_calls(&url);
+    let (calls_before, usec_before) = script_stats(&url);
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -106,13 +125,15 @@ async fn main() {
     let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
     let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    let calls = evalsha_calls(&url) - calls_before;
+    let (calls, usec) = script_stats(&url);
+    let n = all.len() as f64;
     println!(
-        "in-process concurrency={conc} decisions_per_s={:.0} p50={:?} p99={:?} script_calls_per_decision={:.3}",
-        all.len() as f64 / elapsed,
+        "in-process concurrency={conc} decisions_per_s={:.0} p50={:?} p99={:?} script_calls_per_decision={:.3} script_us_per_decision={:.2}",
+        n / elapsed,
         pct(0.5),
         pct(0.99),
-        calls / all.len() as f64
+        (calls - calls_before) / n,
+        (usec - usec_before) / n
     );
 
     // Memory per key: fresh keys of limits whose state lives an hour (the

@@ -203,12 +203,16 @@ local function counter(out, o, code, state, size, a, b, now, cost)
 end
 
 -- Writes a counter's state to its bucket (see the top of this file).
-local function store(key, field, state, e, stamp, now)
+local function store(key, field, state, e, now)
   -- The bucket must outlive this state. Most writes find it set to live
   -- long enough already (its "~" field says until when) and only write the
   -- state. Otherwise it is set to live half as long again (at least 0.5 s
   -- more), so the next writes find it long enough: its TTL only grows (GT);
   -- a bucket without "~" may be new, without a TTL (NX first).
+  -- (Read here, not with the state: HMGET's reply becomes a Lua table, and
+  -- HMGET cost 0.46 µs against HGET's 0.20 in a loop of a million; denied
+  -- requests need no stamp.)
+  local stamp = first(redis.call('HGET', key, '~'))
   local added
   if stamp and e <= stamp then
     added = redis.call('HSET', key, field, state)
@@ -256,13 +260,12 @@ p = p + 1
 -- per field below that cost a third of the script's own time (measured).
 local out = { 0, 0, 0, 0, 0 }
 local n = 0
--- Per limit k of a decision, at L[10k - 9 .. 10k]: code, key, field,
+-- Per limit k of a decision, at L[9k - 8 .. 9k]: code, key, field,
 -- enforced size, a, state to write, expiry, for a sliding log the list
--- read and how many of its entries are dead, for a counter the bucket's
--- "~" (until when it was set to live). Per rule r, at R[3r - 2 .. 3r]:
+-- read and how many of its entries are dead. Per rule r, at R[3r - 2 .. 3r]:
 -- charged or not, its first limit, its number of limits. Reused by each
 -- decision in turn.
-local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
 local key_base = 0
 
@@ -288,9 +291,9 @@ for _ = 1, ndecisions do
     local key = KEYS[key_base + 1]
     local field = A[p + 1]
     p = p + 2
-    local got = redis.call('HMGET', key, field, '~')
-    local nxt, e = counter(out, n, A[rp1 + 2], got[1], A[rp1 + 4], A[rp1 + 5], A[rp1 + 6], now, cost)
-    if out[n + 1] == 1 and not dry then store(key, field, nxt, e, first(got[2]), now) end
+    local state = redis.call('HGET', key, field)
+    local nxt, e = counter(out, n, A[rp1 + 2], state, A[rp1 + 4], A[rp1 + 5], A[rp1 + 6], now, cost)
+    if out[n + 1] == 1 and not dry then store(key, field, nxt, e, now) end
     n = n + 5
     key_base = key_base + 1
   else
@@ -311,7 +314,7 @@ for _ = 1, ndecisions do
         local field = A[p]
         p = p + 1
         local key = KEYS[key_base + k]
-        local q = 10 * k - 10
+        local q = 9 * k - 9
         L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
         if code == 5 then
           -- The sliding log: a list of admission times, oldest first.
@@ -338,11 +341,7 @@ for _ = 1, ndecisions do
             out[o + 5] = 0
           end
         else
-          -- The state, and the bucket's "~" field: the time it was last set
-          -- to expire at (it expires no sooner).
-          local got = redis.call('HMGET', key, field, '~')
-          local state = got[1]
-          L[q + 10] = first(got[2])
+          local state = redis.call('HGET', key, field)
           L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
           if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
         end
@@ -370,7 +369,7 @@ for _ = 1, ndecisions do
       for r = 1, nrules do
         if R[3 * r - 2] then
           for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
-            local q = 10 * j - 10
+            local q = 9 * j - 9
             local key, a = L[q + 2], L[q + 5]
             if L[q + 1] == 5 then
               local all, dead = L[q + 8], L[q + 9]
@@ -390,7 +389,7 @@ for _ = 1, ndecisions do
               end
               redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
             else
-              store(key, L[q + 3], L[q + 6], L[q + 7], L[q + 10], now)
+              store(key, L[q + 3], L[q + 6], L[q + 7], now)
             end
           end
         end

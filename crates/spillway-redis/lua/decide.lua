@@ -47,13 +47,13 @@
 -- Every key written gets a TTL in the same call, so idle keys vanish.
 -- Counter states share small hashes: a Redis key costs about 110 bytes
 -- before it holds anything, a field in a small hash about 20. A state is
--- one to three numbers, each 8 bytes (a big-endian double); the first is
--- the time it expires (after which it is as good as absent); a bucket's TTL is never shorter than its longest-lived field's
--- (its field "~" remembers until when it was last set to live, so most
--- writes need no PEXPIRE), and a write that adds a field to a bucket of
--- more than 8 states sweeps a sample
--- of it for expired ones one time in four, so dead fields stay a small
--- fraction.
+-- one to three numbers, each 8 bytes (a big-endian double), then until
+-- when its bucket is known to live; the first number is the time it
+-- expires (after which it is as good as absent). A bucket's TTL is never
+-- shorter than its longest-lived field's, and most writes need no PEXPIRE
+-- (see `store`). A write that adds a field to a bucket of more than 8
+-- states sweeps a sample of it for expired ones one time in four, so dead
+-- fields stay a small fraction.
 --
 -- Redis runs this whole chunk on every call, so it is written to allocate
 -- little: one function, not one per algorithm; verdicts written straight
@@ -81,13 +81,16 @@ local function first(v)
 end
 
 -- Decides one counter algorithm for `size` and writes the verdict to
--- out[o + 1 .. o + 5]. Returns the state to write if admitted and when it
--- expires (absolute microseconds; the state's first number).
+-- out[o + 1 .. o + 5]. Returns when the state to write (if admitted)
+-- expires, until when the bucket is known to live (the stored state's
+-- last number, nil without one), and the state's one to three numbers.
 local function counter(out, o, code, state, size, a, b, now, cost)
-  local ok, rem, reset, retry, wait, nxt, exp = true, 0, 0, 0, 0, nil, 0
+  local ok, rem, reset, retry, wait, exp, known = true, 0, 0, 0, 0, 0, nil
+  local v1, v2, v3
   if code == 1 or code == 3 or code == 7 then
     -- A virtual schedule: the state is the theoretical arrival time.
-    local tat = first(state) or 0
+    local tat = 0
+    if state and #state >= 16 then tat, known = bunpack('>dd', state) end
     local horizon, inc = size * a, cost * a
     local start = max(tat, now)
     local e = start + inc
@@ -110,10 +113,10 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     if not ok then
       if retry_at == NEVER then retry = NEVER else retry = max(retry_at - now, 0) end
     end
-    nxt, exp = bpack('>d', e), e
+    v1, exp = e, e
   elseif code == 2 then
     local drains, measured = 0, 0
-    if state and #state >= 16 then drains, measured = bunpack('>dd', state) end
+    if state and #state >= 24 then drains, measured, known = bunpack('>ddd', state) end
     local at = max(now, measured)
     local level = max(max(drains - measured, 0) - (at - measured), 0)
     local full, new = size * a, level + cost * a
@@ -121,7 +124,7 @@ local function counter(out, o, code, state, size, a, b, now, cost)
       local nd = at + new
       rem = min(floor((full - new) / a), size)
       reset = nd - min(now, nd)
-      nxt, exp = bpack('>dd', nd, at), nd
+      v1, v2, exp = nd, at, nd
     else
       ok = false
       retry = NEVER
@@ -131,7 +134,7 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     end
   elseif code == 4 then
     local e, count = 0, 0
-    if state and #state >= 16 then e, count = bunpack('>dd', state) end
+    if state and #state >= 24 then e, count, known = bunpack('>ddd', state) end
     if now >= e then
       e, count = now - fmod(now, a) + a, 0
     end
@@ -139,7 +142,7 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     local total = count + cost
     if total <= size then
       rem = size - total
-      nxt, exp = bpack('>dd', e, total), e
+      v1, v2, exp = e, total, e
     else
       ok = false
       rem = max(size - count, 0)
@@ -148,7 +151,7 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     end
   else -- 6: sliding window counter
     local expires, cur0, prev0 = 0, 0, 0
-    if state and #state >= 24 then expires, cur0, prev0 = bunpack('>ddd', state) end
+    if state and #state >= 32 then expires, cur0, prev0, known = bunpack('>dddd', state) end
     local w = a
     local stored_end = max(expires - w, 0)
     local e, cur, prev
@@ -175,8 +178,7 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     end
     if ok then
       rem = max(size - (estimate + cost), 0)
-      nxt = bpack('>ddd', e + w, min(cur + cost, 4294967295), prev)
-      exp = e + w
+      v1, v2, v3, exp = e + w, min(cur + cost, 4294967295), prev, e + w
     else
       rem = max(size - estimate, 0)
       retry = NEVER
@@ -199,29 +201,50 @@ local function counter(out, o, code, state, size, a, b, now, cost)
   out[o + 3] = reset
   out[o + 4] = retry
   out[o + 5] = wait
-  return nxt, exp
+  return exp, known, v1, v2, v3
 end
 
--- Writes a counter's state to its bucket (see the top of this file).
-local function store(key, field, state, e, now)
-  -- The bucket must outlive this state. Most writes find it set to live
-  -- long enough already (its "~" field says until when) and only write the
-  -- state. Otherwise it is set to live half as long again (at least 0.5 s
-  -- more), so the next writes find it long enough: its TTL only grows (GT);
-  -- a bucket without "~" may be new, without a TTL (NX first).
-  -- (Read here, not with the state: HMGET's reply becomes a Lua table, and
-  -- HMGET cost 0.46 µs against HGET's 0.20 in a loop of a million; denied
-  -- requests need no stamp.)
-  local stamp = first(redis.call('HGET', key, '~'))
+-- How many numbers each counter algorithm's state has (before `known`).
+local NUMBERS = { 1, 2, 1, 2, 0, 3, 1 }
+
+-- A state as stored: its numbers, then until when its bucket is known to
+-- live.
+local function packed(code, known, v1, v2, v3)
+  local k = NUMBERS[code]
+  if k == 1 then return bpack('>dd', v1, known) end
+  if k == 2 then return bpack('>ddd', v1, v2, known) end
+  return bpack('>dddd', v1, v2, v3, known)
+end
+
+-- The bucket must outlive every state in it. A state that would expire
+-- by `known` (until when its last write made sure the bucket lives) is
+-- written with one call. Otherwise the bucket is set to live until the
+-- state expires and half as long again (at least 5 s more: buckets are
+-- few and shared, so a longer life costs little and spares calls), with
+-- PEXPIRE GT (a TTL only grows) when the state existed, so the bucket has
+-- a TTL. A new state reads the bucket's "~" field first (until when it
+-- was last set to live); a bucket without "~" may be new, without a TTL
+-- (PEXPIRE NX first).
+local function store(key, field, code, e, now, known, v1, v2, v3)
   local added
-  if stamp and e <= stamp then
-    added = redis.call('HSET', key, field, state)
+  if known and e <= known then
+    added = redis.call('HSET', key, field, packed(code, known, v1, v2, v3))
   else
-    local life = max(e, now) + max(floor((e - now) / 2), 500000)
+    local life = max(e, now) + max(floor((e - now) / 2), 5000000)
     local ttl = max(math.ceil((life - now) / 1000), 1)
-    added = redis.call('HSET', key, field, state, '~', bpack('>d', life))
-    if stamp or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
+    if known then
+      added = redis.call('HSET', key, field, packed(code, life, v1, v2, v3))
       redis.call('PEXPIRE', key, ttl, 'GT')
+    else
+      local stamp = first(redis.call('HGET', key, '~'))
+      if stamp and e <= stamp then
+        added = redis.call('HSET', key, field, packed(code, stamp, v1, v2, v3))
+      else
+        added = redis.call('HSET', key, field, packed(code, life, v1, v2, v3), '~', bpack('>d', life))
+        if stamp or redis.call('PEXPIRE', key, ttl, 'NX') == 0 then
+          redis.call('PEXPIRE', key, ttl, 'GT')
+        end
+      end
     end
   end
   -- Small buckets are left alone: at most 8 fields each, live or not, is a
@@ -260,12 +283,13 @@ p = p + 1
 -- per field below that cost a third of the script's own time (measured).
 local out = { 0, 0, 0, 0, 0 }
 local n = 0
--- Per limit k of a decision, at L[9k - 8 .. 9k]: code, key, field,
--- enforced size, a, state to write, expiry, for a sliding log the list
--- read and how many of its entries are dead. Per rule r, at R[3r - 2 .. 3r]:
--- charged or not, its first limit, its number of limits. Reused by each
--- decision in turn.
-local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+-- Per limit k of a decision, at L[10k - 9 .. 10k]: code, key, field,
+-- enforced size, a, then for a counter what `counter` returns (expiry,
+-- known life, the state's numbers), for a sliding log the list read and
+-- how many of its entries are dead (at 8 and 9). Per rule r, at
+-- R[3r - 2 .. 3r]: charged or not, its first limit, its number of limits.
+-- Reused by each decision in turn.
+local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
 local key_base = 0
 
@@ -292,8 +316,9 @@ for _ = 1, ndecisions do
     local field = A[p + 1]
     p = p + 2
     local state = redis.call('HGET', key, field)
-    local nxt, e = counter(out, n, A[rp1 + 2], state, A[rp1 + 4], A[rp1 + 5], A[rp1 + 6], now, cost)
-    if out[n + 1] == 1 and not dry then store(key, field, nxt, e, now) end
+    local code = A[rp1 + 2]
+    local e, known, v1, v2, v3 = counter(out, n, code, state, A[rp1 + 4], A[rp1 + 5], A[rp1 + 6], now, cost)
+    if out[n + 1] == 1 and not dry then store(key, field, code, e, now, known, v1, v2, v3) end
     n = n + 5
     key_base = key_base + 1
   else
@@ -314,7 +339,7 @@ for _ = 1, ndecisions do
         local field = A[p]
         p = p + 1
         local key = KEYS[key_base + k]
-        local q = 9 * k - 9
+        local q = 10 * k - 10
         L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
         if code == 5 then
           -- The sliding log: a list of admission times, oldest first.
@@ -342,7 +367,7 @@ for _ = 1, ndecisions do
           end
         else
           local state = redis.call('HGET', key, field)
-          L[q + 6], L[q + 7] = counter(out, n, code, state, enf, a, b, now, cost)
+          L[q + 6], L[q + 7], L[q + 8], L[q + 9], L[q + 10] = counter(out, n, code, state, enf, a, b, now, cost)
           if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
         end
         enf_ok = enf_ok and out[n + 1] == 1
@@ -369,7 +394,7 @@ for _ = 1, ndecisions do
       for r = 1, nrules do
         if R[3 * r - 2] then
           for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
-            local q = 9 * j - 9
+            local q = 10 * j - 10
             local key, a = L[q + 2], L[q + 5]
             if L[q + 1] == 5 then
               local all, dead = L[q + 8], L[q + 9]
@@ -389,7 +414,7 @@ for _ = 1, ndecisions do
               end
               redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
             else
-              store(key, L[q + 3], L[q + 6], L[q + 7], now)
+              store(key, L[q + 3], L[q + 1], L[q + 6], now, L[q + 7], L[q + 8], L[q + 9], L[q + 10])
             end
           end
         end

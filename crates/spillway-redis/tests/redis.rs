@@ -385,6 +385,33 @@ fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
         ttl > 7_000_000,
         "bucket TTL {ttl} ms after a two-hour state"
     );
+    // So does a state that grows past what its earlier writes made sure of
+    // (a GCRA of one per hour, burst 6: six requests at once push its state
+    // six hours ahead; the bucket's TTL is under three hours before).
+    let grow = rule(
+        "grow",
+        Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 6).unwrap()),
+    );
+    let key = Key::from_parts(["grow"]);
+    let charge = Charge {
+        rule: &grow,
+        key: &key,
+    };
+    for _ in 0..6 {
+        let d = rt
+            .block_on(redis.decide_at(&[charge], 1, t0 + 50 * SEC_US))
+            .unwrap();
+        assert!(d.allowed);
+    }
+    let ttl: i64 = server
+        .cli(&["PTTL", "spillway:{0}"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        ttl > 21_000_000,
+        "bucket TTL {ttl} ms after a state grew six hours ahead"
+    );
 }
 
 fn scripts(server: &RedisServer) -> u64 {

@@ -91,8 +91,11 @@ local function counter(out, o, code, state, size, a, b, now, cost)
     -- A virtual schedule: the state is the theoretical arrival time.
     local tat = 0
     if state and #state >= 16 then tat, known = bunpack('>dd', state) end
+    -- (Comparisons rather than math.max/min here and below: each call of
+    -- a C function costs more than the arithmetic; this is the hot path.)
     local horizon, inc = size * a, cost * a
-    local start = max(tat, now)
+    local start = tat
+    if now > tat then start = now end
     local e = start + inc
     local retry_at = now
     if e - now > horizon then
@@ -108,8 +111,12 @@ local function counter(out, o, code, state, size, a, b, now, cost)
       end
       if not ok then wait = 0 end
     end
-    reset = max(e, now) - now
-    rem = min(floor((horizon - min(reset, horizon)) / a), size)
+    if e > now then reset = e - now end
+    local left = horizon - reset
+    if left < 0 then left = 0 end
+    left = left / a
+    rem = left - left % 1
+    if rem > size then rem = size end
     if not ok then
       if retry_at == NEVER then retry = NEVER else retry = max(retry_at - now, 0) end
     end

@@ -53,8 +53,14 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self) {
-        self.failures.store(0, Ordering::Release);
-        self.probing.store(false, Ordering::Release);
+        // Every decision reports; a store only when something changes keeps
+        // the threads deciding from writing one shared cache line in turn.
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+        if self.probing.load(Ordering::Relaxed) {
+            self.probing.store(false, Ordering::Release);
+        }
     }
 
     pub(crate) fn failure(&self) {

@@ -40,10 +40,9 @@ mod keys;
 mod msgpack;
 mod reply;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use parking_lot::RwLock;
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use spillway_core::Decision;
@@ -111,7 +110,10 @@ enum Target {
 
 struct Inner {
     config: RedisConfig,
-    conn: RwLock<Option<Conn>>,
+    /// Set once, when the first connection is made (the connection manager
+    /// and the cluster connection reconnect by themselves afterwards); read
+    /// by every decision without a lock.
+    conn: OnceLock<Conn>,
     script: Script,
     breaker: Breaker,
     connected: tokio::sync::Notify,
@@ -195,7 +197,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 breaker: Breaker::new(config.breaker_failures, config.probe_interval),
                 config,
-                conn: RwLock::new(None),
+                conn: OnceLock::new(),
                 script: Script::new(DECIDE_LUA),
                 connected: tokio::sync::Notify::new(),
                 queue,
@@ -209,7 +211,7 @@ impl RedisStore {
     /// True once a connection has been made (it may have failed since; the
     /// breaker says whether it is healthy).
     pub fn is_connected(&self) -> bool {
-        self.inner.conn.read().is_some()
+        self.inner.conn.get().is_some()
     }
 
     /// The breaker's state: closed (healthy), open, or half-open.
@@ -270,8 +272,7 @@ impl RedisStore {
         if !inner.breaker.allow() {
             return Err(err(true, "redis circuit breaker is open"));
         }
-        let conn = inner.conn.read().clone();
-        let Some(conn) = conn else {
+        let Some(conn) = inner.conn.get() else {
             inner.breaker.failure();
             return Err(err(true, "not connected to redis yet"));
         };
@@ -302,7 +303,7 @@ impl RedisStore {
 
     async fn call(
         &self,
-        conn: Conn,
+        conn: &Conn,
         charges: &[Charge<'_>],
         cost: u64,
         now_us: u64,
@@ -328,7 +329,8 @@ impl RedisStore {
                     .map_err(|_| std::io::Error::other("redis batcher stopped"))??;
                 Ok(reply::decision(charges, &out, cost))
             }
-            Conn::Cluster(mut c) => {
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
                 let groups = keys::slot_groups(buckets, charges);
                 if groups.len() == 1 {
                     let cmd = keys::command(
@@ -415,7 +417,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
         let Some(inner) = store.upgrade() else { return };
         tokio::spawn(async move {
             let _slot = slot;
-            let conn = inner.conn.read().clone();
+            let conn = inner.conn.get().cloned();
             let result = match conn {
                 Some(Conn::Single(mut c)) => {
                     let config = &inner.config;
@@ -534,7 +536,7 @@ async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
         };
         match attempt {
             Ok(Ok(conn)) => {
-                *inner.conn.write() = Some(conn);
+                let _ = inner.conn.set(conn);
                 inner.breaker.success();
                 inner.connected.notify_waiters();
                 tracing::info!("connected to redis");

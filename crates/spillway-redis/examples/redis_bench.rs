@@ -6,13 +6,17 @@
 //! commandstats). Then measures Redis memory per client
 //! key at 100,000 and 1,000,000 keys.
 //!
-//! Usage: `redis_bench REDIS_URL [SECONDS] [CONCURRENCY]`
+//! With a fourth argument `log:N:USERS`, the limit is instead a sliding log
+//! of N per minute over USERS users (so logs fill up to N entries), and the
+//! memory part is skipped.
+//!
+//! Usage: `redis_bench REDIS_URL [SECONDS] [CONCURRENCY] [log:N:USERS]`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_core::{FixedWindow, Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
+use spillway_core::{FixedWindow, Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule, SlidingLog};
 use spillway_redis::{RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Store};
 
@@ -60,9 +64,16 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
-        .expect("usage: redis_bench REDIS_URL [SECONDS] [CONCURRENCY]");
+        .expect("usage: redis_bench REDIS_URL [SECONDS] [CONCURRENCY] [log:N:USERS]");
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
     let conc: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50);
+    // `log:N:USERS`: a sliding log of N per minute over USERS users.
+    let log: Option<(u64, u64)> = args.next().map(|a| {
+        let mut p = a.strip_prefix("log:").expect("log:N:USERS").split(':');
+        let mut num = || p.next().and_then(|v| v.parse().ok()).expect("log:N:USERS");
+        (num(), num())
+    });
+    let users = log.map_or(100_000, |(_, u)| u);
     let store = RedisStore::new(RedisConfig {
         url: url.clone(),
         timeout: Duration::from_secs(1),
@@ -78,9 +89,14 @@ async fn main() {
             "bench",
             None,
             KeySpec::parse("user").unwrap(),
-            vec![Limit::Gcra(
-                Gcra::new(Rate::new(100, Nanos::from_secs(1)).unwrap(), 100).unwrap(),
-            )],
+            vec![match log {
+                Some((n, _)) => {
+                    Limit::SlidingLog(SlidingLog::new(n, Nanos::from_secs(60)).unwrap())
+                }
+                None => Limit::Gcra(
+                    Gcra::new(Rate::new(100, Nanos::from_secs(1)).unwrap(), 100).unwrap(),
+                ),
+            }],
             Mode::Hard,
         )
         .unwrap(),
@@ -98,7 +114,7 @@ async fn main() {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let user = format!("u{}", x % 100_000);
+                let user = format!("u{}", x % users);
                 let key = Key::from_parts([user.as_str()]);
                 let t0 = Instant::now();
                 let d = store
@@ -128,7 +144,10 @@ async fn main() {
     let (calls, usec) = script_stats(&url);
     let n = all.len() as f64;
     println!(
-        "in-process concurrency={conc} decisions_per_s={:.0} p50={:?} p99={:?} script_calls_per_decision={:.3} script_us_per_decision={:.2}",
+        "in-process {} concurrency={conc} decisions_per_s={:.0} p50={:?} p99={:?} script_calls_per_decision={:.3} script_us_per_decision={:.2}",
+        log.map_or("gcra".to_string(), |(n, u)| format!(
+            "sliding_log={n}/min users={u}"
+        )),
         n / elapsed,
         pct(0.5),
         pct(0.99),
@@ -136,6 +155,9 @@ async fn main() {
         (usec - usec_before) / n
     );
 
+    if log.is_some() {
+        return;
+    }
     // Memory per key: fresh keys of limits whose state lives an hour (the
     // benchmark's own keys expire within milliseconds), GCRA (one number of
     // state) and fixed window (two), at 100,000 and 1,000,000 keys.

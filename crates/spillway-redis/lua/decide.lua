@@ -271,6 +271,44 @@ local function store(key, field, code, e, now, known, v1, v2, v3)
   end
 end
 
+-- Reads a sliding log: its length, how many of its oldest entries have
+-- left the window, its newest entry, and its first entries as read. A
+-- short log (the usual case) is one LRANGE. A long one is read from its
+-- head in chunks only as far as its first live entry, plus LLEN and its
+-- newest entry: a log of 500 entries costs a few calls, not 500 values.
+local CHUNK = 16
+local function log_read(key, a, now)
+  local head = redis.call('LRANGE', key, 0, CHUNK - 1)
+  local len, newest = #head, nil
+  if len > 0 then newest = tonumber(head[len]) end
+  if len == CHUNK then
+    len = redis.call('LLEN', key)
+    if len > CHUNK then newest = tonumber(redis.call('LINDEX', key, -1)) end
+  end
+  local dead, from, part = 0, 0, head
+  while true do
+    local live = false
+    for i = 1, #part do
+      if tonumber(part[i]) + a <= now then
+        dead = from + i
+      else
+        live = true
+        break
+      end
+    end
+    if live or from + #part >= len then break end
+    from = from + CHUNK
+    part = redis.call('LRANGE', key, from, from + CHUNK - 1)
+  end
+  return len, dead, newest, head
+end
+
+-- A log's entry i (from 1), from its first entries if it is among them.
+local function log_entry(key, head, i)
+  if i <= #head then return tonumber(head[i]) end
+  return tonumber(redis.call('LINDEX', key, i - 1))
+end
+
 local time_now = nil
 
 local A = cmsgpack.unpack(ARGV[1])
@@ -293,7 +331,7 @@ local n = 0
 -- Per limit k of a decision, at L[10k - 9 .. 10k]: code, key, field,
 -- enforced size, a, then for a counter what `counter` returns (expiry,
 -- known life, the state's numbers), for a sliding log the list read and
--- how many of its entries are dead (at 8 and 9). Per rule r, at
+-- how many of its entries are dead and its newest entry (at 8, 9, 10). Per rule r, at
 -- R[3r - 2 .. 3r]: charged or not, its first limit, its number of limits.
 -- Reused by each decision in turn.
 local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
@@ -350,15 +388,11 @@ for _ = 1, ndecisions do
         L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
         if code == 5 then
           -- The sliding log: a list of admission times, oldest first.
-          local all = redis.call('LRANGE', key, 0, -1)
-          local dead = 0
-          for i = 1, #all do
-            if tonumber(all[i]) + a <= now then dead = i else break end
-          end
-          L[q + 8], L[q + 9] = all, dead
-          local count = #all - dead
+          local len, dead, newest, head = log_read(key, a, now)
+          L[q + 8], L[q + 9], L[q + 10] = len, dead, newest
+          local count = len - dead
           local newest_end = 0
-          if #all > 0 then newest_end = tonumber(all[#all]) + a end
+          if len > 0 then newest_end = newest + a end
           for pass = 1, two and 2 or 1 do
             local size, o = enf, n
             if pass == 2 then size, o = base, n + 5 end
@@ -367,7 +401,7 @@ for _ = 1, ndecisions do
               out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - total, max(now + a, newest_end) - now, 0
             else
               local retry = NEVER
-              if cost <= size then retry = max(tonumber(all[dead + total - size]) + a - now, 0) end
+              if cost <= size then retry = max(log_entry(key, head, dead + total - size) + a - now, 0) end
               out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, max(size - count, 0), max(newest_end - now, 0), retry
             end
             out[o + 5] = 0
@@ -404,10 +438,10 @@ for _ = 1, ndecisions do
             local q = 10 * j - 10
             local key, a = L[q + 2], L[q + 5]
             if L[q + 1] == 5 then
-              local all, dead = L[q + 8], L[q + 9]
+              local len, dead, newest = L[q + 8], L[q + 9], L[q + 10]
               if dead > 0 then redis.call('LTRIM', key, dead, -1) end
               local t = now
-              if #all > dead then t = max(now, tonumber(all[#all])) end
+              if len > dead then t = max(now, newest) end
               local cnt = min(cost, L[q + 4])
               local items = {}
               local ts = fmt('%d', t)

@@ -133,6 +133,37 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A sliding log longer than the script's first read (16 entries): its
+    /// expired head, its count and its retry times come from reads in
+    /// chunks and by index, and must agree with the memory store too.
+    #[test]
+    fn long_sliding_logs_agree_with_the_memory_store(
+        ops in prop::collection::vec((prop_oneof![8 => 0u64..50_000, 1 => 0u64..3 * SEC_US], 1u64..4), 1..250)
+    ) {
+        let server = RedisServer::start();
+        let rt = rt();
+        let redis = rt.block_on(connected(server.url()));
+        let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+        let rule = user_rule(
+            "long",
+            vec![Limit::SlidingLog(SlidingLog::new(60, Nanos::from_secs(1)).unwrap())],
+            Mode::Soft { percent: 50 },
+        );
+        let key = Key::from_parts(["u"]);
+        let charges = [Charge { rule: &rule, key: &key }];
+        let mut now_us = T0_US;
+        for (i, (gap, cost)) in ops.into_iter().enumerate() {
+            now_us += gap;
+            let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
+            let r = rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap();
+            prop_assert_eq!(&m, &r, "op {}", i);
+        }
+    }
+}
+
 #[test]
 fn several_rules_are_charged_all_or_none_in_one_call() {
     let server = RedisServer::start();

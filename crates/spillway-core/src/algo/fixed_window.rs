@@ -47,6 +47,7 @@ impl FixedWindow {
     }
 
     /// Decides `cost` at `now` against `state` = `(window_end, count)` (default when fresh).
+    #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let w = self.window.0;
         // A stored window that has not ended (or lies ahead, if the clock

@@ -52,6 +52,7 @@ impl LeakyBucket {
     }
 
     /// Decides adding `cost` at `now` to a bucket in `state` (default when empty).
+    #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let (drains_at, measured_at) = (state.a, state.b);
         let level_then = drains_at.saturating_sub(measured_at);

@@ -271,6 +271,7 @@ impl Limit {
     }
 
     /// Decides for a wide-state limit; `None` if this limit keeps another kind of state.
+    #[inline]
     pub fn decide_wide(&self, state: Wide, now: Nanos, cost: u64) -> Option<(Verdict, Wide)> {
         Some(match self {
             Limit::LeakyBucket(a) => a.decide(state, now, cost),

@@ -56,6 +56,7 @@ impl SlidingCounter {
     }
 
     /// Decides `cost` at `now` against `state` (default when fresh).
+    #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let w = self.window.0;
         let stored_end = state.a.saturating_sub(w);
@@ -108,11 +109,16 @@ impl SlidingCounter {
     /// The earliest time a request of `cost` passes, given the window starting at
     /// `start` with counts `prev` and `cur`; `None` if never.
     fn retry_at(&self, start: u64, prev: u64, cur: u64, cost: u64) -> Option<u64> {
-        let w = u128::from(self.window.0);
+        let w64 = self.window.0;
+        let w = u128::from(w64);
         // Smallest elapsed e in [0, W) with p*(W-e) <= a*W, i.e. e >= W - floor(a*W/p).
+        // In 64 bits when a*W fits (a 128-bit division is a library call,
+        // and every denial at a busy key asks this).
         let earliest = |p: u64, a: u64| -> u128 {
             if p == 0 {
                 0
+            } else if let Some(aw) = a.checked_mul(w64) {
+                u128::from(w64.saturating_sub(aw / p))
             } else {
                 w.saturating_sub(u128::from(a) * w / u128::from(p))
             }

@@ -351,7 +351,7 @@ async fn maintain(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<b
 }
 
 /// How long [`before_park`] spins.
-const PARK_SPIN: std::time::Duration = std::time::Duration::from_micros(5);
+const PARK_SPIN: std::time::Duration = std::time::Duration::from_micros(2);
 
 /// For a single-threaded runtime's `on_thread_park` hook: while proxied
 /// requests await their upstream's answer, spin a few microseconds before

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Reverse-proxy benchmark: spillway proxy vs Debian's nginx (one worker,
 # limit_req keyed on the API-key header) in front of the same upstream (the
-# bare axum example), side by side in one run, 127.0.0.1 only.
+# bare axum example), side by side in one run, 127.0.0.1 only. nginx runs
+# twice: as set up by the issue, and with the rate-limit headers spillway
+# sends added ("nginx+h", see below).
 #  - allow path: random API keys over 100,000, a generous limit: all admitted;
 #  - deny path: one API key far over its limit: nearly all rejected (429);
 #  - added latency at low load: one connection, upstream direct vs through each proxy.
@@ -37,23 +39,32 @@ hz=$(getconf CLK_TCK)
 up=$(free_port); ng=$(free_port); sp=$(free_port)
 $pin_load target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
 pid_up=$!
-mkdir -p "$work/logs"
-cat > "$work/nginx.conf" <<NGINX
+# nginx twice: as the issue sets it up, and "nginx+h", the same with the
+# headers spillway must send (RateLimit-Policy, RateLimit, X-RateLimit-*,
+# and on 429 Retry-After and X-RateLimit-Retry-After; static values of the
+# same length, nginx cannot compute them). On the deny path wrk's core is
+# the bottleneck and parsing a response's head is most of wrk's own work
+# per request, so the second shows what the proxies cost apart from the
+# bytes the contract asks for.
+nginx_conf() { # dir port extra-location-lines
+  mkdir -p "$1/logs"
+  cat > "$1/nginx.conf" <<NGINX
 daemon off;
 master_process off;
 worker_processes 1;
-error_log $work/logs/error.log crit;
-pid $work/nginx.pid;
+error_log $1/logs/error.log crit;
+pid $1/nginx.pid;
 events { worker_connections 4096; }
 http {
   access_log off;
-  client_body_temp_path $work/body;
-  proxy_temp_path $work/proxy;
+  client_body_temp_path $1/body;
+  proxy_temp_path $1/proxy;
   limit_req_zone \$http_x_api_key zone=api:32m rate=100r/s;
   limit_req_status 429;
+  map \$status \$retry_after { 429 1; default ""; }
   upstream up { server 127.0.0.1:$up; keepalive 64; }
   server {
-    listen 127.0.0.1:$ng;
+    listen 127.0.0.1:$2;
     location / {
       limit_req zone=api burst=100 nodelay;
       proxy_pass http://up;
@@ -62,12 +73,25 @@ http {
       proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
       proxy_set_header X-Forwarded-Host \$host;
       proxy_set_header X-Forwarded-Proto \$scheme;
+$3
     }
   }
 }
 NGINX
-$pin_proxy nginx -p "$work" -c "$work/nginx.conf" &
+}
+nh=$(free_port)
+nginx_conf "$work/ng" "$ng" ""
+nginx_conf "$work/nh" "$nh" "      add_header RateLimit-Policy '\"api\";q=100;w=1' always;
+      add_header RateLimit '\"api\";r=99;t=1' always;
+      add_header X-RateLimit-Limit 100 always;
+      add_header X-RateLimit-Remaining 99 always;
+      add_header X-RateLimit-Reset 1 always;
+      add_header Retry-After \$retry_after always;
+      add_header X-RateLimit-Retry-After \$retry_after always;"
+$pin_proxy nginx -p "$work/ng" -c "$work/ng/nginx.conf" &
 pid_ng=$!
+$pin_proxy nginx -p "$work/nh" -c "$work/nh/nginx.conf" &
+pid_nh=$!
 cat > "$work/rules.yaml" <<YAML
 proxy:
   upstream: http://127.0.0.1:$up
@@ -81,7 +105,7 @@ YAML
 RUST_LOG=warn $pin_proxy target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
   --threads "$threads" 2>/dev/null &
 pid_sp=$!
-wait_port "$up"; wait_port "$ng"; wait_port "$sp"
+wait_port "$up"; wait_port "$ng"; wait_port "$nh"; wait_port "$sp"
 
 cat > "$work/allow.lua" <<'LUA'
 math.randomseed(os.time())
@@ -127,19 +151,22 @@ run() { # name pid port script conns
 results="$work/results"
 for r in $(seq "$rounds"); do
   run nginx "$pid_ng" "$ng" allow.lua 64 | tee -a "$results"
+  run nginx+h "$pid_nh" "$nh" allow.lua 64 | tee -a "$results"
   run spillway "$pid_sp" "$sp" allow.lua 64 | tee -a "$results"
   run nginx "$pid_ng" "$ng" deny.lua 64 | tee -a "$results"
+  run nginx+h "$pid_nh" "$nh" deny.lua 64 | tee -a "$results"
   run spillway "$pid_sp" "$sp" deny.lua 64 | tee -a "$results"
 done
 # The machine's speed drifts between runs; each round's spillway/nginx
 # ratio compares runs seconds apart. Medians over the rounds:
-ratio() { # path field
+ratio() { # path field [baseline]
   paste <(grep "^spillway $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") \
-        <(grep "^nginx $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") |
+        <(grep "^${3:-nginx} $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") |
     awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 for path in allow deny; do
   echo "$path: spillway/nginx per-round median: rps $(ratio "$path" rps), cpu per request $(ratio "$path" proxy_cpu_us_per_req)"
+  echo "$path: spillway/nginx+h (same headers) per-round median: rps $(ratio "$path" rps nginx+h), cpu per request $(ratio "$path" proxy_cpu_us_per_req nginx+h)"
 done
 direct=$($pin_load wrk -t1 -c1 -d"${secs}s" --latency "http://127.0.0.1:$up/api" | awk '$1=="50%" {print $2}')
 echo "direct upstream rps(allow, 64 conns)=$($pin_load wrk -t1 -c64 -d"${secs}s" -s "$work/allow.lua" "http://127.0.0.1:$up/api" | awk '/Requests\/sec/ {print $2}')"

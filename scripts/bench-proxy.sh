@@ -12,9 +12,12 @@
 # spillway runs one worker thread, like nginx's one worker process (set
 # SPILLWAY_THREADS=2 for its default on this machine).
 # COUNTERS=1 also prints, per request, the proxy's user and kernel cycles
-# and epoll_wait calls (perf stat, needs kernel.perf_event_paranoid <= 2)
-# and how often it went to sleep (voluntary context switches).
-# Usage: [COUNTERS=1] scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
+# and epoll_wait calls (perf stat, needs kernel.perf_event_paranoid <= 2),
+# how often it went to sleep (voluntary context switches), and wrk's own
+# user cycles (on the deny path wrk's core is the bottleneck).
+# PATHS=allow (or deny) runs one path only; SPILLWAY_BIN=FILE measures
+# another spillway binary (e.g. one built with a different setting).
+# Usage: [COUNTERS=1] [PATHS=...] [SPILLWAY_BIN=...] scripts/bench-proxy.sh [SECONDS_PER_RUN] [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
@@ -102,7 +105,7 @@ rules:
     limits:
       - gcra: { rate: 100/1s, burst: 100 }
 YAML
-RUST_LOG=warn $pin_proxy target/release/spillway proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
+RUST_LOG=warn $pin_proxy "${SPILLWAY_BIN:-target/release/spillway}" proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
   --threads "$threads" 2>/dev/null &
 pid_sp=$!
 wait_port "$up"; wait_port "$ng"; wait_port "$nh"; wait_port "$sp"
@@ -130,7 +133,9 @@ run() { # name pid port script conns
     perf stat -x, -e cycles:u,cycles:k,syscalls:sys_enter_epoll_wait -p "$2" -o "$work/perf.$2" &
     local perf_pid=$!
   fi
-  local out; out=$($pin_load wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
+  local wrk_stat=()
+  [ -n "${COUNTERS:-}" ] && wrk_stat=(perf stat -x, -e cycles:u -o "$work/perf.wrk" --)
+  local out; out=$($pin_load "${wrk_stat[@]}" wrk -t1 -c"$5" -d"${secs}s" --latency -s "$work/$4" "http://127.0.0.1:$3/api")
   local c1; c1=$(cpu_ticks "$2")
   local u1; u1=$(cpu_ticks "$pid_up")
   local v1; v1=$(sleeps "$2")
@@ -143,19 +148,20 @@ run() { # name pid port script conns
       $3 == "cycles:u" {printf " user_cycles_per_req=%.0f", $1/n}
       $3 == "cycles:k" {printf " kernel_cycles_per_req=%.0f", $1/n}
       $3 ~ /epoll_wait/ {printf " epoll_waits_per_req=%.3f", $1/n}' "$work/perf.$2")
+    counters+=$(awk -F, -v n="$total" '$3 == "cycles:u" {printf " wrk_user_cycles_per_req=%.0f", $1/n}' "$work/perf.wrk")
   fi
   local us; us=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
   local uus; uus=$(awk -v a="$u0" -v b="$u1" -v hz="$hz" -v n="$total" 'BEGIN {printf "%.1f", (b-a)/hz*1e6/n}')
   echo "$1 ${4%.lua} rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") proxy_cpu_us_per_req=$us upstream_cpu_us_per_req=$uus$counters non2xx=$(awk '/Non-2xx/ {print $NF}' <<<"$out")"
 }
 results="$work/results"
+paths=${PATHS:-allow deny}
 for r in $(seq "$rounds"); do
-  run nginx "$pid_ng" "$ng" allow.lua 64 | tee -a "$results"
-  run nginx+h "$pid_nh" "$nh" allow.lua 64 | tee -a "$results"
-  run spillway "$pid_sp" "$sp" allow.lua 64 | tee -a "$results"
-  run nginx "$pid_ng" "$ng" deny.lua 64 | tee -a "$results"
-  run nginx+h "$pid_nh" "$nh" deny.lua 64 | tee -a "$results"
-  run spillway "$pid_sp" "$sp" deny.lua 64 | tee -a "$results"
+  for path in $paths; do
+    run nginx "$pid_ng" "$ng" "$path.lua" 64 | tee -a "$results"
+    run nginx+h "$pid_nh" "$nh" "$path.lua" 64 | tee -a "$results"
+    run spillway "$pid_sp" "$sp" "$path.lua" 64 | tee -a "$results"
+  done
 done
 # The machine's speed drifts between runs; each round's spillway/nginx
 # ratio compares runs seconds apart. Medians over the rounds:
@@ -164,7 +170,7 @@ ratio() { # path field [baseline]
         <(grep "^${3:-nginx} $1 " "$results" | sed -E "s/.* $2=([^ ]+).*/\1/") |
     awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
-for path in allow deny; do
+for path in $paths; do
   echo "$path: spillway/nginx per-round median: rps $(ratio "$path" rps), cpu per request $(ratio "$path" proxy_cpu_us_per_req)"
   echo "$path: spillway/nginx+h (same headers) per-round median: rps $(ratio "$path" rps nginx+h), cpu per request $(ratio "$path" proxy_cpu_us_per_req nginx+h)"
 done

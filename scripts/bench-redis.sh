@@ -5,7 +5,9 @@
 #  2. spillway's Redis store in-process (examples/redis_bench.rs);
 #  3. spillway serve on that Redis over HTTP (wrk, random users over 100,000),
 #     next to a bare axum server (the HTTP ceiling).
-# 127.0.0.1 only, bounded in time. Usage: [ROUNDS=3] scripts/bench-redis.sh [SECONDS]
+# 127.0.0.1 only, bounded in time. SPILLWAY_BIN=FILE measures another
+# spillway binary, SPILLWAY_THREADS=N sets its worker threads.
+# Usage: [ROUNDS=3] scripts/bench-redis.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
@@ -56,7 +58,8 @@ request = function()
 end
 LUA
 sp=$(free_port); bp=$(free_port)
-RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" 2>/dev/null &
+RUST_LOG=warn "${SPILLWAY_BIN:-target/release/spillway}" serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
+  ${SPILLWAY_THREADS:+--threads "$SPILLWAY_THREADS"} 2>/dev/null &
 pid_sp=$!
 target/release/examples/bare "127.0.0.1:$bp" 2>/dev/null &
 wait_port "$sp"; wait_port "$bp"; sleep 0.5

@@ -79,7 +79,7 @@ fn params_of(base: &Limit, enforced: &Limit) -> [u64; 5] {
 #[derive(Debug)]
 struct RulePart {
     /// Mode (0 hard, 1 soft, 2 shadow), number of limits, then per limit:
-    /// code, base size, enforced size, a, b (see [`params`]).
+    /// code, base size, enforced size, a, b (see [`params_of`]).
     params: SmallVec<[u64; 7]>,
     tag: u64,
 }

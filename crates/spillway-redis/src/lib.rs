@@ -15,8 +15,8 @@
 //!   state costs tens of bytes instead of a key's 130. Sliding logs are
 //!   lists, `<prefix>{<bucket>}<tag>.<limit>`. The braces keep one rule's
 //!   limits in one cluster slot. Every key gets a TTL in the same script,
-//!   never shorter than its longest-lived state's (a bucket's `~` field
-//!   says until when it was last set to live, so most writes need no
+//!   never shorter than its longest-lived state's (each state remembers
+//!   until when its bucket is known to live, so most writes need no
 //!   `PEXPIRE`), and writes sweep expired fields: idle state vanishes.
 //! - **Batching**: on a single server, decisions that arrive while two
 //!   script calls are under way go out together in the next call (up to
@@ -24,7 +24,8 @@
 //!   rules shared by those decisions are sent once. A decision alone goes
 //!   out at once, so "one round trip per decision" still holds for its
 //!   latency while Redis does less work per decision under load.
-//! - **Failures**: every call has a timeout; errors are transient
+//! - **Failures**: every decision has a deadline (a single server's are
+//!   kept by the batcher, a cluster's by a timer each); errors are transient
 //!   [`StoreError`]s for the limiter's fail-open/closed policy. A circuit
 //!   breaker opens after repeated failures (answers at once, without waiting
 //!   for a hung server) and lets one probe through every
@@ -286,21 +287,20 @@ impl RedisStore {
         // and inline it made every decision's future 1,200 bytes, copied
         // at each await up the stack.
         let result = match conn {
-            Conn::Single(_) => Ok(self.call_single(charges, cost, now_us).await),
-            Conn::Cluster(c) => {
-                Box::pin(tokio::time::timeout(
-                    inner.config.timeout,
-                    self.call_cluster(c.clone(), charges, cost, now_us),
-                ))
-                .await
-            }
+            Conn::Single(_) => self.call_single(charges, cost, now_us).await,
+            Conn::Cluster(c) => Box::pin(tokio::time::timeout(
+                inner.config.timeout,
+                self.call_cluster(c.clone(), charges, cost, now_us),
+            ))
+            .await
+            .unwrap_or_else(|_| Err(timed_out())),
         };
         match result {
-            Ok(Ok(d)) => {
+            Ok(d) => {
                 inner.breaker.success();
                 Ok(d)
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 let transient = is_transient(&e);
                 if transient {
                     inner.breaker.failure();
@@ -312,13 +312,6 @@ impl RedisStore {
                     ));
                 }
                 Err(err(transient, format!("redis: {e}")))
-            }
-            Err(_) => {
-                inner.breaker.failure();
-                Err(err(
-                    true,
-                    format!("redis did not answer within {:?}", inner.config.timeout),
-                ))
             }
         }
     }

@@ -341,6 +341,21 @@ fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
         )
         .unwrap()
     };
+    // A GCRA of one per `secs` with `burst`: its state lives `burst x secs`.
+    let gcra = |name: &str, per: u64, secs: u64, burst: u64| {
+        rule(
+            name,
+            Limit::Gcra(Gcra::new(Rate::new(per, Nanos::from_secs(secs)).unwrap(), burst).unwrap()),
+        )
+    };
+    // Decides one request of client `client` under `rule` at `at`.
+    let decide = |rule: &Rule, client: &str, at: u64| {
+        let key = Key::from_parts([client]);
+        rt.block_on(redis.decide_at(&[Charge { rule, key: &key }], 1, at))
+            .unwrap()
+    };
+    // The bucket's own numbers.
+    let number = |cmd: &str| -> i64 { server.cli(&[cmd, "spillway:{0}"]).trim().parse().unwrap() };
     // First a state that lives an hour (written at the start of an hour
     // window, so the fixed window's state lives the whole hour)...
     let hour = rule(
@@ -348,70 +363,29 @@ fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
         Limit::FixedWindow(FixedWindow::new(10, Nanos::from_secs(3600)).unwrap()),
     );
     let t0 = 1_700_002_800 * SEC_US;
-    let key = Key::from_parts(["anchor"]);
-    let charge = Charge {
-        rule: &hour,
-        key: &key,
-    };
-    rt.block_on(redis.decide_at(&[charge], 1, t0)).unwrap();
+    decide(&hour, "anchor", t0);
     // ...then 20,000 clients one after another whose states expire a
     // millisecond after they are written (virtual time, 1.001 ms apart).
-    let brief = rule(
-        "brief",
-        Limit::Gcra(Gcra::new(Rate::new(1000, Nanos::from_secs(1)).unwrap(), 1).unwrap()),
-    );
+    let brief = gcra("brief", 1000, 1, 1);
     for i in 0..20_000u64 {
-        let name = format!("c{i}");
-        let key = Key::from_parts([name.as_str()]);
-        let charge = Charge {
-            rule: &brief,
-            key: &key,
-        };
-        let d = rt
-            .block_on(redis.decide_at(&[charge], 1, t0 + i * 1001))
-            .unwrap();
-        assert!(d.allowed);
+        assert!(decide(&brief, &format!("c{i}"), t0 + i * 1001).allowed);
     }
     let keys = server.cli(&["--scan", "--pattern", "spillway:*"]);
     assert_eq!(keys.trim(), "spillway:{0}");
     // The bucket lives as long as its longest-lived state.
-    let ttl: i64 = server
-        .cli(&["PTTL", "spillway:{0}"])
-        .trim()
-        .parse()
-        .unwrap();
+    let ttl = number("PTTL");
     assert!(ttl > 3_500_000, "bucket TTL {ttl} ms");
     // Each write that adds a field sweeps a sample of 16 one time in four:
     // a few sweeps' worth of expired states are left, not 20,000.
-    let fields: u64 = server
-        .cli(&["HLEN", "spillway:{0}"])
-        .trim()
-        .parse()
-        .unwrap();
+    let fields = number("HLEN");
     assert!(fields < 200, "{fields} fields left");
     // The anchor survived every sweep.
-    let d = rt
-        .block_on(redis.decide_at(&[charge], 1, t0 + 30 * SEC_US))
-        .unwrap();
+    let d = decide(&hour, "anchor", t0 + 30 * SEC_US);
     assert_eq!(d.deciding.unwrap().verdict.remaining, 8);
     // A state that lives longer than any before it makes the bucket live
     // longer too (a GCRA of one per two hours: its state lives two hours).
-    let long = rule(
-        "long",
-        Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(7200)).unwrap(), 1).unwrap()),
-    );
-    let key = Key::from_parts(["long"]);
-    let charge = Charge {
-        rule: &long,
-        key: &key,
-    };
-    rt.block_on(redis.decide_at(&[charge], 1, t0 + 40 * SEC_US))
-        .unwrap();
-    let ttl: i64 = server
-        .cli(&["PTTL", "spillway:{0}"])
-        .trim()
-        .parse()
-        .unwrap();
+    decide(&gcra("long", 1, 7200, 1), "long", t0 + 40 * SEC_US);
+    let ttl = number("PTTL");
     assert!(
         ttl > 7_000_000,
         "bucket TTL {ttl} ms after a two-hour state"
@@ -419,26 +393,11 @@ fn buckets_shed_expired_states_and_outlive_their_longest_lived_one() {
     // So does a state that grows past what its earlier writes made sure of
     // (a GCRA of one per hour, burst 6: six requests at once push its state
     // six hours ahead; the bucket's TTL is under three hours before).
-    let grow = rule(
-        "grow",
-        Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(3600)).unwrap(), 6).unwrap()),
-    );
-    let key = Key::from_parts(["grow"]);
-    let charge = Charge {
-        rule: &grow,
-        key: &key,
-    };
+    let grow = gcra("grow", 1, 3600, 6);
     for _ in 0..6 {
-        let d = rt
-            .block_on(redis.decide_at(&[charge], 1, t0 + 50 * SEC_US))
-            .unwrap();
-        assert!(d.allowed);
+        assert!(decide(&grow, "grow", t0 + 50 * SEC_US).allowed);
     }
-    let ttl: i64 = server
-        .cli(&["PTTL", "spillway:{0}"])
-        .trim()
-        .parse()
-        .unwrap();
+    let ttl = number("PTTL");
     assert!(
         ttl > 21_000_000,
         "bucket TTL {ttl} ms after a state grew six hours ahead"

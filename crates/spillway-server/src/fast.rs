@@ -655,11 +655,11 @@ fn epoch_secs() -> u64 {
 /// process each run one; they write the same value.)
 async fn date_ticker() {
     loop {
-        DATE_SECS.store(epoch_secs(), Ordering::Relaxed);
-        let into = SystemTime::now()
+        let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let to_next = Duration::from_nanos(1_000_000_000 - u64::from(into));
+            .unwrap_or(Duration::from_secs(1));
+        DATE_SECS.store(now.as_secs(), Ordering::Relaxed);
+        let to_next = Duration::from_nanos(1_000_000_000 - u64::from(now.subsec_nanos()));
         tokio::time::sleep(to_next + Duration::from_micros(200)).await;
     }
 }

@@ -15,6 +15,15 @@ use spillway_server::{ServeOptions, http, run, run_proxy, shutdown_signal};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `println!` for `check-config`'s report, which people pipe into `head` or
+/// `grep -q`: a closed pipe ends the report quietly instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 /// A rate limiting service: asks "may this request go through?" and answers
 /// with the rules of a YAML file.
 #[derive(Debug, Parser)]
@@ -211,7 +220,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     if text.lines().any(|l| l.starts_with("domain:")) {
         return match config::parse_envoy(&file.display().to_string(), &text) {
             Ok(d) => {
-                println!(
+                outln!(
                     "{}: ok, envoyproxy/ratelimit domain {:?}",
                     file.display(),
                     d.name
@@ -227,26 +236,26 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     }
     match config::load(file) {
         Ok(cfg) => {
-            println!("{}: ok, {} rules", file.display(), cfg.rules.len());
+            outln!("{}: ok, {} rules", file.display(), cfg.rules.len());
             match &cfg.store {
                 config::StoreConfig::Memory { max_keys } => {
-                    println!("store: memory (max_keys {max_keys})");
+                    outln!("store: memory (max_keys {max_keys})");
                 }
                 config::StoreConfig::Redis(r) => {
                     if r.cluster.is_empty() {
-                        println!("store: redis {}", spillway_redis::redact(&r.url));
+                        outln!("store: redis {}", spillway_redis::redact(&r.url));
                     } else {
-                        println!("store: redis cluster, {} seed nodes", r.cluster.len());
+                        outln!("store: redis cluster, {} seed nodes", r.cluster.len());
                     }
-                    println!("  timeout {:?}, prefix {:?}", r.timeout, r.prefix);
+                    outln!("  timeout {:?}, prefix {:?}", r.timeout, r.prefix);
                     if let Err(e) = spillway_redis::probe(r, Duration::from_secs(1)) {
-                        println!(
+                        outln!(
                             "warning: redis is not reachable now ({e}); spillway serve will start anyway and connect when it is"
                         );
                     }
                 }
             }
-            println!(
+            outln!(
                 "on_store_error: {}",
                 match cfg.on_store_error {
                     spillway_core::FailPolicy::Allow => "allow",
@@ -254,7 +263,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                 }
             );
             for r in &cfg.rules {
-                println!(
+                outln!(
                     "- {} (api: {}, by: {}, mode: {})",
                     r.name(),
                     r.route().map_or("every API", |x| x.as_str()),
@@ -266,7 +275,7 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     r.mode()
                 );
                 for l in r.limits() {
-                    println!("    {}", http::describe_limit(l));
+                    outln!("    {}", http::describe_limit(l));
                 }
             }
             print_domains(&cfg.domains);
@@ -308,7 +317,7 @@ fn print_domains(domains: &[spillway_server::envoy::Domain]) {
             } else {
                 format!(" replaces {:?}", n.replaces)
             };
-            println!(
+            outln!(
                 "{}{}={}{what}{replaces}",
                 "  ".repeat(depth + 1),
                 n.key,
@@ -318,7 +327,7 @@ fn print_domains(domains: &[spillway_server::envoy::Domain]) {
         }
     }
     for d in domains {
-        println!("domain {} (gRPC):", d.name);
+        outln!("domain {} (gRPC):", d.name);
         walk(&d.nodes, 0);
     }
 }

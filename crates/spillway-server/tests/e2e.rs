@@ -471,6 +471,26 @@ fn check_config_prints_rules_or_every_error_with_its_location() {
     }
 }
 
+/// `spillway check-config rules.yaml | head -1`: the report's reader has
+/// gone (a pipe with no reader), and the command ends without a panic.
+#[test]
+fn check_config_into_a_closed_pipe_does_not_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args([
+            "check-config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/rules.yaml"),
+        ])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
 #[test]
 fn bad_flags_and_missing_files_fail_cleanly() {
     let run = util::spillway;

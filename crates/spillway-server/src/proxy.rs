@@ -106,7 +106,18 @@ pub fn parse_upstream(s: &str) -> Result<Uri, String> {
 /// rightmost address in `X-Forwarded-For` (or `Forwarded: for=`) that is not
 /// itself a trusted proxy. A client talking to us directly cannot choose its
 /// IP by sending the header: an untrusted peer's headers are ignored.
+/// An IPv4-mapped IPv6 address (a dual-stack listener's IPv4 peer) comes
+/// back as its IPv4 address, so it shares a key with the same client
+/// named in a header.
 pub fn client_ip<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[IpNet]) -> IpAddr {
+    rightmost_untrusted(peer, headers, trusted).to_canonical()
+}
+
+fn rightmost_untrusted<H: Headers + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    trusted: &[IpNet],
+) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(peer) {
         return peer;
@@ -533,5 +544,18 @@ mod tests {
         let mut all = HeaderMap::new();
         all.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.5"));
         assert_eq!(client_ip(ip("127.0.0.1"), &all, &trusted), ip("10.0.0.5"));
+        // A dual-stack listener's IPv4 peer, directly and through a proxy.
+        let none = HeaderMap::new();
+        let mapped = ip("::ffff:198.51.100.1");
+        assert_eq!(client_ip(mapped, &none, &trusted), ip("198.51.100.1"));
+        let mut m = HeaderMap::new();
+        m.insert(
+            "x-forwarded-for",
+            HeaderValue::from_static("::ffff:6.6.6.6"),
+        );
+        assert_eq!(
+            client_ip(ip("::ffff:127.0.0.1"), &m, &trusted),
+            ip("6.6.6.6")
+        );
     }
 }

@@ -38,6 +38,27 @@ async fn sixth_login_in_a_minute_gets_429_with_retry_after() {
     )
     .await;
     assert_eq!(status, 200);
+    // One IPv6 address spelled five ways is one client.
+    for (i, ip) in [
+        "2001:db8::7",
+        "2001:DB8::7",
+        "2001:db8:0:0::7",
+        "2001:0db8::0007",
+        "2001:db8::7",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (_, _, j) = check(&c, &s, json!({"api": "POST /v1/login", "ip": ip})).await;
+        assert_eq!(j["remaining"], 4 - i, "{ip}: {j}");
+    }
+    let (status, _, j) = check(
+        &c,
+        &s,
+        json!({"api": "POST /v1/login", "ip": "2001:db8::0:7"}),
+    )
+    .await;
+    assert_eq!(status, 429, "{j}");
 }
 
 #[tokio::test]
@@ -58,6 +79,14 @@ async fn users_are_limited_independently_and_both_limits_apply() {
     // Both limits are reported; the hour limit was charged 10 times, not 11.
     let (_, _, j) = check(&c, &s, json!({"user": "carol", "cost": 3})).await;
     assert_eq!(j["remaining"], 7, "{j}");
+    // A cost the limit can never admit: denied, charged nothing, "never"
+    // in the body and a day in the headers.
+    let (status, h, j) = check(&c, &s, json!({"user": "dave", "cost": 11})).await;
+    assert_eq!(status, 429, "{j}");
+    assert_eq!(j["retry_after_ms"], 18_446_744_073_709_u64, "{j}");
+    assert_eq!(header(&h, "retry-after"), "86400");
+    let (status, _, j) = check(&c, &s, json!({"user": "dave", "cost": 10})).await;
+    assert_eq!((status, &j["remaining"]), (200, &json!(0)), "{j}");
 }
 
 #[tokio::test]

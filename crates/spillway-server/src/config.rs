@@ -41,6 +41,27 @@ pub struct Config {
     pub domains: Vec<crate::envoy::Domain>,
 }
 
+impl Config {
+    /// The settings that take effect only at start (the store, addresses,
+    /// the proxy section, gRPC headers) and differ in `newer`: a reload
+    /// applies the rules and says these wait for a restart.
+    pub fn start_only_changes(&self, newer: &Config) -> Vec<&'static str> {
+        [
+            ("store", self.store != newer.store),
+            ("listen", self.listen != newer.listen),
+            ("grpc_listen", self.grpc_listen != newer.grpc_listen),
+            ("proxy", self.proxy != newer.proxy),
+            (
+                "grpc_response_headers",
+                self.grpc_response_headers != newer.grpc_response_headers,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
+    }
+}
+
 /// Reverse-proxy settings (`spillway proxy`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
@@ -1112,6 +1133,22 @@ fn rate(errs: &mut Errors<'_>, r: &Spanned<String>, what: &str) -> Option<Rate> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reload_names_the_settings_that_wait_for_a_restart() {
+        let rules = "rules:\n  - name: a\n    limits:\n      - gcra: { rate: 1/s, burst: 1 }\n";
+        let start = parse("a.yaml", rules).unwrap();
+        let same = parse("a.yaml", &rules.replace("1/s", "5/s")).unwrap();
+        assert!(start.start_only_changes(&same).is_empty());
+        let moved = format!(
+            "store: {{ redis: {{ url: redis://127.0.0.1:1 }} }}\nlisten: 127.0.0.1:9\nproxy: {{ upstream: http://127.0.0.1:2 }}\n{rules}"
+        );
+        let moved = parse("a.yaml", &moved).unwrap();
+        assert_eq!(
+            start.start_only_changes(&moved),
+            ["store", "listen", "proxy"]
+        );
+    }
 
     #[test]
     fn durations_and_rates() {

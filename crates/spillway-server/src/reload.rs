@@ -80,6 +80,13 @@ pub(crate) fn reload(state: &AppState, opts: &ServeOptions) {
             r.last_reload_unix_ms = unix_ms();
             let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
             tracing::info!(version, rules = ?names, "rules reloaded");
+            let waiting = opts.config.start_only_changes(&config);
+            if !waiting.is_empty() {
+                tracing::warn!(
+                    settings = ?waiting,
+                    "the rules file changes settings that apply only at start; restart spillway to apply them (the rules are in force)"
+                );
+            }
         }
         Err(e) => {
             state.metrics.reload_failed();

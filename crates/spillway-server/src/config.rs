@@ -1134,6 +1134,48 @@ fn rate(errs: &mut Errors<'_>, r: &Spanned<String>, what: &str) -> Option<Rate> 
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// The example rules with a few edits anywhere (numbers, units,
+        /// brackets, anchors, odd characters): accepted or refused with
+        /// located errors, never a panic.
+        #[test]
+        fn edited_rules_files_are_accepted_or_refused_with_locations(
+            edits in proptest::collection::vec(
+                (
+                    0usize..4096,
+                    0usize..4,
+                    proptest::sample::select(vec![
+                        "", "0", "-1", "18446744073709551616", "99999999999d", "1e9", "/0s",
+                        "ms", "%", "soft 1001%", "{", "}", "[", "]", ":", "- ", "\n", "\t",
+                        "&a", "*a", "!!binary", "~", "\"", "'", "é", "\u{0}", "#",
+                        "user+ip+user", "header:", "queue: { max_wait: 0s }",
+                    ]),
+                ),
+                1..4,
+            ),
+        ) {
+            let mut text = EXAMPLE_RULES.to_string();
+            for (at, cut, insert) in edits {
+                let mut at = at % (text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let mut end = (at + cut).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                text.replace_range(at..end, insert);
+            }
+            if let Err(e) = parse("r.yaml", &text) {
+                let shown = e.to_string();
+                proptest::prop_assert!(!e.0.is_empty());
+                for line in shown.lines().filter(|l| !l.starts_with(' ')) {
+                    proptest::prop_assert!(line.starts_with("r.yaml:"), "{line}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_reload_names_the_settings_that_wait_for_a_restart() {
         let rules = "rules:\n  - name: a\n    limits:\n      - gcra: { rate: 1/s, burst: 1 }\n";

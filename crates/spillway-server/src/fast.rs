@@ -221,7 +221,9 @@ enum Head {
     },
 }
 
-fn parse(buf: &[u8], direct: &Direct) -> Head {
+/// `proxy`: the proxy's direct path (every origin-form request) rather
+/// than the decision service's (`/v1/check`, `/v1/limit`).
+fn parse(buf: &[u8], proxy: bool) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let head_len = match req.parse(buf) {
@@ -232,17 +234,15 @@ fn parse(buf: &[u8], direct: &Direct) -> Head {
     if req.version != Some(1) {
         return Head::Other;
     }
-    let route = match (direct, req.method, req.path) {
-        (Direct::Decisions, Some("POST"), Some("/v1/check")) => Route::Check,
-        (Direct::Decisions, Some("GET"), Some(p)) => match p.strip_prefix("/v1/limit") {
+    let route = match (proxy, req.method, req.path) {
+        (false, Some("POST"), Some("/v1/check")) => Route::Check,
+        (false, Some("GET"), Some(p)) => match p.strip_prefix("/v1/limit") {
             Some("") => Route::Limit(String::new()),
             Some(q) if q.starts_with('?') => Route::Limit(q[1..].to_string()),
             _ => return Head::Other,
         },
         // Origin-form targets only (no CONNECT, no absolute URIs).
-        (Direct::Proxy(_), Some(m), Some(p)) if m != "CONNECT" && p.starts_with('/') => {
-            Route::Proxy
-        }
+        (true, Some(m), Some(p)) if m != "CONNECT" && p.starts_with('/') => Route::Proxy,
         _ => return Head::Other,
     };
     let mut body_len = None;
@@ -274,10 +274,7 @@ fn parse(buf: &[u8], direct: &Direct) -> Head {
         }
     }
     let body_len = body_len.unwrap_or(0);
-    let max = match direct {
-        Direct::Decisions => MAX_BODY,
-        Direct::Proxy(_) => MAX_DIRECT_BODY,
-    };
+    let max = if proxy { MAX_DIRECT_BODY } else { MAX_BODY };
     if body_len > max {
         return Head::Other;
     }
@@ -305,7 +302,7 @@ impl Conn {
         let mut scratch = String::new();
         loop {
             let (route, head_len, body_len, close) = loop {
-                match parse(&buf, &self.direct) {
+                match parse(&buf, matches!(self.direct, Direct::Proxy(_))) {
                     Head::Direct {
                         route,
                         head_len,
@@ -752,18 +749,15 @@ mod tests {
     #[test]
     fn takes_plain_decision_requests() {
         let r = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}";
-        assert_eq!(
-            parse(r, &Direct::Decisions),
-            direct(Route::Check, r.len() - 2, 2, false)
-        );
+        assert_eq!(parse(r, false), direct(Route::Check, r.len() - 2, 2, false));
         let r = b"GET /v1/limit?key=a&api=x HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n";
         assert_eq!(
-            parse(r, &Direct::Decisions),
+            parse(r, false),
             direct(Route::Limit("key=a&api=x".into()), r.len(), 0, true)
         );
         let r = b"GET /v1/limit HTTP/1.1\r\n\r\n";
         assert_eq!(
-            parse(r, &Direct::Decisions),
+            parse(r, false),
             direct(Route::Limit(String::new()), r.len(), 0, false)
         );
     }
@@ -785,11 +779,44 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any bytes a client sends: a decision, "not yet" or hyper's
+        /// turn, never a panic; a complete head is found the same way
+        /// whatever follows it, and every prefix of it waits.
+        #[test]
+        fn any_request_bytes_parse_without_panicking(
+            head in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "Content-Length: 2", "Content-Length: 3", "content-length: 99999999999999",
+                    "Content-Length: +2", "Content-Length: 2, 2", "Transfer-Encoding: chunked",
+                    "Connection: close", "Connection: Upgrade", "Expect: 100-continue",
+                    "X-Api-Key: k", "Host: x", "Bad Header", ": empty",
+                ]),
+                0..6,
+            ),
+            line in proptest::sample::select(vec![
+                "POST /v1/check HTTP/1.1", "GET /v1/limit?key=a HTTP/1.1", "GET /v1/limit HTTP/1.0",
+                "CONNECT x:1 HTTP/1.1", "GET http://x/ HTTP/1.1", "GET / HTTP/2", "GET  / HTTP/1.1",
+            ]),
+            tail in proptest::collection::vec(proptest::num::u8::ANY, 0..8),
+            proxy: bool,
+        ) {
+            let mut raw = format!("{line}\r\n{}\r\n", head.iter().map(|h| format!("{h}\r\n")).collect::<String>()).into_bytes();
+            let complete = parse(&raw, proxy);
+            for cut in 0..raw.len() {
+                let got = parse(&raw[..cut], proxy);
+                proptest::prop_assert!(matches!(got, Head::Partial | Head::Other), "{got:?} at {cut}");
+            }
+            raw.extend_from_slice(&tail);
+            proptest::prop_assert_eq!(parse(&raw, proxy), complete);
+        }
+    }
+
     #[test]
     fn waits_for_the_whole_head() {
-        assert_eq!(parse(b"", &Direct::Decisions), Head::Partial);
+        assert_eq!(parse(b"", false), Head::Partial);
         assert_eq!(
-            parse(b"POST /v1/check HTTP/1.1\r\nHost", &Direct::Decisions),
+            parse(b"POST /v1/check HTTP/1.1\r\nHost", false),
             Head::Partial
         );
     }
@@ -813,18 +840,18 @@ mod tests {
             b"\x00\x01garbage\r\n\r\n",
         ] {
             assert_eq!(
-                parse(r, &Direct::Decisions),
+                parse(r, false),
                 Head::Other,
                 "{}",
                 String::from_utf8_lossy(r)
             );
         }
         let huge = format!("POST /v1/check HTTP/1.1\r\nX: {}", "a".repeat(MAX_HEAD));
-        assert_eq!(parse(huge.as_bytes(), &Direct::Decisions), Head::Other);
+        assert_eq!(parse(huge.as_bytes(), false), Head::Other);
         let many: String = (0..MAX_HEADERS + 1)
             .map(|i| format!("h{i}: v\r\n"))
             .collect();
         let r = format!("POST /v1/check HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(parse(r.as_bytes(), &Direct::Decisions), Head::Other);
+        assert_eq!(parse(r.as_bytes(), false), Head::Other);
     }
 }

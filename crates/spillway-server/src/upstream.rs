@@ -666,4 +666,51 @@ mod tests {
         let mut c = Chunks::default();
         assert_eq!(c.scan(b"3\r\nabc\r\n"), None);
     }
+
+    proptest::proptest! {
+        /// Whatever an upstream sends, and however the reads split it,
+        /// the scanner finds the same end (or none) and never panics.
+        #[test]
+        fn any_bytes_scan_the_same_however_split(
+            data in proptest::collection::vec(
+                proptest::sample::select(b"0123456789abcdefxX;\r\n \t".to_vec()),
+                0..200,
+            ),
+            split in 0usize..200,
+        ) {
+            let whole = Chunks::default().scan(&data);
+            let (a, b) = data.split_at(split.min(data.len()));
+            let mut c = Chunks::default();
+            let parts = match c.scan(a) {
+                Some(n) => Some(n),
+                None => c.scan(b).map(|n| n + a.len()),
+            };
+            proptest::prop_assert_eq!(whole, parts);
+        }
+
+        /// Response heads from a misbehaving upstream: framed or refused,
+        /// never a panic.
+        #[test]
+        fn any_response_head_is_framed_or_refused(
+            lines in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "Content-Length: 5", "Content-Length: 7", "content-length: -1",
+                    "Content-Length: 99999999999999999999999", "Transfer-Encoding: chunked",
+                    "Transfer-Encoding: gzip, chunked", "Connection: close",
+                    "Connection: keep-alive, Upgrade", "Keep-Alive: timeout=5", "X-A: b",
+                ]),
+                0..6,
+            ),
+            code in proptest::sample::select(vec!["100", "101", "200", "204", "304", "429", "599"]),
+            version in proptest::sample::select(vec!["1.0", "1.1"]),
+            head_request: bool,
+        ) {
+            let raw = format!("HTTP/{version} {code} X\r\n{}\r\n", lines.iter().map(|l| format!("{l}\r\n")).collect::<String>());
+            let mut headers = [httparse::EMPTY_HEADER; 16];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let Ok(httparse::Status::Complete(_)) = resp.parse(raw.as_bytes()) {
+                let _ = parse_head(&resp, head_request);
+            }
+        }
+    }
 }

@@ -456,13 +456,28 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     validate(file, raw)
 }
 
-/// serde-saphyr renders a snippet after the message; the message is the first line.
+/// serde-saphyr renders a snippet after the message; the message is the
+/// first line, without the location the library may put before it
+/// (`error: line X column Y: `) or after it (` at line X column Y`): we
+/// print our own. Its word for a value that is not a whole number (or too
+/// large) is the type's name; ours says what was expected.
 fn first_line(s: &str) -> String {
-    let line = s.lines().next().unwrap_or(s).trim();
-    // Drop a trailing " at line X column Y" the library may add: we print our own.
-    match line.find(" at line ") {
-        Some(i) => line[..i].to_string(),
-        None => line.to_string(),
+    let mut line = s.lines().next().unwrap_or(s).trim();
+    line = line.strip_prefix("error: ").unwrap_or(line);
+    if let Some(rest) = line.strip_prefix("line ")
+        && let Some((at, msg)) = rest.split_once(": ")
+        && at.split(" column ").all(|n| n.parse::<u64>().is_ok())
+    {
+        line = msg;
+    }
+    if let Some(i) = line.find(" at line ") {
+        line = &line[..i];
+    }
+    match line {
+        "invalid i64" | "invalid u64" | "invalid u32" => {
+            format!("expected a whole number (at most {})", i64::MAX)
+        }
+        _ => line.to_string(),
     }
 }
 
@@ -1174,6 +1189,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn parser_messages_lose_their_own_location_and_name_what_was_expected() {
+        for (value, want) in [
+            (
+                "1.5",
+                "r.yaml:4:32: expected a whole number (at most 9223372036854775807)",
+            ),
+            (
+                "99999999999999999999",
+                "r.yaml:4:32: expected a whole number",
+            ),
+        ] {
+            let text = format!(
+                "rules:\n  - name: a\n    limits:\n      - fixed_window: {{ limit: {value}, window: 1m }}\n"
+            );
+            let e = parse("r.yaml", &text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{value}: {e}");
+        }
+        let e = parse("r.yaml", "colour: red\n").unwrap_err().to_string();
+        assert!(e.starts_with("r.yaml:1:1: unknown field `colour`"), "{e}");
     }
 
     #[test]

@@ -4,9 +4,13 @@
 #     and pipelined 16 deep (the ceilings);
 #  2. spillway's Redis store in-process (examples/redis_bench.rs);
 #  3. spillway serve on that Redis over HTTP (wrk, random users over 100,000),
-#     next to a bare axum server (the HTTP ceiling).
+#     twice: with its default worker threads (one per core) and with one
+#     (`--threads 1`: a single event loop that spins a moment before
+#     sleeping while script calls are under way), next to a bare axum
+#     server (the HTTP ceiling). Redis is emptied first: the memory part
+#     of (2) leaves 1,000,000 states in its buckets.
 # 127.0.0.1 only, bounded in time. SPILLWAY_BIN=FILE measures another
-# spillway binary, SPILLWAY_THREADS=N sets its worker threads.
+# spillway binary, SPILLWAY_THREADS=N sets the first server's worker threads.
 # Usage: [ROUNDS=3] scripts/bench-redis.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,12 +61,16 @@ request = function()
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
 end
 LUA
-sp=$(free_port); bp=$(free_port)
+redis-cli -p "$rp" FLUSHALL >/dev/null
+sp=$(free_port); sp1=$(free_port); bp=$(free_port)
 RUST_LOG=warn "${SPILLWAY_BIN:-target/release/spillway}" serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
   ${SPILLWAY_THREADS:+--threads "$SPILLWAY_THREADS"} 2>/dev/null &
 pid_sp=$!
+RUST_LOG=warn "${SPILLWAY_BIN:-target/release/spillway}" serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp1" \
+  --threads 1 2>/dev/null &
+pid_sp1=$!
 target/release/examples/bare "127.0.0.1:$bp" 2>/dev/null &
-wait_port "$sp"; wait_port "$bp"; sleep 0.5
+wait_port "$sp"; wait_port "$sp1"; wait_port "$bp"; sleep 0.5
 # 64 connections, and 256: a decision on Redis waits for a script call, so
 # a closed loop needs more requests in flight to keep the two CPUs busy
 # (the bare server runs as fast at either). The machine's speed drifts
@@ -75,11 +83,15 @@ script_usec() { redis-cli -p "$rp" INFO commandstats | tr -d '\r' | awk -F'[=,]'
 results="$work/http-results"
 for r in $(seq "$rounds"); do
   for conns in 64 256; do
-    for name in bare spillway-redis; do
-      if [ "$name" = bare ]; then url="http://127.0.0.1:$bp/"; else url="http://127.0.0.1:$sp/v1/check"; fi
-      s0=$(cpu_ticks "$pid_sp"); r0=$(cpu_ticks "$pid_redis"); e0=$(script_usec)
+    for name in bare spillway-redis spillway-redis-1t; do
+      case $name in
+        bare) url="http://127.0.0.1:$bp/"; pid=$pid_sp ;;
+        spillway-redis) url="http://127.0.0.1:$sp/v1/check"; pid=$pid_sp ;;
+        *) url="http://127.0.0.1:$sp1/v1/check"; pid=$pid_sp1 ;;
+      esac
+      s0=$(cpu_ticks "$pid"); r0=$(cpu_ticks "$pid_redis"); e0=$(script_usec)
       out=$(wrk -t1 -c"$conns" -d"${secs}s" --latency -s "$work/load.lua" "$url")
-      s1=$(cpu_ticks "$pid_sp"); r1=$(cpu_ticks "$pid_redis"); e1=$(script_usec)
+      s1=$(cpu_ticks "$pid"); r1=$(cpu_ticks "$pid_redis"); e1=$(script_usec)
       n=$(awk '/requests in/ {print $1}' <<<"$out")
       cpu=""
       if [ "$name" != bare ]; then
@@ -92,9 +104,12 @@ for r in $(seq "$rounds"); do
     done
   done
 done
-for conns in 64 256; do
-  ratio=$(paste <(grep "^spillway-redis http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
-                <(grep "^bare http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
-    awk '{printf "%.3f\n", $1 / $2}' | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-  echo "HTTP on Redis / bare, $conns connections, per-round median: $ratio"
+for name in spillway-redis spillway-redis-1t; do
+  for conns in 64 256; do
+    ratios=$(paste <(grep "^$name http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
+                   <(grep "^bare http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
+      awk '{printf "%.3f\n", $1 / $2}')
+    median=$(sort -g <<<"$ratios" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    echo "HTTP on Redis / bare, $name, $conns connections: per-round $(paste -sd' ' <<<"$ratios"), median $median"
+  done
 done

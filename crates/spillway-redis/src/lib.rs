@@ -288,12 +288,15 @@ impl RedisStore {
         // at each await up the stack.
         let result = match conn {
             Conn::Single(_) => self.call_single(charges, cost, now_us).await,
-            Conn::Cluster(c) => Box::pin(tokio::time::timeout(
-                inner.config.timeout,
-                self.call_cluster(c.clone(), charges, cost, now_us),
-            ))
-            .await
-            .unwrap_or_else(|_| Err(timed_out())),
+            Conn::Cluster(c) => {
+                let _due = spillway_store::due::Awaiting::new();
+                Box::pin(tokio::time::timeout(
+                    inner.config.timeout,
+                    self.call_cluster(c.clone(), charges, cost, now_us),
+                ))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))
+            }
         };
         match result {
             Ok(d) => {
@@ -453,6 +456,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
                     // hung server answers them in time and gives its slot
                     // back.
                     let call = eval(&mut c, &cmd, &inner.script);
+                    let _due = spillway_store::due::Awaiting::new();
                     match tokio::time::timeout_at(deadline, call).await {
                         Ok(r) => r,
                         Err(_) => Err(timed_out()),

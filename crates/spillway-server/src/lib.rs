@@ -353,17 +353,19 @@ async fn maintain(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<b
 /// How long [`before_park`] spins.
 const PARK_SPIN: std::time::Duration = std::time::Duration::from_micros(2);
 
-/// For a single-threaded runtime's `on_thread_park` hook: while proxied
-/// requests await their upstream's answer, spin a few microseconds before
-/// the event loop sleeps, since the answer is likely to arrive within that
-/// time (the loop then finds it without sleeping). Waking a sleeping loop
-/// costs the waker's CPU an inter-processor interrupt and a context switch;
-/// in the proxy benchmark, where the upstream and the load generator share
-/// the other core, those wake-ups were what kept the proxy below nginx's
-/// throughput (it slept about six times as often per request as nginx).
-/// Nothing due, no spin: the deny path and idle servers never spin.
+/// For a single-threaded runtime's `on_thread_park` hook: while answers
+/// are due (proxied requests awaiting their upstream, decisions awaiting a
+/// Redis script call; see [`spillway_store::due`]), spin a few microseconds
+/// before the event loop sleeps, since the answer is likely to arrive
+/// within that time (the loop then finds it without sleeping). Waking a
+/// sleeping loop costs the waker's CPU an inter-processor interrupt and a
+/// context switch; in the proxy benchmark, where the upstream and the load
+/// generator share the other core, those wake-ups were what kept the proxy
+/// below nginx's throughput (it slept about six times as often per request
+/// as nginx). Nothing due, no spin: the deny path, the memory store and
+/// idle servers never spin.
 pub fn before_park() {
-    if upstream::answers_due() {
+    if spillway_store::due::answers_due() {
         let start = std::time::Instant::now();
         while start.elapsed() < PARK_SPIN {
             std::hint::spin_loop();

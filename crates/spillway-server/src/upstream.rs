@@ -9,7 +9,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{StatusCode, Uri};
@@ -22,30 +21,6 @@ use crate::proxy::{HOP_BY_HOP, Headers, IpNet, failed_detail, forwarded_for, tim
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 256;
 
-/// Requests written to an upstream whose answer has not arrived yet, in
-/// this process (see [`crate::before_park`]).
-static AWAITED: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts one request in [`AWAITED`] while it lives.
-struct Awaited;
-
-impl Awaited {
-    fn new() -> Awaited {
-        AWAITED.fetch_add(1, Ordering::Relaxed);
-        Awaited
-    }
-}
-
-impl Drop for Awaited {
-    fn drop(&mut self) {
-        AWAITED.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Whether some upstream answer is due.
-pub(crate) fn answers_due() -> bool {
-    AWAITED.load(Ordering::Relaxed) > 0
-}
 /// Largest response head accepted from the upstream.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Response headers parsed.
@@ -193,7 +168,7 @@ impl Upstream {
         req: &Outgoing<'_>,
     ) -> Result<Response, Failure> {
         let broken = |e: io::Error| Failure::Bad(e.to_string());
-        let _due = Awaited::new();
+        let _due = spillway_store::due::Awaiting::new();
         if req.body.is_empty() {
             conn.write_all(head).await.map_err(broken)?;
         } else {
@@ -612,19 +587,6 @@ mod tests {
             .is_err()
         );
         assert!(head(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false).is_err());
-    }
-
-    #[test]
-    fn answers_are_due_while_a_request_awaits_one() {
-        // No other unit test exchanges with an upstream.
-        assert!(!answers_due());
-        let a = Awaited::new();
-        let b = Awaited::new();
-        assert!(answers_due());
-        drop(a);
-        assert!(answers_due());
-        drop(b);
-        assert!(!answers_due());
     }
 
     #[test]

@@ -28,6 +28,7 @@
 //! ```
 
 mod clock;
+pub mod due;
 mod limiter;
 mod memory;
 mod spin;

@@ -42,5 +42,5 @@ pub use algo::{
 };
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
 pub use error::{Error, ErrorKind};
-pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
+pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule, canonical_ip};
 pub use time::{Clock, ManualClock, Nanos};

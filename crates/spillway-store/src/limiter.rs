@@ -3,7 +3,10 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use spillway_core::{Attributes, Decision, FailPolicy, Mode, Nanos, Outcome, Rule, RuleDecision};
+use spillway_core::{
+    Attributes, Decision, FailPolicy, KeyPart, Mode, Nanos, Outcome, Rule, RuleDecision,
+    canonical_ip,
+};
 
 use crate::{Charge, Key, Store};
 
@@ -160,11 +163,22 @@ impl<S: Store> Limiter<S> {
         let mut first: Option<(usize, Key<'_>)> = None;
         let mut more: Vec<(usize, Key<'_>)> = Vec::new();
         let mut skipped = Vec::new();
+        // The client IP in its one spelling, for the rules keyed by it
+        // (read at most once, and only if a rule needs it).
+        let ip = std::cell::OnceCell::new();
+        let value = |p: &KeyPart| -> Option<&str> {
+            match p {
+                KeyPart::Ip => ip
+                    .get_or_init(|| req.attrs.ip().map(canonical_ip))
+                    .as_deref(),
+                _ => req.attrs.part(p),
+            }
+        };
         for (i, rule) in rules.rules().iter().enumerate() {
             if !rule.applies_to(req.method, req.path) {
                 continue;
             }
-            let parts = rule.by().parts().iter().map(|p| req.attrs.part(p));
+            let parts = rule.by().parts().iter().map(value);
             match Key::try_from_parts(parts) {
                 Some(key) if first.is_none() => first = Some((i, key)),
                 Some(key) => more.push((i, key)),
@@ -288,4 +302,50 @@ fn by_policy<'a>(default: FailPolicy, rules: impl Iterator<Item = &'a Rule>) -> 
         out.deciding = out.rules.first().copied();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryStore, SimpleAttributes, block_on};
+    use spillway_core::{FixedWindow, KeySpec, Limit, ManualClock};
+
+    /// Every way in (HTTP body, tower identity, gRPC descriptor) hands the
+    /// limiter an IP as text: one address however spelled is one client.
+    #[test]
+    fn an_ipv6_address_spelled_two_ways_is_one_client() {
+        let limit = Limit::FixedWindow(FixedWindow::new(2, Nanos::from_secs(60)).unwrap());
+        let rule = Rule::new(
+            "r",
+            None,
+            KeySpec::parse("ip").unwrap(),
+            vec![limit],
+            Mode::Hard,
+        )
+        .unwrap();
+        let store = MemoryStore::new(ManualClock::new(Nanos::from_secs(1)), Default::default());
+        let limiter = Limiter::new(store, RuleSet::new(vec![rule]));
+        let check = |ip: &str| {
+            let attrs = SimpleAttributes {
+                ip: Some(ip),
+                ..Default::default()
+            };
+            let req = Request {
+                method: None,
+                path: None,
+                attrs: &attrs,
+                cost: 1,
+            };
+            block_on(limiter.check(&req)).decision.allowed
+        };
+        assert!(check("2001:db8::7"));
+        assert!(check("2001:DB8:0:0::7"));
+        assert!(
+            !check("2001:0db8::0007"),
+            "a third spelling is the same client"
+        );
+        assert!(check("::ffff:192.0.2.1"));
+        assert!(check("192.0.2.1"));
+        assert!(!check("::FFFF:192.0.2.1"));
+    }
 }

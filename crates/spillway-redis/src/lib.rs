@@ -44,8 +44,8 @@ mod reply;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, Script};
 use spillway_core::Decision;
 use spillway_store::{Charge, Store, StoreError};
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -183,14 +183,27 @@ impl RedisStore {
     /// # Errors
     /// A URL that does not parse.
     pub fn new(config: RedisConfig) -> Result<RedisStore, StoreError> {
+        // TCP_NODELAY, as Redis sets on its side: redis-rs leaves Nagle's
+        // algorithm on, which may hold a second script call written while
+        // the first is unanswered until the first is acknowledged (over a
+        // network with delayed acknowledgements, milliseconds). On
+        // loopback it measured the same either way.
+        let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
         let target = if config.cluster.is_empty() {
-            Target::Single(
-                redis::Client::open(config.url.as_str())
-                    .map_err(|e| err(false, format!("redis url {}: {e}", redact(&config.url))))?,
-            )
+            let url_error = |e: redis::RedisError| {
+                err(false, format!("redis url {}: {e}", redact(&config.url)))
+            };
+            let info = config
+                .url
+                .as_str()
+                .into_connection_info()
+                .map_err(url_error)?
+                .set_tcp_settings(tcp);
+            Target::Single(redis::Client::open(info).map_err(url_error)?)
         } else {
             Target::Cluster(
                 redis::cluster::ClusterClient::builder(config.cluster.clone())
+                    .tcp_settings(tcp)
                     .connection_timeout(Duration::from_secs(1))
                     .response_timeout(config.timeout.max(Duration::from_millis(10)))
                     .build()

@@ -18,25 +18,9 @@ hz=$(getconf CLK_TCK)
 command -v redis-server >/dev/null || scripts/setup.sh
 command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exit 1; }
 cargo build --release --locked -q --example bare -p spillway-server
-rp=$(free_port)
-redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
-pid_redis=$!
-wait_port "$rp"
-cat > "$work/rules.yaml" <<YAML
-store:
-  redis: { url: "redis://127.0.0.1:$rp", timeout: 200ms }
-rules:
-  - name: bench
-    by: user
-    limits:
-      - gcra: { rate: 100/1s, burst: 100 }
-YAML
-cat > "$work/load.lua" <<'LUA'
-math.randomseed(os.time())
-request = function()
-  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
-end
-LUA
+start_redis
+bench_rules "$work/rules.yaml" "{ redis: { url: \"redis://127.0.0.1:$rp\", timeout: 200ms } }"
+users_load "$work/load.lua"
 declare -A port pid url
 names=(bare)
 bp=$(free_port)

@@ -12,9 +12,7 @@ secs=${1:-10}
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v redis-server >/dev/null || scripts/setup.sh
 cargo build --release --locked -q --bin spillway --example grpc_load -p spillway-server
-rp=$(free_port)
-redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
-wait_port "$rp"
+start_redis
 cat > "$work/load.lua" <<'LUA'
 math.randomseed(os.time())
 request = function()

@@ -22,13 +22,7 @@ tc=${THROTTLECRAB:-$(command -v throttlecrab-server || echo none)}
 cargo build --release --locked -q --bin spillway --example bare
 
 
-cat > "$work/rules.yaml" <<'YAML'
-rules:
-  - name: bench
-    by: user
-    limits:
-      - gcra: { rate: 100/1s, burst: 100 }
-YAML
+bench_rules "$work/rules.yaml"
 
 # wrk script: random user over 100,000 per request; the body template is
 # chosen by the BODY env var (spillway, throttlecrab, bare).

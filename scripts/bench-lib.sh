@@ -12,3 +12,35 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 # A temporary directory in $work, removed (with every background job) on exit.
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# Starts a throwaway redis-server (no persistence) on a free port: sets
+# $rp (its port) and $pid_redis.
+start_redis() {
+  rp=$(free_port)
+  redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
+  pid_redis=$!
+  wait_port "$rp"
+}
+
+# Writes the benchmarks' rules file to $1: one GCRA rule by user, on the
+# store given as a YAML value in $2 (default: the memory store).
+bench_rules() {
+  cat > "$1" <<YAML
+store: ${2:-memory}
+rules:
+  - name: bench
+    by: user
+    limits:
+      - gcra: { rate: 100/1s, burst: 100 }
+YAML
+}
+
+# Writes a wrk script to $1: POST /v1/check for a random user over 100,000.
+users_load() {
+  cat > "$1" <<'LUA'
+math.randomseed(os.time())
+request = function()
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
+end
+LUA
+}

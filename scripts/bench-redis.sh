@@ -23,10 +23,7 @@ cargo build --release --locked -q --bin spillway --example bare -p spillway-serv
 cargo build --release --locked -q --example redis_bench -p spillway-redis
 
 
-rp=$(free_port)
-redis-server --port "$rp" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null 2>&1 &
-pid_redis=$!
-wait_port "$rp"
+start_redis
 
 # The ceiling's script: the least a GCRA decision can do in Redis.
 cat > "$work/min.lua" <<'LUA'
@@ -46,21 +43,8 @@ done
 
 target/release/examples/redis_bench "redis://127.0.0.1:$rp" "$secs" 50
 
-cat > "$work/rules.yaml" <<YAML
-store:
-  redis: { url: "redis://127.0.0.1:$rp", timeout: 200ms }
-rules:
-  - name: bench
-    by: user
-    limits:
-      - gcra: { rate: 100/1s, burst: 100 }
-YAML
-cat > "$work/load.lua" <<'LUA'
-math.randomseed(os.time())
-request = function()
-  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
-end
-LUA
+bench_rules "$work/rules.yaml" "{ redis: { url: \"redis://127.0.0.1:$rp\", timeout: 200ms } }"
+users_load "$work/load.lua"
 redis-cli -p "$rp" FLUSHALL >/dev/null
 sp=$(free_port); sp1=$(free_port); bp=$(free_port)
 RUST_LOG=warn "${SPILLWAY_BIN:-target/release/spillway}" serve --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \

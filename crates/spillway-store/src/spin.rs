@@ -36,7 +36,12 @@ impl<T> SpinLock<T> {
     #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
         loop {
-            if let Some(g) = self.try_lock() {
+            // Look before trying: a compare-exchange takes the line
+            // exclusive even when it fails, so two threads on one hot
+            // shard would keep pulling it from the holder.
+            if !self.locked.load(Ordering::Relaxed)
+                && let Some(g) = self.try_lock()
+            {
                 return g;
             }
             let mut spins = 0;

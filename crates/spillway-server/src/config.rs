@@ -474,9 +474,8 @@ fn first_line(s: &str) -> String {
         line = &line[..i];
     }
     match line {
-        "invalid i64" | "invalid u64" | "invalid u32" => {
-            format!("expected a whole number (at most {})", i64::MAX)
-        }
+        "invalid i64" => format!("expected a whole number (at most {})", i64::MAX),
+        "invalid u64" => format!("expected a whole number from 0 to {}", u64::MAX),
         _ => line.to_string(),
     }
 }
@@ -1209,6 +1208,12 @@ mod tests {
             let e = parse("r.yaml", &text).unwrap_err().to_string();
             assert!(e.starts_with(want), "{value}: {e}");
         }
+        let e = parse("r.yaml", "store: { memory: { max_keys: -1 } }\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("expected a whole number from 0 to 18446744073709551615"),
+            "{e}"
+        );
         let e = parse("r.yaml", "colour: red\n").unwrap_err().to_string();
         assert!(e.starts_with("r.yaml:1:1: unknown field `colour`"), "{e}");
     }

@@ -55,8 +55,11 @@ impl Breaker {
     pub(crate) fn success(&self) {
         // Every decision reports; a store only when something changes keeps
         // the threads deciding from writing one shared cache line in turn.
-        if self.failures.load(Ordering::Relaxed) != 0 {
-            self.failures.store(0, Ordering::Release);
+        // (A swap, so exactly one thread sees the breaker close and says so.)
+        if self.failures.load(Ordering::Relaxed) != 0
+            && self.failures.swap(0, Ordering::AcqRel) >= self.threshold
+        {
+            tracing::info!("redis answers again: circuit breaker closed");
         }
         if self.probing.load(Ordering::Relaxed) {
             self.probing.store(false, Ordering::Release);
@@ -68,6 +71,12 @@ impl Breaker {
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
+        if f == self.threshold {
+            tracing::warn!(
+                "redis failed {f} times in a row: circuit breaker open; decisions follow on_store_error at once, and one probes redis every {:?}",
+                self.probe
+            );
+        }
         if f >= self.threshold {
             let until = self.now_ms() + u64::try_from(self.probe.as_millis()).unwrap_or(u64::MAX);
             self.open_until.store(until, Ordering::Release);

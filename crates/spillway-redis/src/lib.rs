@@ -556,6 +556,7 @@ fn is_transient(e: &redis::RedisError) -> bool {
 /// cluster connection reconnect by themselves afterwards.
 async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
     let mut delay = Duration::from_millis(50);
+    let mut said = false;
     loop {
         let Some(inner) = store.upgrade() else { return };
         let attempt = match &target {
@@ -587,12 +588,40 @@ async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
                 tracing::info!("connected to redis");
                 return;
             }
+            // The first failure is worth a warning (a wrong URL, Redis not
+            // started); the retries that follow are not.
+            Ok(Err(e)) if !said => tracing::warn!(
+                "cannot reach redis at {} yet ({e}); decisions follow on_store_error until it answers",
+                target_name(&inner.config)
+            ),
+            Err(_) if !said => tracing::warn!(
+                "redis at {} did not accept a connection within 2 s; decisions follow on_store_error until it answers",
+                target_name(&inner.config)
+            ),
             Ok(Err(e)) => tracing::debug!("redis not reachable yet: {e}"),
             Err(_) => tracing::debug!("redis connect timed out"),
         }
+        said = true;
         drop(inner);
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// The server or cluster a config names, for logs (no password).
+fn target_name(config: &RedisConfig) -> String {
+    if config.cluster.is_empty() {
+        redact(&config.url)
+    } else {
+        format!(
+            "cluster seeds {}",
+            config
+                .cluster
+                .iter()
+                .map(|u| redact(u))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
     }
 }
 

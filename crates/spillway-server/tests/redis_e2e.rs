@@ -207,6 +207,8 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
             .await
             .unwrap();
         assert!(!m.contains("spillway_store_errors_total 0\n"), "{m}");
+        // Said once in the log, not per decision.
+        s.wait_line("circuit breaker open");
         if sig == "STOP" {
             redis.signal("CONT");
         } else {
@@ -224,6 +226,7 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        s.wait_line("circuit breaker closed");
     }
 }
 
@@ -238,6 +241,7 @@ async fn a_server_started_before_redis_serves_by_policy_then_connects() {
     assert_eq!((status, j["store_error"].as_bool()), (200, Some(true)));
     let j: serde_json::Value = util::json(c.get(s.url("/readyz"))).await;
     assert_eq!(j["status"], "degraded");
+    s.wait_line("cannot reach redis at redis://127.0.0.1:");
     let _redis = RedisServer::start_on(port);
     let t = Instant::now();
     loop {

@@ -336,15 +336,53 @@ pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
     .to_string()
 }
 
-/// The 502 detail for an upstream failure.
+/// The 502 detail for an upstream failure (also logged, see [`logged`]).
 pub(crate) fn failed_detail(upstream: &Uri, e: impl fmt::Display) -> String {
-    format!("upstream {upstream} failed: {e}")
+    logged(format!("upstream {upstream} failed: {e}"))
 }
 
-/// The 504 detail.
+/// The 504 detail (also logged, see [`logged`]).
 pub(crate) fn timeout_detail(upstream: &Uri, timeout: Duration) -> String {
-    format!("upstream {upstream} did not answer within {timeout:?}")
+    logged(format!(
+        "upstream {upstream} did not answer within {timeout:?}"
+    ))
 }
+
+/// Logs an upstream failure as a warning, at most one every
+/// [`UPSTREAM_WARN_EVERY`] with the count of those not logged since: a
+/// down upstream under load fails every request, and one line per request
+/// would flood the log.
+fn logged(detail: String) -> String {
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: LazyLock<std::time::Instant> = LazyLock::new(std::time::Instant::now);
+    static NEXT_MS: AtomicU64 = AtomicU64::new(0);
+    static QUIET: AtomicU64 = AtomicU64::new(0);
+    let now = u64::try_from(START.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let next = NEXT_MS.load(Ordering::Relaxed);
+    let every = u64::try_from(UPSTREAM_WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
+    if now >= next
+        && NEXT_MS
+            .compare_exchange(
+                next,
+                now.saturating_add(every),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        match QUIET.swap(0, Ordering::Relaxed) {
+            0 => tracing::warn!("{detail}"),
+            n => tracing::warn!("{detail} ({n} more upstream failures since the last warning)"),
+        }
+    } else {
+        QUIET.fetch_add(1, Ordering::Relaxed);
+    }
+    detail
+}
+
+/// At most one upstream-failure warning this often.
+const UPSTREAM_WARN_EVERY: Duration = Duration::from_secs(10);
 
 fn problem(status: StatusCode, detail: String) -> Response<Body> {
     let mut resp = Response::new(Body::from(problem_json(status, &detail)));

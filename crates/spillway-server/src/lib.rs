@@ -259,6 +259,13 @@ async fn serve_with(
 ) -> std::io::Result<()> {
     let state = build_state(&opts).map_err(std::io::Error::other)?;
     let addr = listener.local_addr()?;
+    // Bound before anything says it listens: a taken port fails the start.
+    let grpc_listener = match opts.grpc_listen.or(opts.config.grpc_listen) {
+        None => None,
+        Some(at) => Some(TcpListener::bind(at).await.map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen for gRPC on {at}: {e}"))
+        })?),
+    };
     let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
     tracing::info!(
         %addr,
@@ -271,10 +278,9 @@ async fn serve_with(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let reloader = tokio::spawn(reload::watch(state.clone(), opts.clone(), stop_rx.clone()));
     let maintainer = tokio::spawn(maintain(state.clone(), stop_rx));
-    let grpc = match opts.grpc_listen.or(opts.config.grpc_listen) {
+    let grpc = match grpc_listener {
         None => None,
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await?;
+        Some(listener) => {
             let addr = listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on http://{addr}");
             Some(tokio::spawn(serve_grpc(

@@ -534,6 +534,27 @@ fn bad_flags_and_missing_files_fail_cleanly() {
         assert_eq!(out.status.code(), Some(2), "--threads {bad}");
         assert!(String::from_utf8_lossy(&out.stderr).contains("--threads"));
     }
+    // Ports already taken: a clear error naming the address, exit 1.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = taken.local_addr().unwrap().to_string();
+    for (args, want) in [
+        (vec!["serve", "--listen", at.as_str()], "cannot listen on"),
+        (
+            vec![
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--grpc-listen",
+                at.as_str(),
+            ],
+            "cannot listen for gRPC on",
+        ),
+    ] {
+        let out = run(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&format!("{want} {at}")), "{args:?}: {err}");
+    }
     for sub in [
         &["--help"][..],
         &["serve", "--help"],

@@ -202,14 +202,9 @@ impl Route {
                 _ => return false,
             }
         }
-        let path = path.split(['?', '#']).next().unwrap_or("");
-        let Some(rest) = path.strip_prefix('/') else {
+        let Some(mut segs) = Route::segments_of(path) else {
             return false;
         };
-        let mut segs = (!rest.is_empty())
-            .then(|| rest.split('/'))
-            .into_iter()
-            .flatten();
         for want in &self.segments {
             match (want, segs.next()) {
                 (Segment::Literal(l), Some(got)) if l == got => {}
@@ -223,6 +218,30 @@ impl Route {
     /// The route as written.
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// The literal segments the route starts with, up to its first
+    /// parameter: every path it matches starts with them (for an index
+    /// of many routes).
+    pub fn literal_prefix(&self) -> impl Iterator<Item = &str> {
+        self.segments.iter().map_while(|s| match s {
+            Segment::Literal(l) => Some(l.as_str()),
+            Segment::Param => None,
+        })
+    }
+
+    /// A request path's segments as routes see them (query and fragment
+    /// dropped; `/` has none); `None` for a path that does not start with
+    /// `/`, which no route matches.
+    pub fn segments_of(path: &str) -> Option<impl Iterator<Item = &str>> {
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let rest = path.strip_prefix('/')?;
+        Some(
+            (!rest.is_empty())
+                .then(|| rest.split('/'))
+                .into_iter()
+                .flatten(),
+        )
     }
 }
 

@@ -470,6 +470,45 @@ mod tests {
         }
     }
 
+    /// Through `check`: with enough rules for the index, a request is
+    /// decided by exactly the rules whose routes match it, in file order.
+    #[test]
+    fn many_rules_decide_by_the_matching_ones() {
+        let mut rules: Vec<Rule> = (0..20)
+            .map(|i| routed(i, Some(&format!("GET /v1/r{}/{{id}}", i % 10))))
+            .collect();
+        rules.push(routed(20, None));
+        rules.push(routed(21, Some("/v1/*")));
+        assert!(rules.len() >= INDEX_FROM);
+        let store = MemoryStore::new(ManualClock::new(Nanos::from_secs(1)), Default::default());
+        let limiter = Limiter::new(store, RuleSet::new(rules));
+        let names = |method: Option<&str>, path: &str| -> Vec<String> {
+            let attrs = SimpleAttributes {
+                user: Some("u"),
+                ..Default::default()
+            };
+            let req = Request {
+                method,
+                path: Some(path),
+                attrs: &attrs,
+                cost: 1,
+            };
+            let checked = block_on(limiter.check(&req));
+            checked
+                .decision
+                .rules
+                .iter()
+                .map(|d| checked.rule(d).unwrap().name().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(Some("GET"), "/v1/r7/abc"),
+            ["r7", "r17", "r20", "r21"]
+        );
+        assert_eq!(names(Some("POST"), "/v1/r7/abc"), ["r20", "r21"]);
+        assert_eq!(names(Some("GET"), "/v2/r7/abc"), ["r20"]);
+    }
+
     /// Every way in (HTTP body, tower identity, gRPC descriptor) hands the
     /// limiter an IP as text: one address however spelled is one client.
     #[test]

@@ -397,6 +397,28 @@ mod tests {
     use crate::{MemoryStore, SimpleAttributes, block_on};
     use spillway_core::{FixedWindow, KeySpec, Limit, ManualClock};
 
+    /// A limiter over `rules` on the memory store.
+    fn limiter(rules: Vec<Rule>) -> Limiter<MemoryStore<ManualClock>> {
+        let store = MemoryStore::new(ManualClock::new(Nanos::from_secs(1)), Default::default());
+        Limiter::new(store, RuleSet::new(rules))
+    }
+
+    /// Decides one request of cost 1.
+    fn decide(
+        limiter: &Limiter<MemoryStore<ManualClock>>,
+        method: Option<&str>,
+        path: Option<&str>,
+        attrs: SimpleAttributes<'_>,
+    ) -> Checked {
+        let req = Request {
+            method,
+            path,
+            attrs: &attrs,
+            cost: 1,
+        };
+        block_on(limiter.check(&req))
+    }
+
     fn routed(i: usize, route: Option<&str>) -> Rule {
         let limit = Limit::FixedWindow(FixedWindow::new(2, Nanos::from_secs(60)).unwrap());
         let route = route.map(|r| spillway_core::Route::parse(r).unwrap());
@@ -480,20 +502,13 @@ mod tests {
         rules.push(routed(20, None));
         rules.push(routed(21, Some("/v1/*")));
         assert!(rules.len() >= INDEX_FROM);
-        let store = MemoryStore::new(ManualClock::new(Nanos::from_secs(1)), Default::default());
-        let limiter = Limiter::new(store, RuleSet::new(rules));
+        let limiter = limiter(rules);
         let names = |method: Option<&str>, path: &str| -> Vec<String> {
-            let attrs = SimpleAttributes {
+            let user = SimpleAttributes {
                 user: Some("u"),
                 ..Default::default()
             };
-            let req = Request {
-                method,
-                path: Some(path),
-                attrs: &attrs,
-                cost: 1,
-            };
-            let checked = block_on(limiter.check(&req));
+            let checked = decide(&limiter, method, Some(path), user);
             checked
                 .decision
                 .rules
@@ -522,20 +537,13 @@ mod tests {
             Mode::Hard,
         )
         .unwrap();
-        let store = MemoryStore::new(ManualClock::new(Nanos::from_secs(1)), Default::default());
-        let limiter = Limiter::new(store, RuleSet::new(vec![rule]));
+        let limiter = limiter(vec![rule]);
         let check = |ip: &str| {
             let attrs = SimpleAttributes {
                 ip: Some(ip),
                 ..Default::default()
             };
-            let req = Request {
-                method: None,
-                path: None,
-                attrs: &attrs,
-                cost: 1,
-            };
-            block_on(limiter.check(&req)).decision.allowed
+            decide(&limiter, None, None, attrs).decision.allowed
         };
         assert!(check("2001:db8::7"));
         assert!(check("2001:DB8:0:0::7"));

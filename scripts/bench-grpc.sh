@@ -13,12 +13,7 @@ command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v redis-server >/dev/null || scripts/setup.sh
 cargo build --release --locked -q --bin spillway --example grpc_load -p spillway-server
 start_redis
-cat > "$work/load.lua" <<'LUA'
-math.randomseed(os.time())
-request = function()
-  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"ip":"10.0.' .. math.random(1, 100000) .. '"}')
-end
-LUA
+users_load "$work/load.lua" ip 10.0.
 for store in memory redis; do
   if [ "$store" = redis ]; then storeyaml="store: { redis: { url: \"redis://127.0.0.1:$rp\", timeout: 200ms } }"; else storeyaml="store: memory"; fi
   cat > "$work/rules-$store.yaml" <<YAML

@@ -35,12 +35,13 @@ rules:
 YAML
 }
 
-# Writes a wrk script to $1: POST /v1/check for a random user over 100,000.
+# Writes a wrk script to $1: POST /v1/check for one of 100,000 clients,
+# at random: field $2 (default user) set to $3 (default u) and a number.
 users_load() {
-  cat > "$1" <<'LUA'
+  cat > "$1" <<LUA
 math.randomseed(os.time())
 request = function()
-  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"user":"u' .. math.random(1, 100000) .. '"}')
+  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, '{"${2:-user}":"${3:-u}' .. math.random(1, 100000) .. '"}')
 end
 LUA
 }

@@ -33,6 +33,7 @@
 pub mod algo;
 pub mod decision;
 mod error;
+mod ip;
 pub mod rule;
 mod time;
 
@@ -42,5 +43,6 @@ pub use algo::{
 };
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
 pub use error::{Error, ErrorKind};
-pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule, canonical_ip};
+pub use ip::{IpText, canonical_ip};
+pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
 pub use time::{Clock, ManualClock, Nanos};

@@ -245,32 +245,6 @@ impl Route {
     }
 }
 
-/// A client IP as it counts in a key: one key per address. An IPv6
-/// address has many spellings (`2001:DB8::1`, `2001:db8:0:0::1`,
-/// `::ffff:192.0.2.1` for an IPv4 client), and a client whose address
-/// reaches a way in as text must not get a fresh counter by spelling it
-/// differently. IPv6 addresses become their RFC 5952 form (an IPv4-mapped
-/// one its IPv4 form); IPv4 addresses parse only in their one form;
-/// anything else is kept as it is, an opaque client id. Borrows unless it
-/// rewrites.
-///
-/// ```
-/// assert_eq!(spillway_core::canonical_ip("2001:DB8:0::7"), "2001:db8::7");
-/// assert_eq!(spillway_core::canonical_ip("::ffff:192.0.2.1"), "192.0.2.1");
-/// assert_eq!(spillway_core::canonical_ip("client-7"), "client-7");
-/// ```
-pub fn canonical_ip(ip: &str) -> std::borrow::Cow<'_, str> {
-    if ip.contains(':')
-        && let Ok(v6) = ip.parse::<std::net::Ipv6Addr>()
-    {
-        let canonical = v6.to_canonical().to_string();
-        if canonical != ip {
-            return canonical.into();
-        }
-    }
-    ip.into()
-}
-
 /// Where a request's identity values come from.
 pub trait Attributes {
     /// The user, if the caller knows one.
@@ -417,27 +391,6 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_ip_address_has_one_key() {
-        for (given, key) in [
-            ("2001:DB8::1", "2001:db8::1"),
-            ("2001:db8:0:0:0:0:0:1", "2001:db8::1"),
-            ("2001:0db8::0001", "2001:db8::1"),
-            ("::ffff:192.0.2.1", "192.0.2.1"),
-            ("::1", "::1"),
-            ("192.0.2.1", "192.0.2.1"),
-            ("client-7", "client-7"),
-            ("10.0.12345", "10.0.12345"),
-            ("fe80::1%eth0", "fe80::1%eth0"),
-        ] {
-            assert_eq!(canonical_ip(given), key, "{given}");
-        }
-        assert!(matches!(
-            canonical_ip("2001:db8::1"),
-            std::borrow::Cow::Borrowed(_)
-        ));
-    }
 
     #[test]
     fn routes_match_exact_param_and_prefix() {

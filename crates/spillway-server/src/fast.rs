@@ -415,7 +415,7 @@ impl Conn {
             None => (target, None),
         };
         let user = proxy.identify.user(hdrs, query);
-        let ip = IpText::new(proxy.identify.ip(self.peer.ip(), hdrs));
+        let ip = spillway_core::IpText::new(proxy.identify.ip(self.peer.ip(), hdrs));
         let attrs = WireAttrs {
             user: user.as_deref(),
             ip: ip.as_str(),
@@ -536,51 +536,6 @@ fn write_rate_limit_headers(out: &mut Vec<u8>, checked: &spillway_store::Checked
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     });
-}
-
-/// An IP address as text, formatted on the stack (at most 45 bytes: an
-/// IPv4-mapped IPv6 address written out).
-struct IpText {
-    buf: [u8; 48],
-    len: usize,
-}
-
-impl IpText {
-    fn new(ip: std::net::IpAddr) -> IpText {
-        use std::io::Write as _;
-        let mut buf = [0u8; 48];
-        let len = match ip {
-            // The common case, without the formatting machinery (it
-            // showed in the proxy's profile).
-            std::net::IpAddr::V4(v4) => {
-                let mut len = 0;
-                for (i, octet) in v4.octets().into_iter().enumerate() {
-                    if i > 0 {
-                        buf[len] = b'.';
-                        len += 1;
-                    }
-                    let digits = 1 + usize::from(octet >= 10) + usize::from(octet >= 100);
-                    let mut n = octet;
-                    for d in (0..digits).rev() {
-                        buf[len + d] = b'0' + n % 10;
-                        n /= 10;
-                    }
-                    len += digits;
-                }
-                len
-            }
-            std::net::IpAddr::V6(_) => {
-                let mut w = &mut buf[..];
-                let _ = write!(w, "{ip}");
-                48 - w.len()
-            }
-        };
-        IpText { buf, len }
-    }
-
-    fn as_str(&self) -> &str {
-        std::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
-    }
 }
 
 /// A request's identity and headers, for the rules' keys.
@@ -760,23 +715,6 @@ mod tests {
             parse(r, false),
             direct(Route::Limit(String::new()), r.len(), 0, false)
         );
-    }
-
-    #[test]
-    fn ip_text_holds_the_longest_addresses() {
-        for ip in [
-            "255.255.255.255",
-            "0.0.0.0",
-            "10.9.100.99",
-            "127.0.0.1",
-            "1.20.199.200",
-            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
-            "::ffff:255.255.255.255",
-            "::1",
-        ] {
-            let parsed: std::net::IpAddr = ip.parse().unwrap();
-            assert_eq!(IpText::new(parsed).as_str(), parsed.to_string());
-        }
     }
 
     proptest::proptest! {

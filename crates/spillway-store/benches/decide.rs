@@ -163,5 +163,88 @@ fn run_threads<F: Fn(usize, u64) + Sync>(threads: usize, iters: u64, f: F) -> Du
         .mul_f64(iters as f64 / (per * threads as u64) as f64)
 }
 
-criterion_group!(benches, bench);
+/// What this machine's memory and cores cost during the run, to read the
+/// decision figures against: the VM shares its caches with other guests,
+/// and its two CPUs may or may not share an L3, so the same code measures
+/// differently from one run to the next.
+///
+/// - `chase_16MB`, `chase_256MB`: one dependent load from a random cache
+///   line of a 16 MiB and a 256 MiB block (a random cycle through every
+///   line, so each load waits for the one before): an L3 hit and a DRAM
+///   miss (with its TLB miss), the floors under the 1,000,000-key figures.
+/// - `core_round_trip`: one cache line handed from one thread to the other
+///   and back. Around 100 ns when the two CPUs share an L3; several hundred
+///   when they do not, and then a table that fits one L3 is written from
+///   two, and two threads cannot scale on it.
+fn reference(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decide/reference");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (label, mib) in [("chase_16MB", 16usize), ("chase_256MB", 256)] {
+        let chain = random_cycle(mib << 20);
+        g.bench_function(label, |b| {
+            b.iter_custom(|iters| {
+                let mut at = 0usize;
+                let start = Instant::now();
+                for _ in 0..iters {
+                    at = chain[at] as usize;
+                }
+                black_box(at);
+                start.elapsed()
+            })
+        });
+    }
+    g.bench_function("core_round_trip", |b| {
+        b.iter_custom(|iters| {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            #[repr(align(64))]
+            struct Line(AtomicU64);
+            let line = Line(AtomicU64::new(0));
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    for i in 0..iters {
+                        while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                            std::hint::spin_loop();
+                        }
+                        line.0.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                for i in 0..iters {
+                    line.0.store(2 * i + 1, Ordering::Release);
+                    while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+            start.elapsed()
+        })
+    });
+    g.finish();
+}
+
+/// A block of `bytes` whose 64-byte lines are linked into one cycle in a
+/// random order (fixed seed): the first `u32` of each line holds the index,
+/// in the block, of the next line's first `u32`.
+fn random_cycle(bytes: usize) -> Vec<u32> {
+    const STRIDE: usize = 64 / std::mem::size_of::<u32>();
+    let lines = bytes / 64;
+    let mut order: Vec<u32> = (0..lines as u32).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in (1..lines).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % i as u64) as usize);
+    }
+    let mut chain = vec![0u32; lines * STRIDE];
+    for w in 0..lines {
+        let (from, to) = (order[w] as usize, order[(w + 1) % lines] as usize);
+        chain[from * STRIDE] = (to * STRIDE) as u32;
+    }
+    chain
+}
+
+criterion_group!(benches, reference, bench);
 criterion_main!(benches);

@@ -231,6 +231,14 @@ async fn minimal_get_form_and_unknown_api() {
     let r = c.get(s.url("/v1/limit?key=zoe")).send().await.unwrap();
     assert_eq!(r.status(), 429);
     assert!(r.headers().contains_key("retry-after"));
+    // An empty key is no key: the rule is skipped, not one counter shared
+    // by every caller that sends it.
+    for _ in 0..12 {
+        let r = c.get(s.url("/v1/limit?key=")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let j: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(j["skipped"], json!(["default"]), "{j}");
+    }
     // No rule applies: allowed, no limit, no headers.
     let (status, h, j) = check(&c, &s, json!({"api": "GET /unknown"})).await;
     assert_eq!(status, 200);

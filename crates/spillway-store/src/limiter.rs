@@ -243,12 +243,15 @@ impl<S: Store> Limiter<S> {
         // The client IP in its one spelling, for the rules keyed by it
         // (read at most once, and only if a rule needs it).
         let ip = std::cell::OnceCell::new();
+        // An empty value is no value: `"user": ""`, `?key=` or an empty
+        // header skip the rule as a missing one does, on every way in,
+        // rather than putting every such caller on one shared counter.
         let value = |p: &KeyPart| -> Option<&str> {
             match p {
                 KeyPart::Ip => ip
-                    .get_or_init(|| req.attrs.ip().map(canonical_ip))
+                    .get_or_init(|| req.attrs.ip().filter(|v| !v.is_empty()).map(canonical_ip))
                     .as_deref(),
-                _ => req.attrs.part(p),
+                _ => req.attrs.part(p).filter(|v| !v.is_empty()),
             }
         };
         // Every rule in turn, or with many rules those the index offers
@@ -522,6 +525,46 @@ mod tests {
         );
         assert_eq!(names(Some("POST"), "/v1/r7/abc"), ["r20", "r21"]);
         assert_eq!(names(Some("GET"), "/v2/r7/abc"), ["r20"]);
+    }
+
+    /// An empty value skips the rule as a missing one does: callers that
+    /// send `"user": ""` do not all share one counter.
+    #[test]
+    fn an_empty_value_is_a_missing_one() {
+        let limit = Limit::FixedWindow(FixedWindow::new(1, Nanos::from_secs(60)).unwrap());
+        let rules = ["user", "ip", "header:x-api-key", "tenant"]
+            .iter()
+            .map(|by| {
+                Rule::new(
+                    *by,
+                    None,
+                    KeySpec::parse(by).unwrap(),
+                    vec![limit.clone()],
+                    Mode::Hard,
+                )
+                .unwrap()
+            })
+            .collect();
+        let limiter = limiter(rules);
+        let attrs = SimpleAttributes {
+            user: Some(""),
+            ip: Some(""),
+            headers: &[("x-api-key", "")],
+            descriptors: &[("tenant", "")],
+        };
+        for _ in 0..3 {
+            let checked = decide(&limiter, None, None, attrs);
+            assert!(checked.decision.allowed);
+            assert!(checked.decision.rules.is_empty());
+            assert_eq!(checked.skipped, [0, 1, 2, 3]);
+        }
+        // A value, however short, is a key.
+        let attrs = SimpleAttributes {
+            user: Some("a"),
+            ..Default::default()
+        };
+        assert!(decide(&limiter, None, None, attrs).decision.allowed);
+        assert!(!decide(&limiter, None, None, attrs).decision.allowed);
     }
 
     /// Every way in (HTTP body, tower identity, gRPC descriptor) hands the

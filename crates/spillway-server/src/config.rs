@@ -473,9 +473,22 @@ fn first_line(s: &str) -> String {
     if let Some(i) = line.find(" at line ") {
         line = &line[..i];
     }
+    if let Some(rest) = line.strip_prefix("duplicate mapping key: ") {
+        // The library's advice that follows (a parser option) is not the
+        // user's to act on.
+        let key = rest.split_once(", set ").map_or(rest, |(k, _)| k);
+        return format!("duplicate key `{key}`");
+    }
     match line {
         "invalid i64" => format!("expected a whole number (at most {})", i64::MAX),
         "invalid u64" => format!("expected a whole number from 0 to {}", u64::MAX),
+        "expected sequence start" => {
+            "expected a list (`[a, b]` or lines starting with `- `)".into()
+        }
+        "expected mapping start" => {
+            "expected a map (`{ key: value }` or `key: value` lines)".into()
+        }
+        "expected string scalar" => "expected a string".into(),
         _ => line.to_string(),
     }
 }
@@ -1216,6 +1229,24 @@ mod tests {
         );
         let e = parse("r.yaml", "colour: red\n").unwrap_err().to_string();
         assert!(e.starts_with("r.yaml:1:1: unknown field `colour`"), "{e}");
+        // Structure the parser expected, in the user's words, and no parser
+        // options.
+        for (text, want) in [
+            ("rules: 5\n", "r.yaml:1:8: expected a list"),
+            ("rules: [1]\n", "r.yaml:1:9: expected a map"),
+            (
+                "rules:\n  - name: [a]\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+                "r.yaml:2:11: expected a string",
+            ),
+            (
+                "rules:\n  - name: a\n    name: b\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+                "r.yaml:3:5: duplicate key `name`",
+            ),
+        ] {
+            let e = parse("r.yaml", text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{text:?}: {e}");
+            assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+        }
     }
 
     #[test]

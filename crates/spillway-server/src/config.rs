@@ -397,16 +397,22 @@ struct RawGcra {
 /// # Errors
 /// The file cannot be read, is not valid YAML, or fails validation.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let (name, text) = read(path)?;
+    parse(&name, &text)
+}
+
+/// The file's name as errors show it, and its text.
+fn read(path: &Path) -> Result<(String, String), ConfigErrors> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors(vec![ConfigError {
-            file: name.clone(),
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((name, text)),
+        Err(e) => Err(ConfigErrors(vec![ConfigError {
+            file: name,
             line: 0,
             column: 0,
             message: format!("cannot read: {e}"),
-        }])
-    })?;
-    parse(&name, &text)
+        }])),
+    }
 }
 
 /// The configuration source: a file, or the built-in example.
@@ -757,15 +763,7 @@ pub fn parse_envoy(file: &str, text: &str) -> Result<crate::envoy::Domain, Confi
 /// # Errors
 /// As [`parse_envoy`], or the file cannot be read.
 pub fn load_envoy(path: &Path) -> Result<crate::envoy::Domain, ConfigErrors> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors(vec![ConfigError {
-            file: name.clone(),
-            line: 0,
-            column: 0,
-            message: format!("cannot read: {e}"),
-        }])
-    })?;
+    let (name, text) = read(path)?;
     parse_envoy(&name, &text)
 }
 

@@ -73,6 +73,8 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<crate::proxy::IpNet>,
     /// Longest wait for the upstream's response headers.
     pub timeout: Duration,
+    /// Where `spillway proxy` listens (before the file's `listen`).
+    pub listen: Option<SocketAddr>,
 }
 
 impl Default for ProxyConfig {
@@ -82,6 +84,7 @@ impl Default for ProxyConfig {
             user: None,
             trusted_proxies: Vec::new(),
             timeout: Duration::from_secs(30),
+            listen: None,
         }
     }
 }
@@ -261,6 +264,8 @@ struct RawProxy {
     trusted_proxies: Option<Spanned<Vec<String>>>,
     #[serde(default)]
     timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    listen: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -568,33 +573,15 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
         .as_ref()
         .map(|p| policy(&mut errs, p))
         .unwrap_or_default();
-    let listen = raw.listen.as_ref().and_then(|l| match l.value.parse() {
-        Ok(a) => Some(a),
-        Err(_) => {
-            errs.at(
-                l,
-                format!("listen {:?} is not an address like 127.0.0.1:8080", l.value),
-            );
-            None
-        }
-    });
+    let listen = raw
+        .listen
+        .as_ref()
+        .and_then(|l| address(&mut errs, l, "listen", 8080));
     let proxy = raw.proxy.as_ref().map(|p| proxy_config(&mut errs, p));
     let grpc_listen = raw
         .grpc_listen
         .as_ref()
-        .and_then(|l| match l.value.parse() {
-            Ok(a) => Some(a),
-            Err(_) => {
-                errs.at(
-                    l,
-                    format!(
-                        "grpc_listen {:?} is not an address like 127.0.0.1:8081",
-                        l.value
-                    ),
-                );
-                None
-            }
-        });
+        .and_then(|l| address(&mut errs, l, "grpc_listen", 8081));
     let domains = raw
         .domains
         .iter()
@@ -729,7 +716,33 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> ProxyConfig {
     {
         cfg.timeout = d.into();
     }
+    cfg.listen = raw
+        .listen
+        .as_ref()
+        .and_then(|l| address(errs, l, "proxy.listen", 8080));
     cfg
+}
+
+/// A listening address (`ADDR:PORT`); `example_port` goes in the message.
+fn address(
+    errs: &mut Errors<'_>,
+    l: &Spanned<String>,
+    what: &str,
+    example_port: u16,
+) -> Option<SocketAddr> {
+    match l.value.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.at(
+                l,
+                format!(
+                    "{what} {:?} is not an address like 127.0.0.1:{example_port}",
+                    l.value
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// Parses an envoyproxy/ratelimit configuration file (one domain).

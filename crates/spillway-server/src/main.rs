@@ -62,7 +62,8 @@ enum Command {
         /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
+        /// Address to listen on [default: the file's `proxy.listen`, else its
+        /// `listen`, else 127.0.0.1:8080].
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
         /// Where the user identity comes from: header:<Name> or query:<name>
@@ -142,7 +143,14 @@ fn serve(
             }
         },
     };
+    // The proxy's own address in the file comes first, so one file can
+    // serve the API on `listen` and proxy on `proxy.listen`.
+    let proxy_listen = proxy_opts
+        .as_ref()
+        .and_then(|_| cfg.proxy.as_ref())
+        .and_then(|p| p.listen);
     let addr = listen
+        .or(proxy_listen)
         .or(cfg.listen)
         .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8080)));
     // One thread: a current-thread runtime, which skips the work-stealing
@@ -262,6 +270,15 @@ fn check_config(file: &std::path::Path) -> ExitCode {
                     spillway_core::FailPolicy::Deny => "deny",
                 }
             );
+            if let Some(a) = cfg.listen {
+                outln!("listen: {a}");
+            }
+            if let Some(a) = cfg.grpc_listen {
+                outln!("grpc_listen: {a}");
+            }
+            if let Some(p) = &cfg.proxy {
+                print_proxy(p);
+            }
             for r in &cfg.rules {
                 outln!(
                     "- {} (api: {}, by: {}, mode: {})",
@@ -286,6 +303,27 @@ fn check_config(file: &std::path::Path) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Prints the `proxy:` section as understood.
+fn print_proxy(p: &config::ProxyConfig) {
+    outln!(
+        "proxy: upstream {}",
+        p.upstream.as_deref().unwrap_or("(none: give --upstream)")
+    );
+    if let Some(a) = p.listen {
+        outln!("  listen {a}");
+    }
+    match &p.user {
+        Some(config::UserSource::Header(h)) => outln!("  user from header {h}"),
+        Some(config::UserSource::Query(q)) => outln!("  user from query parameter {q}"),
+        None => outln!("  no user source (rules by user are skipped)"),
+    }
+    if !p.trusted_proxies.is_empty() {
+        let nets: Vec<String> = p.trusted_proxies.iter().map(|n| n.to_string()).collect();
+        outln!("  trusted proxies {}", nets.join(", "));
+    }
+    outln!("  upstream timeout {:?}", p.timeout);
 }
 
 /// Prints gRPC descriptor trees, one line per node.

@@ -379,6 +379,34 @@ async fn http2_clients_are_served_and_limited_too() {
     assert_eq!(r.status(), 429);
 }
 
+/// `proxy.listen` in the file says where the proxy listens, before the
+/// file's `listen` (which `serve` uses), and `check-config` shows both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_listens_where_its_section_says() {
+    let (up, _) = upstream().await;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (proxy_at, serve_at) = (free(), free());
+    let dir = TempDir::new("proxy-listen");
+    let file = dir.write(
+        "rules.yaml",
+        &format!("listen: {serve_at}\nproxy:\n  upstream: http://{up}\n  listen: {proxy_at}\n"),
+    );
+    let out = util::spillway(&["check-config", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("listen: {serve_at}")), "{text}");
+    assert!(text.contains(&format!("  listen {proxy_at}")), "{text}");
+    let s = Server::start_as_configured("proxy", &["--config", file.to_str().unwrap()]);
+    assert_eq!(s.addr, proxy_at.to_string());
+    let r = client().get(s.url("/hello")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "hello");
+}
+
 #[test]
 fn proxy_flags_are_checked() {
     let out = util::spillway(&["proxy", "--listen", "127.0.0.1:0"]);

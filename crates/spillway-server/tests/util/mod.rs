@@ -29,6 +29,18 @@ impl Server {
 
     /// Starts the binary under a wrapper command (e.g. `faketime -f +90s`).
     pub fn start_wrapped(wrapper: &[&str], sub: &str, args: &[&str]) -> Server {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Server::spawn(wrapper, sub, &all)
+    }
+
+    /// Starts `spillway <sub> ARGS...` with no `--listen` of its own (the
+    /// rules file says where).
+    pub fn start_as_configured(sub: &str, args: &[&str]) -> Server {
+        Server::spawn(&[], sub, args)
+    }
+
+    fn spawn(wrapper: &[&str], sub: &str, args: &[&str]) -> Server {
         let bin = env!("CARGO_BIN_EXE_spillway");
         let mut cmd = match wrapper.split_first() {
             None => Command::new(bin),
@@ -43,7 +55,6 @@ impl Server {
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
             .arg(sub)
-            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

@@ -147,7 +147,7 @@ fn serve(
     // serve the API on `listen` and proxy on `proxy.listen`.
     let proxy_listen = proxy_opts
         .as_ref()
-        .and_then(|_| cfg.proxy.as_ref())
+        .and(cfg.proxy.as_ref())
         .and_then(|p| p.listen);
     let addr = listen
         .or(proxy_listen)

@@ -7,11 +7,14 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
+use spillway_redis::{RedisConfig, RedisStore};
 use spillway_store::{Checked, Limiter, MemoryStore, RuleSet, SystemClock};
+use spillway_testkit::RedisServer;
 use spillway_tower::{Deny, Identity, RateLimitInfo, RateLimitLayer};
 
-fn limiter(limit: u64) -> Arc<Limiter<MemoryStore<SystemClock>>> {
-    let rule = Rule::new(
+/// `limit` requests an hour per user.
+fn per_user(limit: u64) -> Rule {
+    Rule::new(
         "per-user",
         None,
         KeySpec::parse("user").unwrap(),
@@ -20,10 +23,13 @@ fn limiter(limit: u64) -> Arc<Limiter<MemoryStore<SystemClock>>> {
         )],
         Mode::Hard,
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn limiter(limit: u64) -> Arc<Limiter<MemoryStore<SystemClock>>> {
     Arc::new(Limiter::new(
         MemoryStore::new(SystemClock::new(), Default::default()),
-        RuleSet::new(vec![rule]),
+        RuleSet::new(vec![per_user(limit)]),
     ))
 }
 
@@ -84,6 +90,75 @@ async fn axum_app_gets_429s_and_headers_and_clones_share_one_limiter() {
             .status(),
         200
     );
+}
+
+/// Two instances of an app, each with its own limiter on its own
+/// connection to one real redis-server: one count between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apps_on_the_redis_store_share_one_count() {
+    let redis = RedisServer::start();
+    let mut apps = Vec::new();
+    for name in ["a", "b"] {
+        let store = RedisStore::new(RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        })
+        .unwrap();
+        assert!(
+            store.wait_connected(Duration::from_secs(5)).await,
+            "could not connect to {}",
+            redis.url()
+        );
+        let limiter = Arc::new(Limiter::new(store, RuleSet::new(vec![per_user(3)])));
+        let layer = RateLimitLayer::new(limiter, user_header::<Body>);
+        apps.push(
+            serve(
+                Router::new()
+                    .route("/", get(move || async move { name }))
+                    .layer(layer),
+            )
+            .await,
+        );
+    }
+    let c = reqwest::Client::new();
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let r = c
+            .get(&apps[i % 2])
+            .header("x-user", "u")
+            .send()
+            .await
+            .unwrap();
+        seen.push((
+            r.status().as_u16(),
+            header_or_none(&r, "x-ratelimit-remaining"),
+        ));
+        if r.status() == 429 {
+            assert!(r.headers().contains_key("retry-after"));
+            assert_eq!(r.headers()["content-type"], "application/problem+json");
+        }
+    }
+    let remaining = |n: &str| Some(n.to_string());
+    assert_eq!(
+        seen,
+        [
+            (200, remaining("2")),
+            (200, remaining("1")),
+            (200, remaining("0")),
+            (429, remaining("0")),
+            (429, remaining("0")),
+        ]
+    );
+    // Another user has a count of its own, on either instance.
+    let r = c.get(&apps[1]).header("x-user", "v").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "b");
+}
+
+fn header_or_none(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
 }
 
 #[tokio::test]

@@ -75,6 +75,9 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// Where `spillway proxy` listens (before the file's `listen`).
     pub listen: Option<SocketAddr>,
+    /// Where `spillway proxy` serves the HTTP API (metrics, health, status,
+    /// rules, decisions), which its own address forwards upstream.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl Default for ProxyConfig {
@@ -85,6 +88,7 @@ impl Default for ProxyConfig {
             trusted_proxies: Vec::new(),
             timeout: Duration::from_secs(30),
             listen: None,
+            admin_listen: None,
         }
     }
 }
@@ -266,6 +270,8 @@ struct RawProxy {
     timeout: Option<Spanned<String>>,
     #[serde(default)]
     listen: Option<Spanned<String>>,
+    #[serde(default)]
+    admin_listen: Option<Spanned<String>>,
 }
 
 #[derive(Debug)]
@@ -720,6 +726,10 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> ProxyConfig {
         .listen
         .as_ref()
         .and_then(|l| address(errs, l, "proxy.listen", 8080));
+    cfg.admin_listen = raw
+        .admin_listen
+        .as_ref()
+        .and_then(|l| address(errs, l, "proxy.admin_listen", 9090));
     cfg
 }
 

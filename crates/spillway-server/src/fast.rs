@@ -421,6 +421,7 @@ impl Conn {
             ip: ip.as_str(),
             headers: hdrs,
         };
+        let started = std::time::Instant::now();
         let checked = proxy
             .limiter
             .check(&spillway_store::Request {
@@ -430,6 +431,7 @@ impl Conn {
                 cost: 1,
             })
             .await;
+        proxy.state.record(&checked, started.elapsed());
         if !checked.decision.allowed {
             scratch.clear();
             spillway_tower::push_problem_body(&checked, scratch);

@@ -169,7 +169,7 @@ async fn decide_body(
         cost: body.cost.unwrap_or(1),
     };
     let checked = state.limiter.check(&req).await;
-    state.record(&checked, started);
+    state.record(&checked, started.elapsed());
     Ok(checked)
 }
 

@@ -15,7 +15,7 @@ mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use spillway_redis::RedisStore;
@@ -87,8 +87,8 @@ impl ServerStore {
 pub struct AppState {
     /// Rules and store.
     pub limiter: Arc<Limiter<ServerStore>>,
-    /// Counters.
-    pub metrics: Metrics,
+    /// Counters (shared with the proxy's forwarders).
+    pub metrics: Arc<Metrics>,
     /// Outcome of the last reload.
     pub reload: Mutex<ReloadStatus>,
     /// Where rules come from, as shown on `/v1/status`.
@@ -109,8 +109,8 @@ pub struct ReloadStatus {
 }
 
 impl AppState {
-    /// Counts a decision in the metrics.
-    pub fn record(&self, checked: &Checked, started: Instant) {
+    /// Counts a decision, which took `took`, in the metrics.
+    pub fn record(&self, checked: &Checked, took: Duration) {
         let version = checked.rules.version;
         if checked.decision.rules.is_empty() {
             self.metrics.count_unlimited();
@@ -122,7 +122,10 @@ impl AppState {
         if checked.store_error.is_some() {
             self.metrics.store_failed();
         }
-        self.metrics.observe_latency(started.elapsed());
+        if checked.decision.allowed && checked.decision.wait.as_u64() > 0 {
+            self.metrics.delayed(checked.decision.wait.into());
+        }
+        self.metrics.observe_latency(took);
     }
 }
 
@@ -183,7 +186,7 @@ pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store:
         StoreConfig::Redis(cfg) => ServerStore::Redis(RedisStore::new(cfg.clone())?),
     };
     let set = rule_set(&opts.config, 1);
-    let metrics = Metrics::new(&set);
+    let metrics = Arc::new(Metrics::new(&set));
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
@@ -225,7 +228,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(opts, listener, shutdown, "spillway", |state| {
+    serve_with(opts, listener, None, shutdown, "spillway", |state| {
         (http::router(state.clone()), fast::Direct::Decisions)
     })
     .await
@@ -242,17 +245,35 @@ pub async fn run_proxy(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
-    serve_with(opts, listener, shutdown, "spillway proxy", move |state| {
-        // One identity, forwarder and upstream pool for both paths.
-        let direct = proxy::DirectProxy::new(state, &proxy);
-        (direct.router(), fast::Direct::Proxy(Arc::new(direct)))
-    })
+    // Bound before anything says it listens: a taken port fails the start.
+    let admin = match proxy.admin {
+        None => None,
+        Some(at) => Some(TcpListener::bind(at).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen for the admin API on {at}: {e}"),
+            )
+        })?),
+    };
+    serve_with(
+        opts,
+        listener,
+        admin,
+        shutdown,
+        "spillway proxy",
+        move |state| {
+            // One identity, forwarder and upstream pool for both paths.
+            let direct = proxy::DirectProxy::new(state, &proxy);
+            (direct.router(), fast::Direct::Proxy(Arc::new(direct)))
+        },
+    )
     .await
 }
 
 async fn serve_with(
     opts: ServeOptions,
     listener: TcpListener,
+    admin: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
     app: impl FnOnce(&Arc<AppState>) -> (axum::Router, fast::Direct),
@@ -290,14 +311,33 @@ async fn serve_with(
             )))
         }
     };
+    // The HTTP API beside the proxy, for metrics, health and status.
+    let admin = match admin {
+        None => None,
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            tracing::info!(%addr, "admin API (metrics, health, status) listening on http://{addr}");
+            let app = http::router(state.clone())
+                .into_make_service_with_connect_info::<std::net::SocketAddr>();
+            let stop = stop_rx_grpc(&stop_tx);
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .await
+                {
+                    tracing::error!("admin API stopped: {e}");
+                }
+            }))
+        }
+    };
     let (app, direct) = app(&state);
     // Plain HTTP/1.1 directly, the rest by hyper (see `fast`).
     let result = fast::serve(listener, state.clone(), app, direct, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;
-    if let Some(g) = grpc {
-        let _ = g.await;
+    for task in [grpc, admin].into_iter().flatten() {
+        let _ = task.await;
     }
     tracing::info!("spillway stopped");
     result

@@ -73,6 +73,11 @@ enum Command {
         /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
+        /// Also serve the HTTP API (/metrics, /healthz, /readyz, /v1/status,
+        /// /v1/rules, /v1/check) on this address, which the proxy's own
+        /// forwards upstream [default: the file's proxy.admin_listen; none].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<SocketAddr>,
     },
     /// Validate a rules file and print what it means.
     CheckConfig {
@@ -104,10 +109,15 @@ fn main() -> ExitCode {
             listen,
             user,
             threads,
+            admin_listen,
         } => serve(
             config,
             listen,
-            Some((upstream, user)),
+            Some(ProxyFlags {
+                upstream,
+                user,
+                admin_listen,
+            }),
             None,
             Vec::new(),
             threads,
@@ -116,11 +126,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// The flags of `spillway proxy` that the rules file may also set.
+struct ProxyFlags {
+    upstream: Option<String>,
+    user: Option<String>,
+    admin_listen: Option<SocketAddr>,
+}
+
 /// Runs `serve`, or `proxy` when `proxy` carries its flags.
 fn serve(
     config: Option<PathBuf>,
     listen: Option<SocketAddr>,
-    proxy: Option<(Option<String>, Option<String>)>,
+    proxy: Option<ProxyFlags>,
     grpc_listen: Option<SocketAddr>,
     envoy_files: Vec<PathBuf>,
     threads: Option<u16>,
@@ -135,7 +152,7 @@ fn serve(
     };
     let proxy_opts = match proxy {
         None => None,
-        Some((upstream, user)) => match proxy_options(&cfg, upstream, user) {
+        Some(flags) => match proxy_options(&cfg, flags) {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("spillway proxy: {e}");
@@ -200,17 +217,14 @@ fn serve(
 }
 
 /// The proxy's settings: flags over the file's `proxy:` section.
-fn proxy_options(
-    cfg: &config::Config,
-    upstream: Option<String>,
-    user: Option<String>,
-) -> Result<ProxyOptions, String> {
+fn proxy_options(cfg: &config::Config, flags: ProxyFlags) -> Result<ProxyOptions, String> {
     let file = cfg.proxy.clone().unwrap_or_default();
-    let upstream = upstream
+    let upstream = flags
+        .upstream
         .or(file.upstream)
         .ok_or("needs --upstream URL (or proxy.upstream in the rules file)")?;
     let upstream = spillway_server::proxy::parse_upstream(&upstream)?;
-    let user = match user {
+    let user = match flags.user {
         Some(u) => Some(config::UserSource::parse(&u)?),
         None => file.user,
     };
@@ -219,6 +233,7 @@ fn proxy_options(
         user,
         trusted: file.trusted_proxies,
         timeout: file.timeout,
+        admin: flags.admin_listen.or(file.admin_listen),
     })
 }
 
@@ -313,6 +328,9 @@ fn print_proxy(p: &config::ProxyConfig) {
     );
     if let Some(a) = p.listen {
         outln!("  listen {a}");
+    }
+    if let Some(a) = p.admin_listen {
+        outln!("  admin API (metrics, health) on {a}");
     }
     match &p.user {
         Some(config::UserSource::Header(h)) => outln!("  user from header {h}"),

@@ -99,6 +99,12 @@ pub struct Metrics {
     reload_errors: Counter,
     store_errors: Counter,
     bad_requests: Counter,
+    /// Admitted requests that were told to wait (queues), and the waits.
+    delayed: Counter,
+    delay_ns: Counter,
+    /// Proxy answers 502 (upstream failed) and 504 (upstream too slow).
+    upstream_502: Counter,
+    upstream_504: Counter,
 }
 
 impl Metrics {
@@ -115,6 +121,10 @@ impl Metrics {
             reload_errors: Counter::default(),
             store_errors: Counter::default(),
             bad_requests: Counter::default(),
+            delayed: Counter::default(),
+            delay_ns: Counter::default(),
+            upstream_502: Counter::default(),
+            upstream_504: Counter::default(),
         };
         m.rules_changed(set);
         m
@@ -211,6 +221,23 @@ impl Metrics {
     /// Counts a request rejected as malformed.
     pub fn bad_request(&self) {
         self.bad_requests.add(1);
+    }
+
+    /// Counts an admission that waits `wait` first (a queue).
+    pub fn delayed(&self, wait: Duration) {
+        self.delayed.add(1);
+        self.delay_ns
+            .add(u64::try_from(wait.as_nanos()).unwrap_or(u64::MAX));
+    }
+
+    /// Counts a proxied request answered 502 (`timed_out` false: the
+    /// upstream failed) or 504 (it did not answer in time).
+    pub fn upstream_failed(&self, timed_out: bool) {
+        if timed_out {
+            self.upstream_504.add(1);
+        } else {
+            self.upstream_502.add(1);
+        }
     }
 
     /// The Prometheus text exposition (format 0.0.4).
@@ -323,6 +350,34 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
             let _ = writeln!(out, "{name} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_delayed_total Admitted requests that waited in a queue first."
+        );
+        let _ = writeln!(out, "# TYPE spillway_delayed_total counter");
+        let _ = writeln!(out, "spillway_delayed_total {}", self.delayed.get());
+        let _ = writeln!(
+            out,
+            "# HELP spillway_delay_seconds_total Time those requests were told to wait, in all."
+        );
+        let _ = writeln!(out, "# TYPE spillway_delay_seconds_total counter");
+        let _ = writeln!(
+            out,
+            "spillway_delay_seconds_total {}",
+            self.delay_ns.get() as f64 / 1e9
+        );
+        let _ = writeln!(
+            out,
+            "# HELP spillway_upstream_errors_total Proxied requests answered 502 (upstream failed) or 504 (no answer in time)."
+        );
+        let _ = writeln!(out, "# TYPE spillway_upstream_errors_total counter");
+        for (status, c) in [("502", &self.upstream_502), ("504", &self.upstream_504)] {
+            let _ = writeln!(
+                out,
+                "spillway_upstream_errors_total{{status=\"{status}\"}} {}",
+                c.get()
+            );
         }
         out
     }

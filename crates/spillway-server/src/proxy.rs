@@ -266,6 +266,7 @@ pub struct Forward {
     upstream: Uri,
     timeout: Duration,
     trusted: Arc<[IpNet]>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl fmt::Debug for Forward {
@@ -395,8 +396,14 @@ fn problem(status: StatusCode, detail: String) -> Response<Body> {
 }
 
 impl Forward {
-    /// A forwarder to `upstream` (checked by [`parse_upstream`]).
-    pub fn new(upstream: Uri, timeout: Duration, trusted: Arc<[IpNet]>) -> Forward {
+    /// A forwarder to `upstream` (checked by [`parse_upstream`]), counting
+    /// its 502 and 504 answers in `metrics`.
+    pub fn new(
+        upstream: Uri,
+        timeout: Duration,
+        trusted: Arc<[IpNet]>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Forward {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
@@ -408,6 +415,7 @@ impl Forward {
             upstream,
             timeout,
             trusted,
+            metrics,
         }
     }
 
@@ -454,11 +462,17 @@ impl Forward {
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, Body::new(body))
             }
-            Ok(Err(e)) => problem(StatusCode::BAD_GATEWAY, failed_detail(&self.upstream, e)),
-            Err(_) => problem(
-                StatusCode::GATEWAY_TIMEOUT,
-                timeout_detail(&self.upstream, self.timeout),
-            ),
+            Ok(Err(e)) => {
+                self.metrics.upstream_failed(false);
+                problem(StatusCode::BAD_GATEWAY, failed_detail(&self.upstream, e))
+            }
+            Err(_) => {
+                self.metrics.upstream_failed(true);
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    timeout_detail(&self.upstream, self.timeout),
+                )
+            }
         }
     }
 }
@@ -489,6 +503,8 @@ pub struct ProxyOptions {
     pub trusted: Vec<IpNet>,
     /// Upstream timeout.
     pub timeout: Duration,
+    /// Where to serve the HTTP API (metrics, health, status), if anywhere.
+    pub admin: Option<SocketAddr>,
 }
 
 /// The proxy's router: every request goes through the rate limit layer to
@@ -503,6 +519,8 @@ pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
 #[derive(Debug, Clone)]
 pub(crate) struct DirectProxy {
     pub(crate) limiter: Arc<spillway_store::Limiter<crate::ServerStore>>,
+    /// For counting decisions in the metrics.
+    pub(crate) state: Arc<AppState>,
     pub(crate) identify: ProxyIdentify,
     /// For the router (the hyper path).
     pub(crate) forward: Forward,
@@ -519,15 +537,27 @@ impl DirectProxy {
                 user: opts.user.clone(),
                 trusted: trusted.clone(),
             },
-            forward: Forward::new(opts.upstream.clone(), opts.timeout, trusted),
-            upstream: Arc::new(crate::upstream::Upstream::new(&opts.upstream, opts.timeout)),
+            forward: Forward::new(
+                opts.upstream.clone(),
+                opts.timeout,
+                trusted,
+                state.metrics.clone(),
+            ),
+            upstream: Arc::new(crate::upstream::Upstream::new(
+                &opts.upstream,
+                opts.timeout,
+                state.metrics.clone(),
+            )),
+            state: state.clone(),
         }
     }
 
     /// The router for the hyper path: the rate limit layer in front of the
     /// forwarder, sharing this proxy's identity rules and limiter.
     pub(crate) fn router(&self) -> axum::Router {
+        let state = self.state.clone();
         let service = RateLimitLayer::new(self.limiter.clone(), self.identify.clone())
+            .observe(move |checked, took| state.record(checked, took))
             .layer(self.forward.clone());
         axum::Router::new().fallback_service(service)
     }

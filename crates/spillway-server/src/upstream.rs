@@ -9,6 +9,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{StatusCode, Uri};
@@ -40,6 +41,8 @@ pub(crate) struct Upstream {
     base: String,
     timeout: Duration,
     idle: Mutex<Vec<TcpStream>>,
+    /// Counts 502 and 504 answers.
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A failure before any of the response reached the client.
@@ -86,7 +89,11 @@ pub(crate) struct Response {
 }
 
 impl Upstream {
-    pub(crate) fn new(upstream: &Uri, timeout: Duration) -> Upstream {
+    pub(crate) fn new(
+        upstream: &Uri,
+        timeout: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Upstream {
         let host = upstream.host().unwrap_or("127.0.0.1");
         let port = upstream.port_u16().unwrap_or(80);
         Upstream {
@@ -95,12 +102,14 @@ impl Upstream {
             base: upstream.path().trim_end_matches('/').to_string(),
             timeout,
             idle: Mutex::new(Vec::new()),
+            metrics,
         }
     }
 
     /// The status and problem detail for a failure (the same as the hyper
     /// path's forwarder gives).
     pub(crate) fn failure(&self, f: Failure) -> (StatusCode, String) {
+        self.metrics.upstream_failed(matches!(f, Failure::Timeout));
         match f {
             Failure::Bad(e) => (StatusCode::BAD_GATEWAY, failed_detail(&self.uri, e)),
             Failure::Timeout => (
@@ -592,7 +601,10 @@ mod tests {
     #[test]
     fn upstream_addresses_and_base_paths() {
         let up = |u: &str| {
-            let u = Upstream::new(&u.parse().unwrap(), Duration::from_secs(1));
+            let metrics = Arc::new(crate::metrics::Metrics::new(&spillway_store::RuleSet::new(
+                vec![],
+            )));
+            let u = Upstream::new(&u.parse().unwrap(), Duration::from_secs(1), metrics);
             (u.authority, u.base)
         };
         assert_eq!(

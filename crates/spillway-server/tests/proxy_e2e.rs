@@ -407,6 +407,87 @@ async fn the_proxy_listens_where_its_section_says() {
     assert_eq!(r.text().await.unwrap(), "hello");
 }
 
+/// `--admin-listen`: the HTTP API beside the proxy, whose own address
+/// forwards everything. Its metrics count the proxy's decisions on both
+/// paths (HTTP/1.1 direct, HTTP/2 through hyper), its queued requests and
+/// its 504s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_counts_what_the_proxy_does() {
+    let (up, _) = upstream().await;
+    let dir = TempDir::new("proxy-admin");
+    let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), "10.0.0.0/8"));
+    let s = Server::start_cmd(
+        "proxy",
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = s.wait_line("admin API");
+    let admin = line
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let c = client();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let r = c.get(s.url("/hello")).header("x-api-key", "u1");
+        statuses.push(r.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let r = h2
+        .get(s.url("/hello"))
+        .header("x-api-key", "u2")
+        .send()
+        .await;
+    assert_eq!(r.unwrap().status(), 200);
+    // The second export waits its turn (5 per second).
+    for _ in 0..2 {
+        let r = c.post(s.url("/v1/export")).header("x-api-key", "u3");
+        assert_eq!(r.send().await.unwrap().status(), 200);
+    }
+    // Too slow for the 500 ms timeout, on each path.
+    assert_eq!(c.get(s.url("/slow")).send().await.unwrap().status(), 504);
+    assert_eq!(h2.get(s.url("/slow")).send().await.unwrap().status(), 504);
+
+    let metrics = c
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for want in [
+        "spillway_decisions_total{rule=\"per-user\",outcome=\"allowed\"} 4",
+        "spillway_decisions_total{rule=\"per-user\",outcome=\"denied\"} 1",
+        "spillway_decisions_total{rule=\"export\",outcome=\"allowed\"} 2",
+        "spillway_delayed_total 1",
+        "spillway_upstream_errors_total{status=\"504\"} 2",
+        "spillway_upstream_errors_total{status=\"502\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == want),
+            "no {want:?} in\n{metrics}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/v1/status", "/v1/rules"] {
+        let r = c.get(format!("http://{admin}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    // The proxy's own address still forwards those paths upstream.
+    let r = c.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+}
+
 #[test]
 fn proxy_flags_are_checked() {
     let out = util::spillway(&["proxy", "--listen", "127.0.0.1:0"]);
@@ -414,6 +495,25 @@ fn proxy_flags_are_checked() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--upstream"));
     let out = util::spillway(&["proxy", "--upstream", "ftp://x", "--listen", "127.0.0.1:0"]);
     assert_eq!(out.status.code(), Some(2));
+    // A taken admin port fails the start before anything says it listens.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = taken.local_addr().unwrap().to_string();
+    let out = util::spillway(&[
+        "proxy",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        &at,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("cannot listen for the admin API on {at}")),
+        "{err}"
+    );
+    assert!(!err.contains("listening on"), "{err}");
 }
 
 /// One response read off a raw connection: status, headers, body (from

@@ -176,12 +176,16 @@ impl<B: From<String>> Deny<B> for ProblemJson {
     }
 }
 
+/// Called with every decision and how long it took (see [`RateLimitLayer::observe`]).
+pub type Observer = Arc<dyn Fn(&Checked, std::time::Duration) + Send + Sync>;
+
 /// The layer. Cheap to clone: the limiter and extractor are shared.
 pub struct RateLimitLayer<S, I, D = ProblemJson> {
     limiter: Arc<Limiter<S>>,
     identify: Arc<I>,
     deny: Arc<D>,
     pass_denied: bool,
+    observe: Option<Observer>,
 }
 
 impl<S, I, D> Clone for RateLimitLayer<S, I, D> {
@@ -191,6 +195,7 @@ impl<S, I, D> Clone for RateLimitLayer<S, I, D> {
             identify: self.identify.clone(),
             deny: self.deny.clone(),
             pass_denied: self.pass_denied,
+            observe: self.observe.clone(),
         }
     }
 }
@@ -211,6 +216,7 @@ impl<S, I> RateLimitLayer<S, I, ProblemJson> {
             identify: Arc::new(identify),
             deny: Arc::new(ProblemJson),
             pass_denied: false,
+            observe: None,
         }
     }
 }
@@ -230,7 +236,18 @@ impl<S, I, D> RateLimitLayer<S, I, D> {
             identify: self.identify,
             deny: Arc::new(deny),
             pass_denied: self.pass_denied,
+            observe: self.observe,
         }
+    }
+
+    /// Calls `f` with every decision and the time it took, before the
+    /// request goes on or is answered: for metrics or logs.
+    pub fn observe(
+        mut self,
+        f: impl Fn(&Checked, std::time::Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.observe = Some(Arc::new(f));
+        self
     }
 }
 
@@ -331,7 +348,12 @@ where
                     attrs: &attrs,
                     cost: id.cost.max(1),
                 };
-                Arc::new(layer.limiter.check(&api).await)
+                let started = layer.observe.as_ref().map(|_| std::time::Instant::now());
+                let checked = layer.limiter.check(&api).await;
+                if let (Some(f), Some(t)) = (&layer.observe, started) {
+                    f(&checked, t.elapsed());
+                }
+                Arc::new(checked)
             };
             req.extensions_mut().insert(RateLimitInfo(checked.clone()));
             if !checked.decision.allowed && !layer.pass_denied {

@@ -161,6 +161,24 @@ fn header_or_none(r: &reqwest::Response, name: &str) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_string())
 }
 
+/// `observe` sees every decision, admitted or denied, once.
+#[tokio::test]
+async fn observe_sees_every_decision() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let seen = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+    let counts = seen.clone();
+    let layer = RateLimitLayer::new(limiter(2), user_header::<Body>).observe(move |checked, _| {
+        counts[usize::from(!checked.decision.allowed)].fetch_add(1, Ordering::Relaxed);
+    });
+    let app = serve(Router::new().route("/", get(|| async { "a" })).layer(layer)).await;
+    let c = reqwest::Client::new();
+    for _ in 0..5 {
+        c.get(&app).header("x-user", "u").send().await.unwrap();
+    }
+    let got = [0, 1].map(|i| seen[i].load(Ordering::Relaxed));
+    assert_eq!(got, [2, 3], "admitted, denied");
+}
+
 #[tokio::test]
 async fn pass_denied_lets_the_app_answer_with_the_decision_in_extensions() {
     let layer = RateLimitLayer::new(limiter(1), user_header::<Body>).pass_denied(true);

@@ -17,8 +17,10 @@ pub struct MemoryConfig {
     /// reached, a new key evicts an expired key near its slot or, if none,
     /// the sampled key whose state would expire soonest.
     pub max_keys: usize,
-    /// Number of shards, rounded up to a power of two. More shards, less
-    /// contention between threads; each shard has its own lock.
+    /// Number of shards, rounded up to a power of two (and halved while it
+    /// exceeds `max_keys`: the cap is split between the shards exactly).
+    /// More shards, less contention between threads; each shard has its
+    /// own lock.
     pub shards: usize,
 }
 
@@ -36,8 +38,12 @@ struct Shard {
     narrow: Table<u64>,
     wide: Table<Wide>,
     logs: Table<Log>,
-    /// Where the incremental sweep of each table continues.
-    cursor: [usize; 3],
+    /// Where the incremental sweep of each table continues. 32-bit, as
+    /// is `cap`, so the shard with its lock stays within two cache lines
+    /// (a shard's table beyond 2^32 slots would be 64 GB).
+    cursor: [u32; 3],
+    /// Most keys per table here: the shards' caps add up to `max_keys`.
+    cap: u32,
 }
 
 /// Pads a shard to its own cache lines so two threads on different shards
@@ -77,7 +83,6 @@ impl<S: crate::table::SlotState> Default for Table<S> {
 pub struct MemoryStore<C> {
     shards: Box<[Padded]>,
     shard_shift: u32,
-    per_shard_cap: usize,
     seed: u64,
     clock: C,
 }
@@ -86,7 +91,6 @@ impl<C> fmt::Debug for MemoryStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
-            .field("per_shard_cap", &self.per_shard_cap)
             .finish_non_exhaustive()
     }
 }
@@ -103,10 +107,26 @@ pub struct MemoryUsage {
 impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`.
     pub fn new(clock: C, config: MemoryConfig) -> MemoryStore<C> {
-        let n = config.shards.clamp(1, 1 << 16).next_power_of_two();
+        let max_keys = config.max_keys.max(1);
+        // No more shards than keys, so that each holds at least one and
+        // their caps add up to `max_keys` exactly (a cap rounded up per
+        // shard would let 256 shards hold 256 keys under `max_keys: 1`).
+        let mut n = config.shards.clamp(1, 1 << 16).next_power_of_two();
+        while n > max_keys {
+            n /= 2;
+        }
         let shard_shift = 64 - n.trailing_zeros();
-        let shards = (0..n).map(|_| Padded::default()).collect();
-        let per_shard_cap = config.max_keys.div_ceil(n).max(1);
+        let (base, extra) = (max_keys / n, max_keys % n);
+        let shards = (0..n)
+            .map(|i| {
+                let cap = base + usize::from(i < extra);
+                let shard = Shard {
+                    cap: u32::try_from(cap).unwrap_or(u32::MAX),
+                    ..Shard::default()
+                };
+                Padded(SpinLock::new(shard))
+            })
+            .collect();
         // A random seed: tags cannot be predicted, so clients cannot craft
         // identities that collide or pile into one shard.
         let seed = {
@@ -118,7 +138,6 @@ impl<C: Clock> MemoryStore<C> {
         MemoryStore {
             shards,
             shard_shift: if n == 1 { 64 } else { shard_shift },
-            per_shard_cap,
             seed,
             clock,
         }
@@ -145,7 +164,6 @@ impl<C: Clock> MemoryStore<C> {
                 let mut view = View {
                     shards: std::slice::from_mut(&mut guard),
                     keys: &[(0, h)],
-                    cap: self.per_shard_cap,
                 };
                 decide(&[one.rule], &mut view, now, cost)
             }
@@ -167,7 +185,6 @@ impl<C: Clock> MemoryStore<C> {
                 let mut view = View {
                     shards: &mut guards,
                     keys: &keys,
-                    cap: self.per_shard_cap,
                 };
                 decide(&rules, &mut view, now, cost)
             }
@@ -181,7 +198,7 @@ impl<C: Clock> MemoryStore<C> {
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64, now: Nanos) -> Verdict {
         let tag = self.key_tag(key);
         let mut shard = self.shard(tag).0.lock();
-        apply(&mut shard, tag, limit, now, cost, self.per_shard_cap, true)
+        apply(&mut shard, tag, limit, now, cost, true)
     }
 
     /// Decides `items` (key, limit, cost) one after the other at `now`,
@@ -206,15 +223,7 @@ impl<C: Clock> MemoryStore<C> {
         out.reserve(items.len());
         for (&(_, limit, cost), tag) in items.iter().zip(tags) {
             let mut shard = self.shard(tag).0.lock();
-            out.push(apply(
-                &mut shard,
-                tag,
-                limit,
-                now,
-                cost,
-                self.per_shard_cap,
-                true,
-            ));
+            out.push(apply(&mut shard, tag, limit, now, cost, true));
         }
     }
 
@@ -229,11 +238,14 @@ impl<C: Clock> MemoryStore<C> {
             let mut s = p.0.lock();
             let before = s.narrow.len() + s.wide.len() + s.logs.len();
             // Only `budget` slots per table per call: the lock is held briefly.
+            // A position past 2^32 starts the next sweep over (see `cursor`).
+            let at = |c: u32| c as usize;
+            let next = |c: usize| u32::try_from(c).unwrap_or(0);
             let [a, b, c] = s.cursor;
             s.cursor = [
-                s.narrow.purge_some(a, budget, now),
-                s.wide.purge_some(b, budget, now),
-                s.logs.purge_some(c, budget, now),
+                next(s.narrow.purge_some(at(a), budget, now)),
+                next(s.wide.purge_some(at(b), budget, now)),
+                next(s.logs.purge_some(at(c), budget, now)),
             ];
             dropped += before - (s.narrow.len() + s.wide.len() + s.logs.len());
         }
@@ -306,9 +318,9 @@ fn apply(
     limit: &Limit,
     now: Nanos,
     cost: u64,
-    cap: usize,
     commit: bool,
 ) -> Verdict {
+    let cap = shard.cap as usize;
     match limit.state_kind() {
         StateKind::Narrow => apply_compact(&mut shard.narrow, tag, cap, now, commit, |s| {
             limit.decide_narrow(s, now, cost)
@@ -375,7 +387,6 @@ fn deny_all(limit: &Limit) -> Verdict {
 struct View<'a, 'g> {
     shards: &'a mut [SpinGuard<'g, Shard>],
     keys: &'a [(usize, u64)],
-    cap: usize,
 }
 
 impl StateView for View<'_, '_> {
@@ -394,7 +405,6 @@ impl StateView for View<'_, '_> {
             limit,
             now,
             cost,
-            self.cap,
             false,
         )
     }
@@ -407,8 +417,71 @@ impl StateView for View<'_, '_> {
             limit,
             now,
             cost,
-            self.cap,
             true,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard and its lock fit the two cache lines `Padded` gives it.
+    #[test]
+    fn a_shard_stays_within_its_padding() {
+        assert_eq!(std::mem::size_of::<Padded>(), 128);
+    }
+
+    /// The shards' caps add up to `max_keys` exactly, whatever the shard
+    /// count, and no shard is left without room.
+    #[test]
+    fn shard_caps_add_up_to_max_keys() {
+        for (max_keys, shards) in [
+            (1, 256),
+            (5, 256),
+            (1000, 256),
+            (1 << 20, 4),
+            (10_000, 16),
+            (7, 1),
+        ] {
+            let store = MemoryStore::new(
+                spillway_core::ManualClock::new(Nanos(1)),
+                MemoryConfig { max_keys, shards },
+            );
+            let caps: Vec<usize> = store
+                .shards
+                .iter()
+                .map(|p| p.0.lock().cap as usize)
+                .collect();
+            assert_eq!(
+                caps.iter().sum::<usize>(),
+                max_keys,
+                "{max_keys} over {shards}"
+            );
+            assert!(caps.iter().all(|&c| c >= 1), "{max_keys} over {shards}");
+        }
+    }
+
+    /// A flood of new keys never takes the store past `max_keys`, even
+    /// when the cap does not divide by the shard count.
+    #[test]
+    fn a_flood_stays_within_a_cap_that_does_not_divide() {
+        let store = MemoryStore::new(
+            spillway_core::ManualClock::new(Nanos(1)),
+            MemoryConfig {
+                max_keys: 1000,
+                shards: 256,
+            },
+        );
+        let limit =
+            Limit::FixedWindow(spillway_core::FixedWindow::new(5, Nanos::from_secs(60)).unwrap());
+        for i in 0..20_000u32 {
+            assert!(store.check(&i.to_le_bytes(), &limit, 1, Nanos(1)).allowed);
+            if i % 1000 == 999 {
+                assert!(store.usage().keys <= 1000, "after {i}");
+            }
+        }
+        let keys = store.usage().keys;
+        assert!((900..=1000).contains(&keys), "{keys}");
     }
 }

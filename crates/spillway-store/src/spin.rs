@@ -25,14 +25,19 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T: Default> Default for SpinLock<T> {
     fn default() -> SpinLock<T> {
-        SpinLock {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(T::default()),
-        }
+        SpinLock::new(T::default())
     }
 }
 
 impl<T> SpinLock<T> {
+    /// An unlocked lock around `value`.
+    pub(crate) fn new(value: T) -> SpinLock<T> {
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
     #[inline]
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
         loop {

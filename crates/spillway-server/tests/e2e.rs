@@ -464,6 +464,38 @@ async fn metrics_health_rules_and_clean_shutdown() {
     assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
 }
 
+/// A flood of new clients against a small `max_keys`: the keys held (as
+/// `/metrics` reports them) never pass the cap, and the service answers
+/// throughout.
+#[tokio::test]
+async fn a_flood_of_clients_stays_within_max_keys() {
+    let dir = TempDir::new("flood");
+    let file = dir.write(
+        "rules.yaml",
+        "store: { memory: { max_keys: 300 } }\nrules:\n  - name: per-user\n    by: user\n    limits:\n      - fixed_window: { limit: 5, window: 1h }\n",
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let keys = |m: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix("spillway_keys "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no spillway_keys in {m}"))
+    };
+    for i in 0..2000 {
+        let (status, _, _) = check(&c, &s, json!({"user": format!("u{i}")})).await;
+        assert_eq!(status, 200, "client {i}");
+        if i % 250 == 249 {
+            let m = c.get(s.url("/metrics")).send().await.unwrap();
+            let held = keys(&m.text().await.unwrap());
+            assert!(held <= 300, "{held} keys after {i} clients");
+        }
+    }
+    let m = c.get(s.url("/metrics")).send().await.unwrap();
+    let held = keys(&m.text().await.unwrap());
+    assert!((250..=300).contains(&held), "{held}");
+}
+
 #[test]
 fn check_config_prints_rules_or_every_error_with_its_location() {
     let dir = TempDir::new("check");

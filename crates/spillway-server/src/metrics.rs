@@ -345,18 +345,18 @@ impl Metrics {
                 "Requests rejected as malformed.",
                 self.bad_requests.get(),
             ),
+            (
+                "spillway_delayed_total",
+                "counter",
+                "Admitted requests that waited in a queue first.",
+                self.delayed.get(),
+            ),
         ];
         for (name, kind, help, v) in simple {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
             let _ = writeln!(out, "{name} {v}");
         }
-        let _ = writeln!(
-            out,
-            "# HELP spillway_delayed_total Admitted requests that waited in a queue first."
-        );
-        let _ = writeln!(out, "# TYPE spillway_delayed_total counter");
-        let _ = writeln!(out, "spillway_delayed_total {}", self.delayed.get());
         let _ = writeln!(
             out,
             "# HELP spillway_delay_seconds_total Time those requests were told to wait, in all."

@@ -383,14 +383,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
     }
     let (_, _, j) = check(&c, &s, json!({"api": "/r", "user": "c"})).await;
     assert_eq!(j["limit"], 5);
-    let metrics = c
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = util::text(c.get(s.url("/metrics"))).await;
     assert!(
         metrics.contains("spillway_rules_reload_errors_total 1"),
         "{metrics}"
@@ -486,13 +479,11 @@ async fn a_flood_of_clients_stays_within_max_keys() {
         let (status, _, _) = check(&c, &s, json!({"user": format!("u{i}")})).await;
         assert_eq!(status, 200, "client {i}");
         if i % 250 == 249 {
-            let m = c.get(s.url("/metrics")).send().await.unwrap();
-            let held = keys(&m.text().await.unwrap());
+            let held = keys(&util::text(c.get(s.url("/metrics"))).await);
             assert!(held <= 300, "{held} keys after {i} clients");
         }
     }
-    let m = c.get(s.url("/metrics")).send().await.unwrap();
-    let held = keys(&m.text().await.unwrap());
+    let held = keys(&util::text(c.get(s.url("/metrics"))).await);
     assert!((250..=300).contains(&held), "{held}");
 }
 

@@ -458,14 +458,7 @@ async fn the_admin_api_counts_what_the_proxy_does() {
     assert_eq!(c.get(s.url("/slow")).send().await.unwrap().status(), 504);
     assert_eq!(h2.get(s.url("/slow")).send().await.unwrap().status(), 504);
 
-    let metrics = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = util::text(c.get(format!("http://{admin}/metrics"))).await;
     for want in [
         "spillway_decisions_total{rule=\"per-user\",outcome=\"allowed\"} 4",
         "spillway_decisions_total{rule=\"per-user\",outcome=\"denied\"} 1",

@@ -198,14 +198,7 @@ async fn redis_down_follows_each_rules_policy_and_recovers() {
         }
         let j: serde_json::Value = util::json(c.get(s.url("/readyz"))).await;
         assert_eq!(j["status"], "degraded", "{what}: {j}");
-        let m = c
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let m = util::text(c.get(s.url("/metrics"))).await;
         assert!(!m.contains("spillway_store_errors_total 0\n"), "{m}");
         // Said once in the log, not per decision.
         s.wait_line("circuit breaker open");

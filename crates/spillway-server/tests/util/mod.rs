@@ -203,6 +203,16 @@ pub async fn json(req: reqwest::RequestBuilder) -> serde_json::Value {
         .expect("a JSON body")
 }
 
+/// Sends `req` and returns the body as text (e.g. `/metrics`).
+pub async fn text(req: reqwest::RequestBuilder) -> String {
+    req.send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("a text body")
+}
+
 /// POSTs a check and returns status, headers and JSON body.
 pub async fn check(
     c: &reqwest::Client,

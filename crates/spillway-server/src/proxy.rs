@@ -122,25 +122,33 @@ fn rightmost_untrusted<H: Headers + ?Sized>(
     if !is_trusted(peer) {
         return peer;
     }
-    let mut chain: Vec<IpAddr> = forwarded_chain(headers);
-    chain.push(peer);
-    chain
-        .iter()
-        .rev()
-        .find(|ip| !is_trusted(**ip))
-        .or(chain.first())
-        .copied()
-        .unwrap_or(peer)
+    // From the right, each trusted hop vouches for the entry to its left.
+    let mut last = peer;
+    for hop in forwarded_chain(headers).into_iter().rev() {
+        match hop {
+            Some(ip) if is_trusted(ip) => last = ip,
+            Some(ip) => return ip,
+            // Not an address ("unknown", an obfuscated `_id`, garbage):
+            // nothing to its left can be believed, so the last trusted hop
+            // stands for the client rather than whatever the client wrote
+            // further left.
+            None => return last,
+        }
+    }
+    // Every hop trusted: the leftmost.
+    last
 }
 
-/// Addresses from `X-Forwarded-For` (all occurrences, in order), else from
-/// `Forwarded: for=...`; unparsable entries are skipped.
-fn forwarded_chain<H: Headers + ?Sized>(headers: &H) -> Vec<IpAddr> {
-    let xff: Vec<IpAddr> = headers
+/// The hops of `X-Forwarded-For` (all occurrences, in order), else of
+/// `Forwarded: for=...`; `None` for an entry that is not an address.
+fn forwarded_chain<H: Headers + ?Sized>(headers: &H) -> Vec<Option<IpAddr>> {
+    let xff: Vec<Option<IpAddr>> = headers
         .all("x-forwarded-for")
         .into_iter()
         .flat_map(|v| v.split(','))
-        .filter_map(|s| parse_ip(s.trim()))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(parse_ip)
         .collect();
     if !xff.is_empty() {
         return xff;
@@ -149,13 +157,14 @@ fn forwarded_chain<H: Headers + ?Sized>(headers: &H) -> Vec<IpAddr> {
         .all("forwarded")
         .into_iter()
         .flat_map(|v| v.split(','))
-        .flat_map(|el| el.split(';'))
-        .filter_map(|kv| {
-            let (k, v) = kv.trim().split_once('=')?;
-            if !k.trim().eq_ignore_ascii_case("for") {
-                return None;
-            }
-            parse_ip(v.trim().trim_matches('"'))
+        .filter_map(|element| {
+            // One hop per element; one without `for=` names no one.
+            element.split(';').find_map(|kv| {
+                let (k, v) = kv.trim().split_once('=')?;
+                k.trim()
+                    .eq_ignore_ascii_case("for")
+                    .then(|| parse_ip(v.trim().trim_matches('"')))
+            })
         })
         .collect()
 }
@@ -308,7 +317,8 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 
 /// The `X-Forwarded-For` to send upstream: from a trusted proxy, its chain
 /// and the peer; from anyone else the peer alone (a direct client's own
-/// header is dropped, not passed on).
+/// header is dropped, not passed on). A hop that was not an address is
+/// passed on as `unknown`, so the upstream sees where the chain broke.
 pub(crate) fn forwarded_for<H: Headers + ?Sized>(
     peer: IpAddr,
     headers: &H,
@@ -317,7 +327,7 @@ pub(crate) fn forwarded_for<H: Headers + ?Sized>(
     if trusted.iter().any(|n| n.contains(peer)) {
         forwarded_chain(headers)
             .iter()
-            .map(ToString::to_string)
+            .map(|hop| hop.map_or_else(|| "unknown".to_string(), |ip| ip.to_string()))
             .chain([peer.to_string()])
             .collect::<Vec<_>>()
             .join(", ")
@@ -625,5 +635,44 @@ mod tests {
             client_ip(ip("::ffff:127.0.0.1"), &m, &trusted),
             ip("6.6.6.6")
         );
+    }
+
+    /// An entry that is not an address stops the walk: what the client
+    /// wrote to its left is not believed; the last trusted hop stands in.
+    #[test]
+    fn an_entry_that_is_not_an_address_is_not_skipped_over() {
+        let trusted = [
+            IpNet::parse("127.0.0.1/32").unwrap(),
+            IpNet::parse("10.0.0.0/8").unwrap(),
+        ];
+        let xff = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_static(v));
+            h
+        };
+        let peer = ip("127.0.0.1");
+        assert_eq!(client_ip(peer, &xff("6.6.6.6, unknown"), &trusted), peer);
+        assert_eq!(
+            client_ip(peer, &xff("6.6.6.6, garbage, 10.0.0.2"), &trusted),
+            ip("10.0.0.2")
+        );
+        // Empty entries are no hops.
+        assert_eq!(
+            client_ip(peer, &xff("203.0.113.9, , 10.0.0.2,"), &trusted),
+            ip("203.0.113.9")
+        );
+        let mut f = HeaderMap::new();
+        f.insert(
+            header::FORWARDED,
+            HeaderValue::from_static("for=6.6.6.6, for=_hidden;proto=https"),
+        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("10.0.0.1"));
+        // An element without `for=` is no hop either.
+        let mut g = HeaderMap::new();
+        g.insert(
+            header::FORWARDED,
+            HeaderValue::from_static("for=203.0.113.9, proto=https;by=10.0.0.9"),
+        );
+        assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), ip("203.0.113.9"));
     }
 }

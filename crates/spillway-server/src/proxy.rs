@@ -470,7 +470,7 @@ impl Forward {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::new(body))
+                Response::from_parts(parts, Body::new(IdleTimeout::new(body, self.timeout)))
             }
             Ok(Err(e)) => {
                 self.metrics.upstream_failed(false);
@@ -484,6 +484,66 @@ impl Forward {
                 )
             }
         }
+    }
+}
+
+/// An upstream's response body that must keep coming: each frame within
+/// `timeout` of the one before, else it ends in an error and the client's
+/// connection is cut (its framing cannot be finished), as the direct
+/// path's relay does. Without it, an upstream that sent its head and then
+/// stalled would hold the client forever.
+struct IdleTimeout<B> {
+    inner: B,
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> IdleTimeout<B> {
+    fn new(inner: B, timeout: Duration) -> IdleTimeout<B> {
+        IdleTimeout {
+            inner,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+}
+
+impl<B> hyper::body::Body for IdleTimeout<B>
+where
+    B: hyper::body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let next = tokio::time::Instant::now() + this.timeout;
+                this.sleep.as_mut().reset(next);
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                    "the upstream's body stalled for {:?}",
+                    this.timeout
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

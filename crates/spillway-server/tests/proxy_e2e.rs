@@ -68,6 +68,17 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                 "late"
             }),
         )
+        .route(
+            "/stall",
+            get(|| async {
+                // A head and a first piece, then nothing, ever.
+                let first = futures_util::stream::iter([Ok::<_, std::io::Error>("first,")]);
+                Body::from_stream(futures_util::StreamExt::chain(
+                    first,
+                    futures_util::stream::pending(),
+                ))
+            }),
+        )
         .fallback(|| async { "ok" });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -350,6 +361,31 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
         !more.iter().any(|l| l.contains("failed")),
         "one warning per 10 s at most: {more:#?}"
     );
+}
+
+/// An upstream that sends its head and then stalls does not hold the
+/// client: after the timeout without a byte the connection is cut, on the
+/// direct path (HTTP/1.1) and through hyper (HTTP/2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_stalled_midway_does_not_hold_the_client() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    for c in [client(), h2] {
+        let t = Instant::now();
+        let r = c.get(s.url("/stall")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let body = tokio::time::timeout(Duration::from_secs(10), r.bytes()).await;
+        let body = body.expect("the proxy held the client past its timeout");
+        assert!(body.is_err(), "a stalled body cannot end well: {body:?}");
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

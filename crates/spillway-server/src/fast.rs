@@ -455,6 +455,7 @@ impl Conn {
             body,
             peer: self.peer,
             trusted: proxy.identify.trusted(),
+            ours: checked.decision.deciding.is_some(),
         };
         let wait: Duration = checked.decision.wait.into();
         let send = async {

@@ -62,6 +62,10 @@ pub(crate) struct Outgoing<'a> {
     pub(crate) body: &'a [u8],
     pub(crate) peer: SocketAddr,
     pub(crate) trusted: &'a [IpNet],
+    /// The proxy adds its own rate limit headers to the answer: the
+    /// upstream's of the same names are dropped (one value each, as on
+    /// the hyper path).
+    pub(crate) ours: bool,
 }
 
 /// How the response body ends.
@@ -218,7 +222,7 @@ impl Upstream {
                             need_more = buf.is_empty();
                             continue;
                         }
-                        let parsed = parse_head(&resp, req.method == "HEAD")?;
+                        let parsed = parse_head(&resp, req.method == "HEAD", req.ours)?;
                         buf.drain(..len);
                         return Ok((parsed, buf));
                     }
@@ -374,6 +378,7 @@ async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize>
 fn parse_head(
     resp: &httparse::Response<'_, '_>,
     head_request: bool,
+    ours: bool,
 ) -> Result<(Vec<u8>, Framing, bool), Failure> {
     let code = resp.code.unwrap_or(502);
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -426,6 +431,10 @@ fn parse_head(
         // chunked bytes.
         if HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
             || listed.iter().any(|n| name.eq_ignore_ascii_case(n))
+            || (ours
+                && spillway_tower::DECISION_HEADERS
+                    .iter()
+                    .any(|n| name.eq_ignore_ascii_case(n.as_str())))
         {
             continue;
         }
@@ -556,7 +565,8 @@ mod tests {
         let mut headers = [httparse::EMPTY_HEADER; 16];
         let mut resp = httparse::Response::new(&mut headers);
         assert!(resp.parse(raw).unwrap().is_complete());
-        parse_head(&resp, head_request).map(|(h, f, r)| (String::from_utf8(h).unwrap(), f, r))
+        parse_head(&resp, head_request, false)
+            .map(|(h, f, r)| (String::from_utf8(h).unwrap(), f, r))
     }
 
     #[test]
@@ -683,7 +693,7 @@ mod tests {
             let mut headers = [httparse::EMPTY_HEADER; 16];
             let mut resp = httparse::Response::new(&mut headers);
             if let Ok(httparse::Status::Complete(_)) = resp.parse(raw.as_bytes()) {
-                let _ = parse_head(&resp, head_request);
+                let _ = parse_head(&resp, head_request, false);
             }
         }
     }

@@ -68,6 +68,8 @@ async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
                 "late"
             }),
         )
+        .route("/ip/own-headers", get(own_headers))
+        .route("/free/own-headers", get(own_headers))
         .route(
             "/stall",
             get(|| async {
@@ -361,6 +363,46 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
         !more.iter().any(|l| l.contains("failed")),
         "one warning per 10 s at most: {more:#?}"
     );
+}
+
+/// An answer carrying an upstream's own rate limit headers.
+async fn own_headers() -> impl axum::response::IntoResponse {
+    (
+        [
+            ("x-ratelimit-limit", "999"),
+            ("ratelimit", "\"upstream\";r=5;t=9"),
+        ],
+        "own",
+    )
+}
+
+/// Where a rule decided, the answer carries one value of each rate limit
+/// header, the proxy's, on both paths; where none did, the upstream's
+/// pass through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_rate_limit_headers_replace_the_upstreams() {
+    let (s, _dir) = start("10.0.0.0/8").await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let values = |r: &reqwest::Response, name: &str| -> Vec<String> {
+        r.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_string())
+            .collect()
+    };
+    for c in [client(), h2] {
+        let r = c.get(s.url("/ip/own-headers")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(values(&r, "x-ratelimit-limit"), ["2"]);
+        let rl = values(&r, "ratelimit");
+        assert!(rl.len() == 1 && rl[0].starts_with("\"per-ip\";"), "{rl:?}");
+        let r = c.get(s.url("/free/own-headers")).send().await.unwrap();
+        assert_eq!(values(&r, "x-ratelimit-limit"), ["999"]);
+        assert_eq!(values(&r, "ratelimit"), ["\"upstream\";r=5;t=9"]);
+    }
 }
 
 /// An upstream that sends its head and then stalls does not hold the

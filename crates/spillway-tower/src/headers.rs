@@ -14,6 +14,12 @@ const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
 
+/// The headers [`rate_limit_headers`] gives every decision a rule made (a
+/// denial adds `Retry-After` and `X-RateLimit-Retry-After`): a proxy that
+/// adds them to an upstream's answer drops the upstream's own first, as
+/// [`insert_rate_limit_headers`] replaces them.
+pub const DECISION_HEADERS: [HeaderName; 5] = [POLICY, RATELIMIT, X_LIMIT, X_REMAINING, X_RESET];
+
 /// Adds the headers describing the deciding limit of `checked` (the denying
 /// one, or the one closest to denying) to `headers`; nothing when no rule
 /// applied. `Retry-After` only on a denial.

@@ -54,7 +54,9 @@ use spillway_store::{Checked, Limiter, Store};
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub use headers::{insert_rate_limit_headers, rate_limit_headers, retry_after_secs};
+pub use headers::{
+    DECISION_HEADERS, insert_rate_limit_headers, rate_limit_headers, retry_after_secs,
+};
 
 /// Who a request comes from, as the application sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

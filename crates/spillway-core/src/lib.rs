@@ -34,6 +34,7 @@ pub mod algo;
 pub mod decision;
 mod error;
 mod ip;
+mod path;
 pub mod rule;
 mod time;
 
@@ -44,5 +45,6 @@ pub use algo::{
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
+pub use path::canonical_path;
 pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
 pub use time::{Clock, ManualClock, Nanos};

@@ -659,6 +659,24 @@ async fn read_response(
     (status, headers, String::from_utf8(body).unwrap())
 }
 
+/// A path respelled on the wire (dot segments, doubled slashes, an
+/// escaped letter) is still the rule's route: the client cannot step
+/// around `/hello`'s limit of 3 by writing it another way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_respelled_path_is_limited_as_its_route() {
+    use tokio::io::AsyncWriteExt;
+    let (s, _dir) = start("127.0.0.1/32").await;
+    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let mut statuses = Vec::new();
+    for path in ["/hello", "/x/../hello", "//hello", "/%68ello", "/./hello"] {
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: respell\r\n\r\n");
+        conn.write_all(req.as_bytes()).await.unwrap();
+        statuses.push(read_response(&mut conn, &mut buf, false).await.0);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
     use tokio::io::AsyncWriteExt;

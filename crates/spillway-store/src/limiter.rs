@@ -254,9 +254,13 @@ impl<S: Store> Limiter<S> {
                 _ => req.attrs.part(p).filter(|v| !v.is_empty()),
             }
         };
+        // Routes match the path in its one spelling (`/v1/../admin` is
+        // `/admin`), so a respelled path does not step around a rule.
+        let path = req.path.map(spillway_core::canonical_path);
+        let path = path.as_deref();
         // Every rule in turn, or with many rules those the index offers
         // (the same ones that apply, found without trying each).
-        let indexed = rules.index.as_ref().map(|ix| ix.candidates(req.path));
+        let indexed = rules.index.as_ref().map(|ix| ix.candidates(path));
         let every = indexed.is_none().then(|| 0..rules.rules().len());
         for i in indexed
             .iter()
@@ -265,7 +269,7 @@ impl<S: Store> Limiter<S> {
             .chain(every.into_iter().flatten())
         {
             let rule = &rules.rules()[i];
-            if !rule.applies_to(req.method, req.path) {
+            if !rule.applies_to(req.method, path) {
                 continue;
             }
             let parts = rule.by().parts().iter().map(value);
@@ -565,6 +569,35 @@ mod tests {
         };
         assert!(decide(&limiter, None, None, attrs).decision.allowed);
         assert!(!decide(&limiter, None, None, attrs).decision.allowed);
+    }
+
+    /// A path spelled another way (dot segments, doubled slashes, escaped
+    /// letters) meets the rule for the path it resolves to, with or
+    /// without the route index.
+    #[test]
+    fn a_respelled_path_meets_the_rule_for_its_path() {
+        for extra in [0, INDEX_FROM] {
+            let mut rules = vec![routed(0, Some("GET /admin"))];
+            rules.extend((1..=extra).map(|i| routed(i, Some(&format!("/other{i}")))));
+            let limiter = limiter(rules);
+            let user = SimpleAttributes {
+                user: Some("u"),
+                ..Default::default()
+            };
+            let decided_by = |path: &str| -> Vec<String> {
+                let checked = decide(&limiter, Some("GET"), Some(path), user);
+                checked
+                    .decision
+                    .rules
+                    .iter()
+                    .map(|d| checked.rule(d).unwrap().name().to_string())
+                    .collect()
+            };
+            for path in ["/v1/../admin", "//admin", "/%61dmin", "/./admin?x=1"] {
+                assert_eq!(decided_by(path), ["r0"], "{path} with {extra} more rules");
+            }
+            assert!(decided_by("/admin/x").is_empty());
+        }
     }
 
     /// Every way in (HTTP body, tower identity, gRPC descriptor) hands the

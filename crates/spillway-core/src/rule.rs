@@ -378,6 +378,23 @@ impl Rule {
     }
 }
 
+/// Splits an API name as callers write it, `"METHOD /path"` or `"/path"`,
+/// into its method (if any) and path, trimmed. The path should start with
+/// `/`; routes match nothing else.
+///
+/// ```
+/// use spillway_core::rule::split_api;
+/// assert_eq!(split_api(" POST  /v1/login "), (Some("POST"), "/v1/login"));
+/// assert_eq!(split_api("/v1/login"), (None, "/v1/login"));
+/// ```
+pub fn split_api(api: &str) -> (Option<&str>, &str) {
+    let api = api.trim();
+    match api.split_once(char::is_whitespace) {
+        Some((m, p)) => (Some(m), p.trim()),
+        None => (None, api),
+    }
+}
+
 /// 64-bit FNV-1a: stable across processes and versions, unlike std's hasher.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

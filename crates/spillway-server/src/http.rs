@@ -221,12 +221,9 @@ fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
 
 /// Splits `"POST /v1/login"` into method and path; `"/v1/x"` has no method.
 fn split_api(api: Option<&str>) -> (Option<&str>, Option<&str>) {
-    match api.map(str::trim) {
+    match api.map(spillway_core::rule::split_api) {
         None => (None, None),
-        Some(a) => match a.split_once(char::is_whitespace) {
-            Some((m, p)) => (Some(m), Some(p.trim())),
-            None => (None, Some(a)),
-        },
+        Some((m, p)) => (m, Some(p)),
     }
 }
 

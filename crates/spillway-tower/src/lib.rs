@@ -69,6 +69,11 @@ pub struct Identity {
     pub descriptors: Vec<(String, String)>,
     /// The request's cost (0 is taken as 1).
     pub cost: u64,
+    /// The API the request belongs to, as rules' `api` routes see it:
+    /// `"METHOD /path"` or `"/path"` (a matched route template such as
+    /// `/users/{id}`, or a name of the application's own). `None`: the
+    /// request's method and path.
+    pub api: Option<String>,
 }
 
 /// Extracts an [`Identity`] from a request. Any
@@ -344,9 +349,13 @@ where
                     id: &id,
                     headers: req.headers(),
                 };
+                let (method, path) = match id.api.as_deref() {
+                    Some(api) => spillway_core::rule::split_api(api),
+                    None => (Some(req.method().as_str()), req.uri().path()),
+                };
                 let api = spillway_store::Request {
-                    method: Some(req.method().as_str()),
-                    path: Some(req.uri().path()),
+                    method,
+                    path: Some(path),
                     attrs: &attrs,
                     cost: id.cost.max(1),
                 };

@@ -161,6 +161,53 @@ fn header_or_none(r: &reqwest::Response, name: &str) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_string())
 }
 
+/// The application may name the API itself (a route template, a name of
+/// its own): rules match that, not the request's path.
+#[tokio::test]
+async fn the_application_names_the_api() {
+    let rule = Rule::new(
+        "by-route",
+        Some(spillway_core::Route::parse("GET /users/{id}").unwrap()),
+        KeySpec::parse("user").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(2, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    ));
+    // Every request under /u/ is "GET /users/{id}" to the rules.
+    let layer = RateLimitLayer::new(limiter, |req: &http::Request<Body>| Identity {
+        api: req
+            .uri()
+            .path()
+            .strip_prefix("/u/")
+            .map(|id| format!("GET /users/{id}")),
+        ..user_header(req)
+    });
+    let app = serve(
+        Router::new()
+            .route("/u/{id}", get(|| async { "u" }))
+            .route("/other", get(|| async { "o" }))
+            .layer(layer),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let mut seen = Vec::new();
+    for path in ["/u/1", "/u/2", "/u/3", "/other", "/other", "/other"] {
+        let r = c
+            .get(format!("{app}{path}"))
+            .header("x-user", "a")
+            .send()
+            .await;
+        seen.push(r.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 429, 200, 200, 200]);
+}
+
 /// `observe` sees every decision, admitted or denied, once.
 #[tokio::test]
 async fn observe_sees_every_decision() {

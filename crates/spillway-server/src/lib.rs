@@ -248,12 +248,7 @@ pub async fn run_proxy(
     // Bound before anything says it listens: a taken port fails the start.
     let admin = match proxy.admin {
         None => None,
-        Some(at) => Some(TcpListener::bind(at).await.map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("cannot listen for the admin API on {at}: {e}"),
-            )
-        })?),
+        Some(at) => Some(bind(at, "the admin API").await?),
     };
     serve_with(
         opts,
@@ -283,9 +278,7 @@ async fn serve_with(
     // Bound before anything says it listens: a taken port fails the start.
     let grpc_listener = match opts.grpc_listen.or(opts.config.grpc_listen) {
         None => None,
-        Some(at) => Some(TcpListener::bind(at).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen for gRPC on {at}: {e}"))
-        })?),
+        Some(at) => Some(bind(at, "gRPC").await?),
     };
     let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
     tracing::info!(
@@ -307,7 +300,7 @@ async fn serve_with(
             Some(tokio::spawn(serve_grpc(
                 state.clone(),
                 listener,
-                stop_rx_grpc(&stop_tx),
+                stopped(&stop_tx),
             )))
         }
     };
@@ -319,7 +312,7 @@ async fn serve_with(
             tracing::info!(%addr, "admin API (metrics, health, status) listening on http://{addr}");
             let app = http::router(state.clone())
                 .into_make_service_with_connect_info::<std::net::SocketAddr>();
-            let stop = stop_rx_grpc(&stop_tx);
+            let stop = stopped(&stop_tx);
             Some(tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, app)
                     .with_graceful_shutdown(stop)
@@ -343,9 +336,14 @@ async fn serve_with(
     result
 }
 
-fn stop_rx_grpc(
-    tx: &tokio::sync::watch::Sender<bool>,
-) -> impl Future<Output = ()> + Send + 'static {
+/// Binds `at`, saying what for if it cannot.
+async fn bind(at: std::net::SocketAddr, what: &str) -> std::io::Result<TcpListener> {
+    TcpListener::bind(at).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen for {what} on {at}: {e}"))
+    })
+}
+
+fn stopped(tx: &tokio::sync::watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
     let mut rx = tx.subscribe();
     async move {
         let _ = rx.changed().await;

@@ -487,15 +487,19 @@ impl Forward {
     }
 }
 
-/// An upstream's response body that must keep coming: each frame within
-/// `timeout` of the one before, else it ends in an error and the client's
-/// connection is cut (its framing cannot be finished), as the direct
-/// path's relay does. Without it, an upstream that sent its head and then
-/// stalled would hold the client forever.
+/// An upstream's response body that must keep coming: no wait for its next
+/// frame may last longer than `timeout`, else the body ends in an error
+/// and the client's connection is cut (its framing cannot be finished), as
+/// the direct path's relay does. Without it, an upstream that sent its head
+/// and then stalled would hold the client forever. Only waits count: a
+/// slow client that leaves frames unread for a while is not the upstream's
+/// stall.
 struct IdleTimeout<B> {
     inner: B,
     timeout: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// A wait for the next frame is under way (the deadline is set).
+    waiting: bool,
 }
 
 impl<B> IdleTimeout<B> {
@@ -504,6 +508,7 @@ impl<B> IdleTimeout<B> {
             inner,
             timeout,
             sleep: Box::pin(tokio::time::sleep(timeout)),
+            waiting: false,
         }
     }
 }
@@ -523,18 +528,17 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(frame) => {
-                let next = tokio::time::Instant::now() + this.timeout;
-                this.sleep.as_mut().reset(next);
+                this.waiting = false;
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
-                    "the upstream's body stalled for {:?}",
-                    this.timeout
-                )
-                .into()))),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                if !this.waiting {
+                    this.waiting = true;
+                    let deadline = tokio::time::Instant::now() + this.timeout;
+                    this.sleep.as_mut().reset(deadline);
+                }
+                this.poll_stall(cx)
+            }
         }
     }
 
@@ -544,6 +548,23 @@ where
 
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B> IdleTimeout<B> {
+    /// Pending until the wait's deadline, then the stall as an error.
+    fn poll_stall(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, axum::BoxError>>> {
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                "the upstream's body stalled for {:?}",
+                self.timeout
+            )
+            .into()))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

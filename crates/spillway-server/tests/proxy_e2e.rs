@@ -382,10 +382,7 @@ async fn own_headers() -> impl axum::response::IntoResponse {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxys_rate_limit_headers_replace_the_upstreams() {
     let (s, _dir) = start("10.0.0.0/8").await;
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    let h2 = h2_client();
     let values = |r: &reqwest::Response, name: &str| -> Vec<String> {
         r.headers()
             .get_all(name)
@@ -411,10 +408,7 @@ async fn the_proxys_rate_limit_headers_replace_the_upstreams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_stalled_midway_does_not_hold_the_client() {
     let (s, _dir) = start("10.0.0.0/8").await;
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    let h2 = h2_client();
     for c in [client(), h2] {
         let t = Instant::now();
         let r = c.get(s.url("/stall")).send().await.unwrap();
@@ -433,10 +427,7 @@ async fn an_upstream_stalled_midway_does_not_hold_the_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_served_and_limited_too() {
     let (s, _dir) = start("10.0.0.0/8").await;
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    let h2 = h2_client();
     for i in 0..3 {
         let r = h2
             .get(s.url("/hello"))
@@ -511,10 +502,7 @@ async fn the_admin_api_counts_what_the_proxy_does() {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
     let c = client();
-    let h2 = reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap();
+    let h2 = h2_client();
     let mut statuses = Vec::new();
     for _ in 0..4 {
         let r = c.get(s.url("/hello")).header("x-api-key", "u1");
@@ -585,6 +573,14 @@ fn proxy_flags_are_checked() {
         "{err}"
     );
     assert!(!err.contains("listening on"), "{err}");
+}
+
+/// A client that speaks HTTP/2 without asking (h2c).
+fn h2_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap()
 }
 
 /// One response read off a raw connection: status, headers, body (from

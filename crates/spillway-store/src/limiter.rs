@@ -426,6 +426,25 @@ mod tests {
         block_on(limiter.check(&req))
     }
 
+    /// The names of the rules that decided a request of user `u`.
+    fn deciding(
+        limiter: &Limiter<MemoryStore<ManualClock>>,
+        method: Option<&str>,
+        path: &str,
+    ) -> Vec<String> {
+        let user = SimpleAttributes {
+            user: Some("u"),
+            ..Default::default()
+        };
+        let checked = decide(limiter, method, Some(path), user);
+        checked
+            .decision
+            .rules
+            .iter()
+            .map(|d| checked.rule(d).unwrap().name().to_string())
+            .collect()
+    }
+
     fn routed(i: usize, route: Option<&str>) -> Rule {
         let limit = Limit::FixedWindow(FixedWindow::new(2, Nanos::from_secs(60)).unwrap());
         let route = route.map(|r| spillway_core::Route::parse(r).unwrap());
@@ -510,19 +529,7 @@ mod tests {
         rules.push(routed(21, Some("/v1/*")));
         assert!(rules.len() >= INDEX_FROM);
         let limiter = limiter(rules);
-        let names = |method: Option<&str>, path: &str| -> Vec<String> {
-            let user = SimpleAttributes {
-                user: Some("u"),
-                ..Default::default()
-            };
-            let checked = decide(&limiter, method, Some(path), user);
-            checked
-                .decision
-                .rules
-                .iter()
-                .map(|d| checked.rule(d).unwrap().name().to_string())
-                .collect()
-        };
+        let names = |method: Option<&str>, path: &str| deciding(&limiter, method, path);
         assert_eq!(
             names(Some("GET"), "/v1/r7/abc"),
             ["r7", "r17", "r20", "r21"]
@@ -580,19 +587,7 @@ mod tests {
             let mut rules = vec![routed(0, Some("GET /admin"))];
             rules.extend((1..=extra).map(|i| routed(i, Some(&format!("/other{i}")))));
             let limiter = limiter(rules);
-            let user = SimpleAttributes {
-                user: Some("u"),
-                ..Default::default()
-            };
-            let decided_by = |path: &str| -> Vec<String> {
-                let checked = decide(&limiter, Some("GET"), Some(path), user);
-                checked
-                    .decision
-                    .rules
-                    .iter()
-                    .map(|d| checked.rule(d).unwrap().name().to_string())
-                    .collect()
-            };
+            let decided_by = |path: &str| deciding(&limiter, Some("GET"), path);
             for path in ["/v1/../admin", "//admin", "/%61dmin", "/./admin?x=1"] {
                 assert_eq!(decided_by(path), ["r0"], "{path} with {extra} more rules");
             }

@@ -50,6 +50,11 @@ pub enum KeyPart {
     Ip,
     /// A request header, by lower-case name.
     Header(String),
+    /// The request's API, `METHOD /path` (the path in its one spelling, see
+    /// [`canonical_path`](crate::canonical_path)): one counter per endpoint,
+    /// e.g. `user+route` under a prefix rule. A descriptor named `route`,
+    /// if the request carries one, is used instead.
+    Route,
     /// Any other named value (an Envoy descriptor entry, a tenant id, ...).
     Descriptor(String),
 }
@@ -60,6 +65,7 @@ impl fmt::Display for KeyPart {
             KeyPart::User => f.write_str("user"),
             KeyPart::Ip => f.write_str("ip"),
             KeyPart::Header(h) => write!(f, "header:{h}"),
+            KeyPart::Route => f.write_str("route"),
             KeyPart::Descriptor(d) => f.write_str(d),
         }
     }
@@ -72,8 +78,8 @@ pub struct KeySpec {
 }
 
 impl KeySpec {
-    /// Parses `user`, `ip`, `user+ip`, `header:<Name>` or any descriptor name,
-    /// and combinations joined with `+`.
+    /// Parses `user`, `ip`, `user+ip`, `header:<Name>`, `route` or any
+    /// descriptor name, and combinations joined with `+`.
     ///
     /// # Errors
     /// An empty part, or a header part with no name.
@@ -87,6 +93,7 @@ impl KeySpec {
             let part = match p {
                 "user" => KeyPart::User,
                 "ip" => KeyPart::Ip,
+                "route" => KeyPart::Route,
                 _ => match p.strip_prefix("header:") {
                     Some(h) if !h.trim().is_empty() => {
                         KeyPart::Header(h.trim().to_ascii_lowercase())
@@ -262,6 +269,7 @@ pub trait Attributes {
             KeyPart::User => self.user(),
             KeyPart::Ip => self.ip(),
             KeyPart::Header(h) => self.header(h),
+            KeyPart::Route => self.descriptor("route"),
             KeyPart::Descriptor(d) => self.descriptor(d),
         }
     }

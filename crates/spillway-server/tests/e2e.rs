@@ -457,6 +457,33 @@ async fn metrics_health_rules_and_clean_shutdown() {
     assert_eq!(s.wait_exit(Duration::from_secs(5)), Some(0));
 }
 
+/// `by: user+route`: one counter per user and endpoint under a prefix rule.
+#[tokio::test]
+async fn a_route_key_limits_each_endpoint_apart() {
+    let dir = TempDir::new("route-key");
+    let file = dir.write(
+        "rules.yaml",
+        "rules:\n  - name: per-endpoint\n    api: /v1/*\n    by: user+route\n    limits:\n      - fixed_window: { limit: 1, window: 1h }\n",
+    );
+    let out = util::spillway(&["check-config", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("by: user+route"), "{text}");
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let mut seen = Vec::new();
+    for api in [
+        "GET /v1/a",
+        "GET /v1/b",
+        "GET /v1/a",
+        "POST /v1/a",
+        "GET /v1/./a",
+    ] {
+        let (status, _, _) = check(&c, &s, json!({"api": api, "user": "u"})).await;
+        seen.push(status);
+    }
+    assert_eq!(seen, [200, 200, 429, 200, 429]);
+}
+
 /// A flood of new clients against a small `max_keys`: the keys held (as
 /// `/metrics` reports them) never pass the cap, and the service answers
 /// throughout.

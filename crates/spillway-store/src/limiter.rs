@@ -240,24 +240,32 @@ impl<S: Store> Limiter<S> {
         let mut first: Option<(usize, Key<'_>)> = None;
         let mut more: Vec<(usize, Key<'_>)> = Vec::new();
         let mut skipped = Vec::new();
-        // The client IP in its one spelling, for the rules keyed by it
-        // (read at most once, and only if a rule needs it).
-        let ip = std::cell::OnceCell::new();
-        // An empty value is no value: `"user": ""`, `?key=` or an empty
-        // header skip the rule as a missing one does, on every way in,
-        // rather than putting every such caller on one shared counter.
-        let value = |p: &KeyPart| -> Option<&str> {
-            match p {
-                KeyPart::Ip => ip
-                    .get_or_init(|| req.attrs.ip().filter(|v| !v.is_empty()).map(canonical_ip))
-                    .as_deref(),
-                _ => req.attrs.part(p).filter(|v| !v.is_empty()),
-            }
-        };
         // Routes match the path in its one spelling (`/v1/../admin` is
         // `/admin`), so a respelled path does not step around a rule.
         let path = req.path.map(spillway_core::canonical_path);
         let path = path.as_deref();
+        // The client IP in its one spelling, and the request's API, for the
+        // rules keyed by them (each made at most once, only if needed).
+        let ip = std::cell::OnceCell::new();
+        let route = std::cell::OnceCell::new();
+        // An empty value is no value: `"user": ""`, `?key=` or an empty
+        // header skip the rule as a missing one does, on every way in,
+        // rather than putting every such caller on one shared counter.
+        let value = |p: &KeyPart| -> Option<&str> {
+            let given = req.attrs.part(p).filter(|v| !v.is_empty());
+            match p {
+                KeyPart::Ip => ip.get_or_init(|| given.map(canonical_ip)).as_deref(),
+                KeyPart::Route if given.is_none() => route
+                    .get_or_init(|| {
+                        path.map(|path| match req.method {
+                            Some(m) => format!("{} {path}", m.to_ascii_uppercase()),
+                            None => path.to_string(),
+                        })
+                    })
+                    .as_deref(),
+                _ => given,
+            }
+        };
         // Every rule in turn, or with many rules those the index offers
         // (the same ones that apply, found without trying each).
         let indexed = rules.index.as_ref().map(|ix| ix.candidates(path));
@@ -593,6 +601,41 @@ mod tests {
             }
             assert!(decided_by("/admin/x").is_empty());
         }
+    }
+
+    /// `by: user+route` under a prefix rule: one counter per user and
+    /// endpoint (method and path, in the path's one spelling).
+    #[test]
+    fn a_route_key_counts_each_endpoint_apart() {
+        let limit = Limit::FixedWindow(FixedWindow::new(1, Nanos::from_secs(60)).unwrap());
+        let rule = Rule::new(
+            "per-endpoint",
+            Some(spillway_core::Route::parse("/v1/*").unwrap()),
+            KeySpec::parse("user+route").unwrap(),
+            vec![limit],
+            Mode::Hard,
+        )
+        .unwrap();
+        assert_eq!(rule.by().to_string(), "user+route");
+        let limiter = limiter(vec![rule]);
+        let check = |method: &str, path: &str, user: &str| {
+            let attrs = SimpleAttributes {
+                user: Some(user),
+                ..Default::default()
+            };
+            decide(&limiter, Some(method), Some(path), attrs)
+                .decision
+                .allowed
+        };
+        assert!(check("GET", "/v1/a", "u"));
+        assert!(check("GET", "/v1/b", "u"), "another endpoint");
+        assert!(check("POST", "/v1/a", "u"), "another method");
+        assert!(check("GET", "/v1/a", "w"), "another user");
+        assert!(!check("get", "/v1/a", "u"));
+        assert!(
+            !check("GET", "/v1/x/../a?q=1", "u"),
+            "the same endpoint respelled"
+        );
     }
 
     /// Every way in (HTTP body, tower identity, gRPC descriptor) hands the

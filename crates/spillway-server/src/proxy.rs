@@ -444,6 +444,18 @@ impl Forward {
     /// Forwards `req` (with its peer in a `ConnectInfo` extension) and
     /// returns the upstream's answer, or a 502 / 504 problem.
     pub(crate) async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+        // A reverse proxy forwards requests; it does not open tunnels.
+        if req.method() == axum::http::Method::CONNECT {
+            let mut resp = problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not proxied: this is a reverse proxy".to_string(),
+            );
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+            return resp;
+        }
         let target = match self.target(req.uri()) {
             Ok(t) => t,
             Err(e) => return problem(StatusCode::BAD_REQUEST, e),

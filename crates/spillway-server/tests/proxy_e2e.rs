@@ -673,6 +673,20 @@ async fn a_respelled_path_is_limited_as_its_route() {
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
 
+/// A tunnel is not the upstream's business: the proxy refuses CONNECT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_is_refused_not_forwarded() {
+    use tokio::io::AsyncWriteExt;
+    let (s, _dir) = start("127.0.0.1/32").await;
+    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    conn.write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, headers, _) = read_response(&mut conn, &mut Vec::new(), false).await;
+    assert_eq!(status, 405);
+    assert!(headers.contains_key("allow"), "{headers:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
     use tokio::io::AsyncWriteExt;

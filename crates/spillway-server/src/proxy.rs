@@ -464,8 +464,14 @@ impl Forward {
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
+        // An upgrade (a WebSocket, say) is asked for with hop-by-hop
+        // headers, which are passed on for it; on a 101 the two sides are
+        // joined (see `join_upgraded`).
+        let upgrade = upgrade_asked(req.headers());
+        let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
+        keep_upgrade(headers, upgrade);
         if let Some(host) = headers.remove(header::HOST) {
             headers.insert("x-forwarded-host", host);
         }
@@ -479,7 +485,18 @@ impl Forward {
         *req.uri_mut() = target;
         *req.version_mut() = axum::http::Version::HTTP_11;
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Ok(Ok(resp)) => {
+            Ok(Ok(mut resp)) => {
+                if let (StatusCode::SWITCHING_PROTOCOLS, Some(client_side)) =
+                    (resp.status(), client_side)
+                {
+                    let upstream_side = hyper::upgrade::on(&mut resp);
+                    tokio::spawn(join_upgraded(client_side, upstream_side));
+                    let (mut parts, _) = resp.into_parts();
+                    let switched = upgrade_asked(&parts.headers);
+                    strip_hop_by_hop(&mut parts.headers);
+                    keep_upgrade(&mut parts.headers, switched);
+                    return Response::from_parts(parts, Body::empty());
+                }
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
                 Response::from_parts(parts, Body::new(IdleTimeout::new(body, self.timeout)))
@@ -496,6 +513,40 @@ impl Forward {
                 )
             }
         }
+    }
+}
+
+/// The `Upgrade` value of a message that asks for one (`Connection:
+/// upgrade` and an `Upgrade` header).
+fn upgrade_asked(h: &HeaderMap) -> Option<HeaderValue> {
+    let asked = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asked.then(|| h.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// Puts back the upgrade headers that `strip_hop_by_hop` removed.
+fn keep_upgrade(h: &mut HeaderMap, upgrade: Option<HeaderValue>) {
+    if let Some(u) = upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u);
+    }
+}
+
+/// Once both sides have switched protocols, copies bytes both ways until
+/// either closes. The upgrade request was decided like any other; what
+/// flows afterwards is the client's and the upstream's.
+async fn join_upgraded(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    match tokio::try_join!(client, upstream) {
+        Ok((client, upstream)) => {
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        }
+        Err(e) => tracing::debug!("upgrade not completed: {e}"),
     }
 }
 

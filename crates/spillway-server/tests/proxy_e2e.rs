@@ -780,6 +780,20 @@ async fn raw_upstream() -> SocketAddr {
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     buf.drain(..end);
+                    if head.starts_with("GET /upgrade") {
+                        // Switch to an echo protocol: every byte comes back.
+                        let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n";
+                        if conn.write_all(switched).await.is_err() {
+                            return;
+                        }
+                        let mut chunk = [0u8; 1024];
+                        while let Ok(n) = conn.read(&mut chunk).await {
+                            if n == 0 || conn.write_all(&chunk[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    }
                     let answer: &[u8] = if head.starts_with("GET /until-close") {
                         b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-close"
                     } else if head.starts_with("GET /interim") {
@@ -799,6 +813,60 @@ async fn raw_upstream() -> SocketAddr {
         }
     });
     addr
+}
+
+/// An upgrade (WebSocket and the like) goes through: the handshake is
+/// decided and forwarded with its hop-by-hop headers, and after the 101
+/// the bytes flow both ways, in several exchanges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_is_joined_through_to_the_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = raw_upstream().await;
+    let dir = TempDir::new("proxy-upgrade");
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            "proxy:\n  upstream: http://{up}\n  timeout: 2s\nrules:\n  - name: ws\n    api: GET /upgrade\n    limits: [ {{ fixed_window: {{ limit: 1, window: 1h }} }} ]\n"
+        ),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let handshake =
+        b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    conn.write_all(handshake).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut byte))
+            .await
+            .expect("a 101 in time")
+            .unwrap();
+        assert_eq!(
+            n,
+            1,
+            "closed during the handshake: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    assert!(head.contains("ratelimit-policy:"), "{head}");
+    for word in ["ping", "a longer second message"] {
+        conn.write_all(word.as_bytes()).await.unwrap();
+        let mut back = vec![0u8; word.len()];
+        tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut back))
+            .await
+            .expect("the echo in time")
+            .unwrap();
+        assert_eq!(back, word.as_bytes());
+    }
+    // The handshake was decided like any request: a second is over the limit.
+    let mut again = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    again.write_all(handshake).await.unwrap();
+    let (status, _, _) = read_response(&mut again, &mut Vec::new(), false).await;
+    assert_eq!(status, 429);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

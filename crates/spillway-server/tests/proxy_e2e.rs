@@ -547,6 +547,30 @@ async fn the_admin_api_counts_what_the_proxy_does() {
     assert_eq!(r.text().await.unwrap(), "ok");
 }
 
+/// The shipped `examples/proxy.yaml` stays valid and means what its
+/// comments say.
+#[test]
+fn the_example_proxy_file_is_valid() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/proxy.yaml");
+    let out = util::spillway(&["check-config", file]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "3 rules",
+        "proxy: upstream http://127.0.0.1:9000",
+        "  listen 127.0.0.1:8081",
+        "  admin API (metrics, health) on 127.0.0.1:9090",
+        "  user from header x-api-key",
+        "leaky_bucket (queue): capacity 10, leak 2 per 1s, max wait 5s",
+    ] {
+        assert!(text.contains(want), "no {want:?} in {text}");
+    }
+}
+
 #[test]
 fn proxy_flags_are_checked() {
     let out = util::spillway(&["proxy", "--listen", "127.0.0.1:0"]);

@@ -423,6 +423,7 @@ impl Conn {
         };
         let started = std::time::Instant::now();
         let checked = proxy
+            .state
             .limiter
             .check(&spillway_store::Request {
                 method: Some(method),

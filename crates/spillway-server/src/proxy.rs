@@ -27,6 +27,7 @@ use tower::Layer;
 
 use crate::AppState;
 use crate::config::UserSource;
+use crate::upstream::Failure;
 
 /// An IP network (`10.0.0.0/8`, `::1/128`, or a bare address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,18 +227,15 @@ pub struct ProxyIdentify {
 }
 
 impl ProxyIdentify {
-    /// The user, from its header or query parameter; empty counts as none.
+    /// The user, from its header or query parameter (an empty one the
+    /// limiter takes as none, as on every way in).
     pub fn user<H: Headers + ?Sized>(&self, headers: &H, query: Option<&str>) -> Option<String> {
         match &self.user {
-            Some(UserSource::Header(h)) => headers
-                .value(h.as_str())
-                .filter(|v| !v.is_empty())
-                .map(str::to_string),
+            Some(UserSource::Header(h)) => headers.value(h.as_str()).map(str::to_string),
             Some(UserSource::Query(q)) => query.and_then(|query| {
                 form_urlencoded::parse(query.as_bytes())
                     .find(|(k, _)| k == q)
                     .map(|(_, v)| v.into_owned())
-                    .filter(|v| !v.is_empty())
             }),
             None => None,
         }
@@ -347,16 +345,28 @@ pub(crate) fn problem_json(status: StatusCode, detail: &str) -> String {
     .to_string()
 }
 
-/// The 502 detail for an upstream failure (also logged, see [`logged`]).
-pub(crate) fn failed_detail(upstream: &Uri, e: impl fmt::Display) -> String {
-    logged(format!("upstream {upstream} failed: {e}"))
-}
-
-/// The 504 detail (also logged, see [`logged`]).
-pub(crate) fn timeout_detail(upstream: &Uri, timeout: Duration) -> String {
-    logged(format!(
-        "upstream {upstream} did not answer within {timeout:?}"
-    ))
+/// The status and problem detail for an upstream that failed (502) or did
+/// not answer within `timeout` (504), counted in `metrics` and logged (see
+/// [`logged`]): one answer to a failure for both of the proxy's paths.
+pub(crate) fn upstream_failure(
+    metrics: &crate::metrics::Metrics,
+    upstream: &Uri,
+    timeout: Duration,
+    failure: Failure,
+) -> (StatusCode, String) {
+    metrics.upstream_failed(matches!(failure, Failure::Timeout));
+    match failure {
+        Failure::Bad(e) => (
+            StatusCode::BAD_GATEWAY,
+            logged(format!("upstream {upstream} failed: {e}")),
+        ),
+        Failure::Timeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            logged(format!(
+                "upstream {upstream} did not answer within {timeout:?}"
+            )),
+        ),
+    }
 }
 
 /// Logs an upstream failure as a warning, at most one every
@@ -484,7 +494,7 @@ impl Forward {
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
         *req.uri_mut() = target;
         *req.version_mut() = axum::http::Version::HTTP_11;
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let failure = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(mut resp)) => {
                 if let (StatusCode::SWITCHING_PROTOCOLS, Some(client_side)) =
                     (resp.status(), client_side)
@@ -499,20 +509,17 @@ impl Forward {
                 }
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Body::new(IdleTimeout::new(body, self.timeout)))
+                return Response::from_parts(
+                    parts,
+                    Body::new(IdleTimeout::new(body, self.timeout)),
+                );
             }
-            Ok(Err(e)) => {
-                self.metrics.upstream_failed(false);
-                problem(StatusCode::BAD_GATEWAY, failed_detail(&self.upstream, e))
-            }
-            Err(_) => {
-                self.metrics.upstream_failed(true);
-                problem(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    timeout_detail(&self.upstream, self.timeout),
-                )
-            }
-        }
+            Ok(Err(e)) => Failure::Bad(e.to_string()),
+            Err(_) => Failure::Timeout,
+        };
+        let (status, detail) =
+            upstream_failure(&self.metrics, &self.upstream, self.timeout, failure);
+        problem(status, detail)
     }
 }
 
@@ -672,8 +679,7 @@ pub fn router(state: &Arc<AppState>, opts: &ProxyOptions) -> axum::Router {
 /// router's layer does, without building a request for a denial).
 #[derive(Debug, Clone)]
 pub(crate) struct DirectProxy {
-    pub(crate) limiter: Arc<spillway_store::Limiter<crate::ServerStore>>,
-    /// For counting decisions in the metrics.
+    /// Rules, store (its limiter) and metrics.
     pub(crate) state: Arc<AppState>,
     pub(crate) identify: ProxyIdentify,
     /// For the router (the hyper path).
@@ -686,7 +692,6 @@ impl DirectProxy {
     pub(crate) fn new(state: &Arc<AppState>, opts: &ProxyOptions) -> DirectProxy {
         let trusted: Arc<[IpNet]> = opts.trusted.clone().into();
         DirectProxy {
-            limiter: state.limiter.clone(),
             identify: ProxyIdentify {
                 user: opts.user.clone(),
                 trusted: trusted.clone(),
@@ -710,7 +715,7 @@ impl DirectProxy {
     /// forwarder, sharing this proxy's identity rules and limiter.
     pub(crate) fn router(&self) -> axum::Router {
         let state = self.state.clone();
-        let service = RateLimitLayer::new(self.limiter.clone(), self.identify.clone())
+        let service = RateLimitLayer::new(self.state.limiter.clone(), self.identify.clone())
             .observe(move |checked, took| state.record(checked, took))
             .layer(self.forward.clone());
         axum::Router::new().fallback_service(service)
@@ -720,6 +725,13 @@ impl DirectProxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Headers holding `name: value` alone.
+    fn one_header(name: impl header::IntoHeaderName, value: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_static(value));
+        h
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -743,11 +755,7 @@ mod tests {
             IpNet::parse("127.0.0.1/32").unwrap(),
             IpNet::parse("10.0.0.0/8").unwrap(),
         ];
-        let mut h = HeaderMap::new();
-        h.insert(
-            "x-forwarded-for",
-            HeaderValue::from_static("6.6.6.6, 203.0.113.9, 10.0.0.2"),
-        );
+        let h = one_header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.2");
         // From a trusted proxy: rightmost untrusted address.
         assert_eq!(client_ip(ip("127.0.0.1"), &h, &trusted), ip("203.0.113.9"));
         // From an untrusted peer: the header is ignored.
@@ -756,25 +764,19 @@ mod tests {
             ip("198.51.100.1")
         );
         // Forwarded works too.
-        let mut f = HeaderMap::new();
-        f.insert(
+        let f = one_header(
             header::FORWARDED,
-            HeaderValue::from_static("for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\""),
+            "for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\"",
         );
         assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("2001:db8::1"));
         // Nothing untrusted: the leftmost.
-        let mut all = HeaderMap::new();
-        all.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.5"));
+        let all = one_header("x-forwarded-for", "10.0.0.5");
         assert_eq!(client_ip(ip("127.0.0.1"), &all, &trusted), ip("10.0.0.5"));
         // A dual-stack listener's IPv4 peer, directly and through a proxy.
         let none = HeaderMap::new();
         let mapped = ip("::ffff:198.51.100.1");
         assert_eq!(client_ip(mapped, &none, &trusted), ip("198.51.100.1"));
-        let mut m = HeaderMap::new();
-        m.insert(
-            "x-forwarded-for",
-            HeaderValue::from_static("::ffff:6.6.6.6"),
-        );
+        let m = one_header("x-forwarded-for", "::ffff:6.6.6.6");
         assert_eq!(
             client_ip(ip("::ffff:127.0.0.1"), &m, &trusted),
             ip("6.6.6.6")
@@ -789,11 +791,7 @@ mod tests {
             IpNet::parse("127.0.0.1/32").unwrap(),
             IpNet::parse("10.0.0.0/8").unwrap(),
         ];
-        let xff = |v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert("x-forwarded-for", HeaderValue::from_static(v));
-            h
-        };
+        let xff = |v: &'static str| one_header("x-forwarded-for", v);
         let peer = ip("127.0.0.1");
         assert_eq!(client_ip(peer, &xff("6.6.6.6, unknown"), &trusted), peer);
         assert_eq!(
@@ -805,17 +803,12 @@ mod tests {
             client_ip(peer, &xff("203.0.113.9, , 10.0.0.2,"), &trusted),
             ip("203.0.113.9")
         );
-        let mut f = HeaderMap::new();
-        f.insert(
-            header::FORWARDED,
-            HeaderValue::from_static("for=6.6.6.6, for=_hidden;proto=https"),
-        );
+        let f = one_header(header::FORWARDED, "for=6.6.6.6, for=_hidden;proto=https");
         assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("10.0.0.1"));
         // An element without `for=` is no hop either.
-        let mut g = HeaderMap::new();
-        g.insert(
+        let g = one_header(
             header::FORWARDED,
-            HeaderValue::from_static("for=203.0.113.9, proto=https;by=10.0.0.9"),
+            "for=203.0.113.9, proto=https;by=10.0.0.9",
         );
         assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), ip("203.0.113.9"));
     }

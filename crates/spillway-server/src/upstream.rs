@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{HOP_BY_HOP, Headers, IpNet, failed_detail, forwarded_for, timeout_detail};
+use crate::proxy::{HOP_BY_HOP, Headers, IpNet, forwarded_for, upstream_failure};
 
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 256;
@@ -113,14 +113,7 @@ impl Upstream {
     /// The status and problem detail for a failure (the same as the hyper
     /// path's forwarder gives).
     pub(crate) fn failure(&self, f: Failure) -> (StatusCode, String) {
-        self.metrics.upstream_failed(matches!(f, Failure::Timeout));
-        match f {
-            Failure::Bad(e) => (StatusCode::BAD_GATEWAY, failed_detail(&self.uri, e)),
-            Failure::Timeout => (
-                StatusCode::GATEWAY_TIMEOUT,
-                timeout_detail(&self.uri, self.timeout),
-            ),
-        }
+        upstream_failure(&self.metrics, &self.uri, self.timeout, f)
     }
 
     /// Sends `req` and reads the response head. Idle connections the

@@ -839,21 +839,29 @@ async fn raw_upstream() -> SocketAddr {
     addr
 }
 
+/// `spillway proxy` (2 s timeout) in front of a new [`raw_upstream`],
+/// with `rules` (YAML from `rules:` on).
+async fn proxy_on_raw_upstream(rules: &str) -> (Server, TempDir) {
+    let up = raw_upstream().await;
+    let dir = TempDir::new("proxy-raw");
+    let file = dir.write(
+        "rules.yaml",
+        &format!("proxy:\n  upstream: http://{up}\n  timeout: 2s\n{rules}"),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    (s, dir)
+}
+
 /// An upgrade (WebSocket and the like) goes through: the handshake is
 /// decided and forwarded with its hop-by-hop headers, and after the 101
 /// the bytes flow both ways, in several exchanges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_is_joined_through_to_the_upstream() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let up = raw_upstream().await;
-    let dir = TempDir::new("proxy-upgrade");
-    let file = dir.write(
-        "rules.yaml",
-        &format!(
-            "proxy:\n  upstream: http://{up}\n  timeout: 2s\nrules:\n  - name: ws\n    api: GET /upgrade\n    limits: [ {{ fixed_window: {{ limit: 1, window: 1h }} }} ]\n"
-        ),
-    );
-    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let (s, _dir) = proxy_on_raw_upstream(
+        "rules:\n  - name: ws\n    api: GET /upgrade\n    limits: [ { fixed_window: { limit: 1, window: 1h } } ]\n",
+    )
+    .await;
     let handshake =
         b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
     let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
@@ -895,13 +903,7 @@ async fn an_upgrade_is_joined_through_to_the_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusual_upstream_answers_and_connections_it_closed() {
-    let up = raw_upstream().await;
-    let dir = TempDir::new("proxy-raw");
-    let file = dir.write(
-        "rules.yaml",
-        &format!("proxy:\n  upstream: http://{up}\n  timeout: 2s\nrules: []\n"),
-    );
-    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let (s, _dir) = proxy_on_raw_upstream("rules: []\n").await;
     let c = client();
     // An interim 103 is skipped; the final answer comes through.
     let r = c.get(s.url("/interim")).send().await.unwrap();

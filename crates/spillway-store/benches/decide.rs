@@ -122,13 +122,18 @@ fn bench(c: &mut Criterion) {
 }
 
 /// A store holding every key of the workload, so its tables are at their
-/// final size.
+/// final size. 256 shards, or `SPILLWAY_BENCH_SHARDS` (for experiments
+/// such as one large table with transparent huge pages).
 fn seeded(limit: &Limit, nkeys: u64) -> MemoryStore<ManualClock> {
+    let shards = std::env::var("SPILLWAY_BENCH_SHARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
     let store = MemoryStore::new(
         ManualClock::new(Nanos(T0)),
         MemoryConfig {
             max_keys: 4_000_000,
-            shards: 256,
+            shards,
         },
     );
     for k in 0..nkeys {

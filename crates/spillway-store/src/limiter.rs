@@ -251,19 +251,16 @@ impl<S: Store> Limiter<S> {
         // An empty value is no value: `"user": ""`, `?key=` or an empty
         // header skip the rule as a missing one does, on every way in,
         // rather than putting every such caller on one shared counter.
+        let given = |p: &KeyPart| req.attrs.part(p).filter(|v| !v.is_empty());
         let value = |p: &KeyPart| -> Option<&str> {
-            let given = req.attrs.part(p).filter(|v| !v.is_empty());
             match p {
-                KeyPart::Ip => ip.get_or_init(|| given.map(canonical_ip)).as_deref(),
-                KeyPart::Route if given.is_none() => route
-                    .get_or_init(|| {
-                        path.map(|path| match req.method {
-                            Some(m) => format!("{} {path}", m.to_ascii_uppercase()),
-                            None => path.to_string(),
-                        })
-                    })
-                    .as_deref(),
-                _ => given,
+                KeyPart::Ip => ip.get_or_init(|| given(p).map(canonical_ip)).as_deref(),
+                KeyPart::Route => given(p).or_else(|| {
+                    route
+                        .get_or_init(|| path.map(|path| api_name(req.method, path)))
+                        .as_deref()
+                }),
+                _ => given(p),
             }
         };
         // Every rule in turn, or with many rules those the index offers
@@ -404,6 +401,18 @@ fn by_policy<'a>(default: FailPolicy, rules: impl Iterator<Item = &'a Rule>) -> 
         out.deciding = out.rules.first().copied();
     }
     out
+}
+
+/// A request's API as a `route` key sees it: `METHOD /path`, the method
+/// upper-cased, in one allocation.
+fn api_name(method: Option<&str>, path: &str) -> String {
+    let mut s = String::with_capacity(method.map_or(0, |m| m.len() + 1) + path.len());
+    if let Some(m) = method {
+        s.extend(m.chars().map(|c| c.to_ascii_uppercase()));
+        s.push(' ');
+    }
+    s.push_str(path);
+    s
 }
 
 #[cfg(test)]

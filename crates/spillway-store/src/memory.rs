@@ -49,7 +49,6 @@ struct Shard {
 /// Pads a shard to its own cache lines so two threads on different shards
 /// do not fight over one line.
 #[repr(align(128))]
-#[derive(Default)]
 struct Padded(SpinLock<Shard>);
 
 impl<S: crate::table::SlotState> Default for Table<S> {

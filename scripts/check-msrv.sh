@@ -32,7 +32,7 @@ for member in meta["workspace_members"]:
     if parse(declared) > parse(rustc):
         problems.append(
             f"{pkg['name']} declares rust-version {declared}, "
-            f"above the installed rustc {rustc}: it cannot be checked here")
+            f"above the installed rustc {rustc}, which cannot build it")
     seen, stack = set(), [member]
     while stack:
         node = stack.pop()
@@ -55,7 +55,8 @@ if problems:
     for p in problems:
         print("  " + p, file=sys.stderr)
     print("check-msrv: raise [workspace.package] rust-version in Cargo.toml "
-          "(and the README), or pin the dependency lower", file=sys.stderr)
+          "(and the README's set-up), pin the dependency lower, or install "
+          "a newer Rust", file=sys.stderr)
     sys.exit(1)
 PY
 )

@@ -45,6 +45,6 @@ pub use algo::{
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
-pub use path::canonical_path;
+pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};
 pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
 pub use time::{Clock, ManualClock, Nanos};

@@ -5,17 +5,163 @@
 //! `/admin`: otherwise a client could step around a limit by respelling
 //! the path its upstream will resolve anyway. Only matching uses this
 //! form; a proxy forwards the path as the client sent it.
+//!
+//! Some respellings are served by one handler on common upstreams but not
+//! on all: `/admin/` (Express, Flask and Spring by default), `/admin;x=1`
+//! and `/x/..;/admin` (path parameters, stripped by Tomcat and Spring),
+//! `/v1%2Fadmin` (decoded before routing by some proxies and frameworks),
+//! and `HEAD` for `GET` (answered by the `GET` handler in Express, Flask,
+//! Go and Spring). Counting when in doubt, [`PathMatching::default`] treats
+//! each of them as the plain path; [`PathMatching`] turns each off for an
+//! upstream known to tell them apart.
 
 use std::borrow::Cow;
 
+/// Which respellings of a request count as the path they respell, for
+/// matching routes and naming endpoints. Every switch on (the
+/// [`Default`], [`PathMatching::LENIENT`]) counts a respelled request
+/// against the rule for its plain path; a switch off makes matching
+/// stricter, for an upstream that serves the two spellings differently.
+///
+/// Usable for every rule (the limiter's global setting) and per rule
+/// ([`Rule::with_path_matching`](crate::Rule::with_path_matching)).
+///
+/// ```
+/// use spillway_core::{PathMatching, canonical_path_with};
+/// let strict = PathMatching { path_params: false, ..PathMatching::default() };
+/// assert_eq!(canonical_path_with("/a;x=1/b/", PathMatching::default()), "/a/b");
+/// assert_eq!(canonical_path_with("/a;x=1/b/", strict), "/a;x=1/b");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PathMatching {
+    /// `/a/` is `/a`: the canonical form drops a trailing `/` (but for the
+    /// root), and a route written `/a/` matches both.
+    pub trailing_slash: bool,
+    /// `;` path parameters are cut from every segment (`/a;x=1/b` is
+    /// `/a/b`), so `..;` and `.;` are dot segments (`/b/..;/a` is `/a`).
+    pub path_params: bool,
+    /// `%2F` (either case) is a `/`: decoded, then dot segments resolved
+    /// (`/b%2F..%2Fa` is `/a`). Off, it stays `%2F`, inside its segment.
+    pub encoded_slash: bool,
+    /// A route for `GET` also matches `HEAD`, and a `HEAD` request's
+    /// endpoint name (a `route` key) is the `GET` one.
+    pub head_as_get: bool,
+}
+
+impl PathMatching {
+    /// Every respelling counted as its path: the default.
+    pub const LENIENT: PathMatching = PathMatching {
+        trailing_slash: true,
+        path_params: true,
+        encoded_slash: true,
+        head_as_get: true,
+    };
+    /// No respelling beyond those every server resolves (dot and empty
+    /// segments, escaped unreserved characters): the behaviour before
+    /// these switches existed.
+    pub const STRICT: PathMatching = PathMatching {
+        trailing_slash: false,
+        path_params: false,
+        encoded_slash: false,
+        head_as_get: false,
+    };
+
+    /// The method a request counts as: `GET` for `HEAD` (any case) when
+    /// `head_as_get` is on, `method` itself otherwise. For naming an
+    /// endpoint (a `route` key) the way routes match it.
+    ///
+    /// ```
+    /// use spillway_core::PathMatching;
+    /// assert_eq!(PathMatching::default().method("head"), "GET");
+    /// assert_eq!(PathMatching::STRICT.method("HEAD"), "HEAD");
+    /// ```
+    pub fn method<'a>(&self, method: &'a str) -> &'a str {
+        if self.head_as_get && method.eq_ignore_ascii_case("HEAD") {
+            "GET"
+        } else {
+            method
+        }
+    }
+
+    /// True if `self` and `other` give every path the same canonical form
+    /// (they may differ in `head_as_get`, which does not touch paths).
+    pub fn same_paths(&self, other: &PathMatching) -> bool {
+        self.trailing_slash == other.trailing_slash
+            && self.path_params == other.path_params
+            && self.encoded_slash == other.encoded_slash
+    }
+}
+
+impl Default for PathMatching {
+    fn default() -> PathMatching {
+        PathMatching::LENIENT
+    }
+}
+
+/// A request's path as the client sent it, with its canonical form under
+/// the limiter's global [`PathMatching`], made once per request. A rule
+/// with its own options gets the path canonicalised for them
+/// ([`RequestPath::canonical_for`], see
+/// [`Rule::applies_to_path`](crate::Rule::applies_to_path)).
+#[derive(Debug, Clone)]
+pub struct RequestPath<'a> {
+    raw: &'a str,
+    canonical: Cow<'a, str>,
+    matching: PathMatching,
+}
+
+impl<'a> RequestPath<'a> {
+    /// `raw` (as sent), canonicalised with `matching`.
+    pub fn new(raw: &'a str, matching: PathMatching) -> RequestPath<'a> {
+        RequestPath {
+            raw,
+            canonical: canonical_path_with(raw, matching),
+            matching,
+        }
+    }
+
+    /// The path as sent.
+    pub fn raw(&self) -> &'a str {
+        self.raw
+    }
+
+    /// The path in its canonical form under [`RequestPath::matching`].
+    pub fn canonical(&self) -> &str {
+        &self.canonical
+    }
+
+    /// The options the canonical form was made with.
+    pub fn matching(&self) -> PathMatching {
+        self.matching
+    }
+
+    /// The path's canonical form under `matching`: the one already made
+    /// if it is the same, else made now from the raw path.
+    pub fn canonical_for(&self, matching: PathMatching) -> Cow<'_, str> {
+        if matching.same_paths(&self.matching) {
+            Cow::Borrowed(&self.canonical)
+        } else {
+            canonical_path_with(self.raw, matching)
+        }
+    }
+}
+
 /// `path` (its query and fragment dropped) in the form routes are matched
-/// against:
+/// against, under the default [`PathMatching`] (every switch on):
 /// - percent-escapes of unreserved characters (letters, digits, `-._~`)
-///   decoded, other escapes' hex digits upper-cased (`%2f` is `%2F`, and
-///   stays encoded: it is not a separator), a stray `%` written `%25`;
-/// - dot segments resolved (`/a/./b` is `/a/b`, `/a/b/..` is `/a/`, and
-///   nothing climbs above the root);
-/// - empty segments dropped (`//a///b` is `/a/b`), but for a trailing `/`.
+///   decoded, and `%2F`/`%2f` decoded to `/`; other escapes' hex digits
+///   upper-cased, a stray `%` written `%25`;
+/// - `;` path parameters cut from every segment (`/a;x=1/b` is `/a/b`),
+///   so `..;` and `.;` are dot segments (`/b/..;/a` is `/a`);
+/// - dot segments resolved (`/a/./b` is `/a/b`, `/b%2F..%2Fa` is `/a`,
+///   and nothing climbs above the root);
+/// - empty segments dropped (`//a///b` is `/a/b`), and a trailing `/`
+///   too (`/a/` is `/a`; the root stays `/`).
+///
+/// So `/a`, `/a/`, `/a;x=1`, `/b/..;/a` and `/b%2F..%2Fa` are one path,
+/// as Express, Flask, Go or Spring may serve them with one handler; and a
+/// route for `GET` matches `HEAD` too ([`Route::matches`](crate::Route::matches)).
+/// [`canonical_path_with`] takes stricter options.
 ///
 /// Borrows when nothing needs to change, which is the usual case.
 ///
@@ -23,20 +169,46 @@ use std::borrow::Cow;
 /// use spillway_core::canonical_path;
 /// assert_eq!(canonical_path("/v1/login?next=/x"), "/v1/login");
 /// assert_eq!(canonical_path("/v1/../admin"), "/admin");
-/// assert_eq!(canonical_path("//%61dmin"), "/admin");
+/// assert_eq!(canonical_path("//%61dmin/"), "/admin");
+/// assert_eq!(canonical_path("/b/..;/admin;jsessionid=1"), "/admin");
+/// assert_eq!(canonical_path("/v1%2fadmin"), "/v1/admin");
 /// ```
 pub fn canonical_path(path: &str) -> Cow<'_, str> {
+    canonical_path_with(path, PathMatching::LENIENT)
+}
+
+/// `path` in the form routes are matched against under `matching`: as
+/// [`canonical_path`], but a switch that is off leaves its respelling
+/// alone (a trailing `/` kept, `;` kept inside its segment, `%2F` kept
+/// encoded with its hex upper-cased). Dot segments, empty segments and
+/// escaped unreserved characters are resolved whatever the options.
+/// The result is a fixed point: canonicalising it again changes nothing.
+///
+/// ```
+/// use spillway_core::{PathMatching, canonical_path_with};
+/// let strict = PathMatching::STRICT;
+/// assert_eq!(canonical_path_with("/a%2fb/", strict), "/a%2Fb/");
+/// assert_eq!(canonical_path_with("/b/..;/a", strict), "/b/..;/a");
+/// assert_eq!(canonical_path_with("/b/../a", strict), "/a");
+/// ```
+pub fn canonical_path_with(path: &str, matching: PathMatching) -> Cow<'_, str> {
     let path = match path.find(['?', '#']) {
         Some(i) => &path[..i],
         None => path,
     };
-    if !path.starts_with('/') || !needs_work(path.as_bytes()) {
+    if !path.starts_with('/') || !needs_work(path.as_bytes(), matching) {
         return Cow::Borrowed(path);
     }
-    let decoded = decode_unreserved(path);
+    // Escapes first: a decoded `%2F` is a separator like any other, and
+    // the segments it makes lose their parameters and dots like any other.
+    let decoded = decode_unreserved(path, matching.encoded_slash);
     let mut segments: Vec<&str> = Vec::new();
     let mut trailing = false;
     for seg in decoded[1..].split('/') {
+        let seg = match seg.find(';') {
+            Some(i) if matching.path_params => &seg[..i],
+            _ => seg,
+        };
         trailing = false;
         match seg {
             "" => trailing = true,
@@ -53,18 +225,23 @@ pub fn canonical_path(path: &str) -> Cow<'_, str> {
         out.push('/');
         out.push_str(s);
     }
-    if trailing || segments.is_empty() {
+    if (trailing && !matching.trailing_slash) || segments.is_empty() {
         out.push('/');
     }
     Cow::Owned(out)
 }
 
-/// True if `p` holds a `%`, a `//`, or a `.` or `..` segment.
-fn needs_work(p: &[u8]) -> bool {
+/// True if `p` holds a `%`, a `//`, a `.` or `..` segment, or (as
+/// `matching` asks) a `;` or a trailing `/`.
+fn needs_work(p: &[u8], matching: PathMatching) -> bool {
+    if matching.trailing_slash && p.len() > 1 && p.ends_with(b"/") {
+        return true;
+    }
     let mut i = 0;
     while i < p.len() {
         match p[i] {
             b'%' => return true,
+            b';' if matching.path_params => return true,
             b'/' => match &p[i + 1..] {
                 [b'/', ..] | [b'.'] | [b'.', b'/', ..] | [b'.', b'.'] | [b'.', b'.', b'/', ..] => {
                     return true;
@@ -78,10 +255,11 @@ fn needs_work(p: &[u8]) -> bool {
     false
 }
 
-/// Decodes the escapes of unreserved characters and upper-cases the hex of
-/// the others. A `%` not followed by two hex digits becomes `%25`, so that
-/// decoding never puts a new escape together (`%%61c` would be `%ac`).
-fn decode_unreserved(p: &str) -> String {
+/// Decodes the escapes of unreserved characters (and of `/`, if
+/// `slash`) and upper-cases the hex of the others. A `%` not followed by
+/// two hex digits becomes `%25`, so that decoding never puts a new escape
+/// together (`%%61c` would be `%ac`).
+fn decode_unreserved(p: &str, slash: bool) -> String {
     let b = p.as_bytes();
     let mut out = String::with_capacity(p.len());
     let mut i = 0;
@@ -93,7 +271,10 @@ fn decode_unreserved(p: &str) -> String {
             )
         {
             let c = (h * 16 + l) as u8;
-            if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') {
+            if c.is_ascii_alphanumeric()
+                || matches!(c, b'-' | b'.' | b'_' | b'~')
+                || (slash && c == b'/')
+            {
                 out.push(c as char);
             } else {
                 out.push('%');
@@ -120,6 +301,8 @@ fn decode_unreserved(p: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The respellings every server resolves, under any options (the
+    /// strict ones keep a trailing `/`, `;` and `%2F` as they are).
     #[test]
     fn respellings_of_a_path_are_one_path() {
         for (given, want) in [
@@ -139,6 +322,8 @@ mod tests {
             ("/..", "/"),
             ("/a%2fb", "/a%2Fb"),
             ("/a%2Fb", "/a%2Fb"),
+            ("/a;x=1/b", "/a;x=1/b"),
+            ("/b/..;/a", "/b/..;/a"),
             ("/%zz/%4", "/%25zz/%254"),
             ("/%%61c", "/%25ac"),
             ("/.well-known/x", "/.well-known/x"),
@@ -148,7 +333,11 @@ mod tests {
             ("/a#../b", "/a"),
             ("relative/../x", "relative/../x"),
         ] {
-            assert_eq!(canonical_path(given), want, "{given}");
+            assert_eq!(
+                canonical_path_with(given, PathMatching::STRICT),
+                want,
+                "{given}"
+            );
         }
         assert!(matches!(
             canonical_path("/v1/users/42?x=1"),
@@ -156,23 +345,105 @@ mod tests {
         ));
     }
 
+    /// The defaults: a trailing `/`, path parameters and `%2F` are
+    /// respellings too (the issue's bypasses of a limit on `/a`).
+    #[test]
+    fn by_default_slashes_params_and_encoded_slashes_are_respellings() {
+        for (given, want) in [
+            ("/a", "/a"),
+            ("/a/", "/a"),
+            ("/a//", "/a"),
+            ("/", "/"),
+            ("//", "/"),
+            ("/a;x=1", "/a"),
+            ("/a;x=1/b;y", "/a/b"),
+            ("/a;", "/a"),
+            ("/;x/a", "/a"),
+            ("/b/..;/a", "/a"),
+            ("/b/..;x=1/a", "/a"),
+            ("/a/.;/b", "/a/b"),
+            ("/a%2F", "/a"),
+            ("/b%2f..%2Fa", "/a"),
+            ("/v1%2Fadmin", "/v1/admin"),
+            ("/a%2F%2E%2E", "/"),
+            ("/a%3Bx/b", "/a%3Bx/b"),
+            ("/a%252F", "/a%252F"),
+            ("/a/b/..", "/a"),
+            ("/a?x;y/", "/a"),
+            ("relative/", "relative/"),
+        ] {
+            assert_eq!(canonical_path(given), want, "{given}");
+        }
+        assert!(matches!(canonical_path("/v1/users/42"), Cow::Borrowed(_)));
+    }
+
+    /// Each switch off keeps just its own respelling.
+    #[test]
+    fn each_switch_keeps_its_own_respelling() {
+        let off = |f: fn(&mut PathMatching)| {
+            let mut m = PathMatching::LENIENT;
+            f(&mut m);
+            m
+        };
+        let slash = off(|m| m.trailing_slash = false);
+        let params = off(|m| m.path_params = false);
+        let encoded = off(|m| m.encoded_slash = false);
+        assert_eq!(canonical_path_with("/a;x/b/", slash), "/a/b/");
+        assert_eq!(canonical_path_with("/a;x/b/", params), "/a;x/b");
+        assert_eq!(canonical_path_with("/b/..;/a", params), "/b/..;/a");
+        assert_eq!(canonical_path_with("/a%2fb;x/", encoded), "/a%2Fb");
+        assert!(!PathMatching::LENIENT.same_paths(&slash));
+        let head = off(|m| m.head_as_get = false);
+        assert!(PathMatching::LENIENT.same_paths(&head));
+        let req = RequestPath::new("/a/", PathMatching::LENIENT);
+        assert_eq!(req.canonical(), "/a");
+        assert_eq!(req.canonical_for(head), "/a");
+        assert_eq!(req.canonical_for(slash), "/a/");
+        assert_eq!(req.raw(), "/a/");
+    }
+
+    fn any_matching() -> impl proptest::strategy::Strategy<Value = PathMatching> {
+        use proptest::strategy::Strategy;
+        proptest::array::uniform4(proptest::bool::ANY).prop_map(|[t, p, e, h]| PathMatching {
+            trailing_slash: t,
+            path_params: p,
+            encoded_slash: e,
+            head_as_get: h,
+        })
+    }
+
     proptest::proptest! {
-        /// One more pass changes nothing, and the result has no dot
-        /// segments, no empty segments but a trailing one, and no escaped
-        /// unreserved character.
+        /// Under every set of options, one more pass changes nothing, and
+        /// the result has no dot segments, no empty segments but a
+        /// trailing one, no escaped unreserved character, and none of the
+        /// respellings its switches resolve.
         #[test]
         fn the_canonical_form_is_a_fixed_point(
-            segs in proptest::collection::vec("(\\.|\\.\\.|%2[eE]|%6[1-9]|%2[fF]|[a-c]{0,2}|%)", 0..8),
+            segs in proptest::collection::vec(
+                "(\\.|\\.\\.|%2[eE]|%6[1-9]|%2[fF]|%3[bB]|[a-c]{0,2}|%|;|;x|\\.\\.;|\\.;x|a;b)",
+                0..8,
+            ),
+            matching in any_matching(),
         ) {
             let path = format!("/{}", segs.join("/"));
-            let once = canonical_path(&path).into_owned();
-            proptest::prop_assert_eq!(canonical_path(&once), once.as_str(), "{}", path);
+            let once = canonical_path_with(&path, matching).into_owned();
+            proptest::prop_assert_eq!(canonical_path_with(&once, matching), once.as_str(), "{}", path);
             let body = once.trim_end_matches('/');
             for seg in body.split('/').skip(1) {
-                proptest::prop_assert!(seg != "." && seg != ".." && !seg.is_empty(), "{} -> {}", path, once);
+                let dots = if matching.path_params { seg.split(';').next().unwrap_or("") } else { seg };
+                proptest::prop_assert!(dots != "." && dots != ".." && !seg.is_empty(), "{} -> {}", path, once);
             }
-            for esc in ["%2e", "%2E", "%61"] {
+            for esc in ["%2e", "%2E", "%61", "%2f"] {
                 proptest::prop_assert!(!once.contains(esc), "{} -> {}", path, once);
+            }
+            if matching.trailing_slash {
+                proptest::prop_assert!(once == "/" || !once.ends_with('/'), "{} -> {}", path, once);
+            }
+            if matching.path_params {
+                proptest::prop_assert!(!once.contains(';'), "{} -> {}", path, once);
+            }
+            if matching.encoded_slash {
+                proptest::prop_assert!(!once.contains("%2F"), "{} -> {}", path, once);
             }
         }
     }

@@ -5,6 +5,7 @@ use std::fmt;
 
 use crate::algo::Limit;
 use crate::error::{Error, ErrorKind};
+use crate::path::{PathMatching, RequestPath};
 
 /// What happens when a rule's limits are exceeded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -200,19 +201,52 @@ impl Route {
         })
     }
 
-    /// True if a request with `method` (may be absent) and `path` matches.
-    /// A route with a method never matches a request without one.
+    /// True if a request with `method` (may be absent) and `path` (in its
+    /// [canonical form](crate::canonical_path)) matches, under the default
+    /// [`PathMatching`]: a route for `GET` matches `HEAD` too, and a
+    /// trailing `/` on the route or the path is ignored. A route with a
+    /// method never matches a request without one.
+    ///
+    /// ```
+    /// use spillway_core::{Route, canonical_path};
+    /// let r = Route::parse("GET /a")?;
+    /// for path in ["/a", "/a/", "/a;x=1", "/b/..;/a", "/b%2F..%2Fa"] {
+    ///     assert!(r.matches(Some("HEAD"), &canonical_path(path)), "{path}");
+    /// }
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
     pub fn matches(&self, method: Option<&str>, path: &str) -> bool {
+        self.matches_with(method, path, PathMatching::default())
+    }
+
+    /// [`Route::matches`] under `matching`: `path` should be in its
+    /// canonical form under the same options
+    /// ([`canonical_path_with`](crate::canonical_path_with)); here
+    /// `matching` decides whether `HEAD` counts as `GET` and whether a
+    /// trailing `/` is ignored.
+    pub fn matches_with(&self, method: Option<&str>, path: &str, matching: PathMatching) -> bool {
         if let Some(m) = &self.method {
             match method {
                 Some(rm) if rm.eq_ignore_ascii_case(m) => {}
+                Some(rm)
+                    if matching.head_as_get && m == "GET" && rm.eq_ignore_ascii_case("HEAD") => {}
                 _ => return false,
             }
         }
+        let path = path.split(['?', '#']).next().unwrap_or("");
+        let (path, want) = if matching.trailing_slash {
+            let path = match path.strip_suffix('/') {
+                Some(p) if !p.is_empty() => p,
+                _ => path,
+            };
+            (path, self.segments_but_trailing())
+        } else {
+            (path, &self.segments[..])
+        };
         let Some(mut segs) = Route::segments_of(path) else {
             return false;
         };
-        for want in &self.segments {
+        for want in want {
             match (want, segs.next()) {
                 (Segment::Literal(l), Some(got)) if l == got => {}
                 (Segment::Param, Some(got)) if !got.is_empty() => {}
@@ -227,11 +261,20 @@ impl Route {
         &self.text
     }
 
+    /// The segments without the empty one a trailing `/` leaves.
+    fn segments_but_trailing(&self) -> &[Segment] {
+        match self.segments.split_last() {
+            Some((Segment::Literal(l), rest)) if l.is_empty() => rest,
+            _ => &self.segments,
+        }
+    }
+
     /// The literal segments the route starts with, up to its first
-    /// parameter: every path it matches starts with them (for an index
-    /// of many routes).
+    /// parameter, leaving out the empty segment of a trailing `/`: every
+    /// path it matches (under any [`PathMatching`]) starts with them (for
+    /// an index of many routes).
     pub fn literal_prefix(&self) -> impl Iterator<Item = &str> {
-        self.segments.iter().map_while(|s| match s {
+        self.segments_but_trailing().iter().map_while(|s| match s {
             Segment::Literal(l) => Some(l.as_str()),
             Segment::Param => None,
         })
@@ -286,6 +329,8 @@ pub struct Rule {
     soft_limits: Vec<Limit>,
     mode: Mode,
     on_store_error: Option<FailPolicy>,
+    /// The rule's own path matching, if it sets one (else the limiter's).
+    path_matching: Option<PathMatching>,
     fingerprint: u64,
 }
 
@@ -321,6 +366,7 @@ impl Rule {
             soft_limits,
             mode,
             on_store_error: None,
+            path_matching: None,
             fingerprint,
         })
     }
@@ -329,6 +375,20 @@ impl Rule {
     pub fn with_fail_policy(mut self, policy: FailPolicy) -> Rule {
         self.on_store_error = Some(policy);
         self
+    }
+
+    /// Sets which respellings of a path this rule counts as the path
+    /// (instead of the limiter's global [`PathMatching`]): e.g. a rule for
+    /// an upstream that serves `/a` and `/a/` differently turns
+    /// `trailing_slash` off. Does not change the rule's counters.
+    pub fn with_path_matching(mut self, matching: PathMatching) -> Rule {
+        self.path_matching = Some(matching);
+        self
+    }
+
+    /// The rule's own path matching, if it sets one.
+    pub fn path_matching(&self) -> Option<PathMatching> {
+        self.path_matching
     }
 
     /// The rule's name.
@@ -375,12 +435,46 @@ impl Rule {
         self.fingerprint
     }
 
-    /// True if the rule applies to a request for `method` and `path`.
-    /// A rule without a route applies to every request.
+    /// True if the rule applies to a request for `method` and `path`
+    /// (in its [canonical form](crate::canonical_path)), matched with the
+    /// rule's own [`PathMatching`] or the default one. A rule without a
+    /// route applies to every request.
+    ///
+    /// `path` has been canonicalised already, so a rule whose own options
+    /// are stricter about the path than those it was canonicalised with
+    /// can only be strict about `HEAD` and a trailing `/` here: for the
+    /// full effect use [`Rule::applies_to_path`].
     pub fn applies_to(&self, method: Option<&str>, path: Option<&str>) -> bool {
         match (&self.route, path) {
             (None, _) => true,
-            (Some(r), Some(p)) => r.matches(method, p),
+            (Some(r), Some(p)) => r.matches_with(method, p, self.path_matching.unwrap_or_default()),
+            (Some(_), None) => false,
+        }
+    }
+
+    /// True if the rule applies to a request for `method` and `path`,
+    /// matched with the rule's own [`PathMatching`] if it sets one, else
+    /// with the options `path` was canonicalised with (the limiter's
+    /// global ones). Canonicalises again only for a rule whose options
+    /// treat paths differently.
+    ///
+    /// ```
+    /// use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, PathMatching, RequestPath, Route, Rule};
+    /// let limit = Limit::FixedWindow(FixedWindow::new(1, Nanos::from_secs(1))?);
+    /// let rule = Rule::new("r", Some(Route::parse("GET /a")?), KeySpec::parse("ip")?, vec![limit], Mode::Hard)?;
+    /// let path = RequestPath::new("/a;x=1/", PathMatching::default());
+    /// assert!(rule.applies_to_path(Some("GET"), Some(&path)));
+    /// let strict = rule.with_path_matching(PathMatching::STRICT);
+    /// assert!(!strict.applies_to_path(Some("GET"), Some(&path)));
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
+    pub fn applies_to_path(&self, method: Option<&str>, path: Option<&RequestPath<'_>>) -> bool {
+        match (&self.route, path) {
+            (None, _) => true,
+            (Some(r), Some(p)) => {
+                let matching = self.path_matching.unwrap_or(p.matching());
+                r.matches_with(method, &p.canonical_for(matching), matching)
+            }
             (Some(_), None) => false,
         }
     }
@@ -437,6 +531,67 @@ mod tests {
         let root = Route::parse("/").unwrap();
         assert!(root.matches(None, "/"));
         assert!(!root.matches(None, "/a"));
+    }
+
+    /// The issue "No way past a limit": after `GET /a` is used up, `HEAD
+    /// /a`, `/a/`, `/a;x=1`, `/b/..;/a` and `/a%2F` met no rule. Through
+    /// the calls the limiter makes (`canonical_path`, then `applies_to`),
+    /// each now meets the rule for `GET /a`; a rule with the strict
+    /// options (through `applies_to_path`) sees none of them.
+    #[test]
+    fn no_way_past_a_limit_by_respelling_get_a() {
+        let limit = Limit::FixedWindow(crate::FixedWindow::new(1, crate::Nanos(1)).unwrap());
+        let rule = Rule::new(
+            "r",
+            Some(Route::parse("GET /a").unwrap()),
+            KeySpec::parse("ip").unwrap(),
+            vec![limit],
+            Mode::Hard,
+        )
+        .unwrap();
+        let strict = rule.clone().with_path_matching(PathMatching::STRICT);
+        let respelled = [
+            ("HEAD", "/a"),
+            ("GET", "/a/"),
+            ("GET", "/a;x=1"),
+            ("GET", "/b/..;/a"),
+            ("GET", "/a%2F"),
+            ("head", "/b%2f..%2Fa;x/"),
+        ];
+        for (method, path) in respelled {
+            let canonical = crate::canonical_path(path);
+            assert!(
+                rule.applies_to(Some(method), Some(&canonical)),
+                "{method} {path}"
+            );
+            let req = RequestPath::new(path, PathMatching::default());
+            assert!(
+                rule.applies_to_path(Some(method), Some(&req)),
+                "{method} {path}"
+            );
+            assert!(
+                !strict.applies_to_path(Some(method), Some(&req)),
+                "{method} {path}"
+            );
+        }
+        let plain = RequestPath::new("/a", PathMatching::default());
+        assert!(strict.applies_to_path(Some("GET"), Some(&plain)));
+        assert!(!rule.applies_to(Some("POST"), Some("/a")));
+        assert!(!rule.applies_to(Some("GET"), Some("/a/b")));
+    }
+
+    #[test]
+    fn a_route_with_a_trailing_slash_matches_without_one() {
+        let r = Route::parse("/a/").unwrap();
+        assert!(r.matches(None, "/a"));
+        assert!(r.matches(None, "/a/"));
+        assert_eq!(r.literal_prefix().collect::<Vec<_>>(), ["a"]);
+        assert!(!r.matches_with(None, "/a", PathMatching::STRICT));
+        assert!(r.matches_with(None, "/a/", PathMatching::STRICT));
+        let head = Route::parse("HEAD /a").unwrap();
+        assert!(!head.matches(Some("GET"), "/a"));
+        let post = Route::parse("POST /a").unwrap();
+        assert!(!post.matches(Some("HEAD"), "/a"));
     }
 
     #[test]

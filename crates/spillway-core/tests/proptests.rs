@@ -1,9 +1,11 @@
-//! Property tests: each algorithm's defining invariant, on a virtual clock.
+//! Property tests: each algorithm's defining invariant, on a virtual clock;
+//! and route matching that no respelling of a path steps around.
 
 use proptest::prelude::*;
 use spillway_core::{
-    FixedWindow, Gcra, LeakyBucket, Limit, Log, Nanos, Rate, Shaper, SlidingCounter, SlidingLog,
-    TokenBucket, Verdict, Wide,
+    FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, Log, Mode, Nanos, PathMatching, Rate,
+    RequestPath, Route, Rule, Shaper, SlidingCounter, SlidingLog, TokenBucket, Verdict, Wide,
+    canonical_path,
 };
 
 /// A limit with its state, so every algorithm can be driven the same way.
@@ -330,4 +332,137 @@ fn a_cost_above_the_limit_is_never_admitted() {
     let (v, _) = fw.decide(Wide::default(), Nanos::from_secs(10), 6);
     assert!(!v.allowed);
     assert!(v.retry_after.is_never());
+}
+
+// Route matching: count when in doubt.
+
+/// A rule for `GET` on `segs`, its path, and the default-canonical form.
+fn get_rule(segs: &[String]) -> (Rule, String) {
+    let path = format!("/{}", segs.join("/"));
+    let limit = Limit::FixedWindow(FixedWindow::new(1, Nanos(SEC)).unwrap());
+    let route = Route::parse(&format!("GET {path}")).unwrap();
+    let by = KeySpec::parse("ip").unwrap();
+    let rule = Rule::new("r", Some(route), by, vec![limit], Mode::Hard).unwrap();
+    (rule, path)
+}
+
+fn segments(min: usize) -> impl Strategy<Value = Vec<String>> {
+    prop::collection::vec("[a-z0-9][a-z0-9._~-]{0,3}", min..5).prop_filter("no dot segments", |s| {
+        s.iter().all(|x| x != "." && x != "..")
+    })
+}
+
+/// A path separator other than the first: `/`, `%2F` or `%2f`.
+fn separator() -> impl Strategy<Value = &'static str> {
+    prop::sample::select(vec!["/", "/", "%2F", "%2f"])
+}
+
+/// One segment respelled: a `..;` detour before it (through a made-up
+/// segment, with its own separators), and path parameters after it.
+#[derive(Debug, Clone)]
+struct Respelled {
+    detour: Option<(String, &'static str, &'static str)>,
+    params: Option<String>,
+    separator: &'static str,
+}
+
+fn respelled() -> impl Strategy<Value = Respelled> {
+    (
+        prop::option::of(("[a-z]{1,3}", separator(), separator())),
+        prop::option::of(";[a-z0-9=,]{0,5}"),
+        separator(),
+    )
+        .prop_map(|(detour, params, separator)| Respelled {
+            detour,
+            params,
+            separator,
+        })
+}
+
+/// `segs` written with the respellings `how`, and a trailing `/` if asked.
+fn respell(segs: &[String], how: &[Respelled], trailing: bool) -> String {
+    let mut out = String::new();
+    for (i, (seg, r)) in segs.iter().zip(how.iter().cycle()).enumerate() {
+        out.push_str(if i == 0 { "/" } else { r.separator });
+        if let Some((via, s1, s2)) = &r.detour {
+            out.push_str(&format!(
+                "{via}{s1}..;{}{s2}",
+                r.params.as_deref().unwrap_or("")
+            ));
+        }
+        out.push_str(seg);
+        out.push_str(r.params.as_deref().unwrap_or(""));
+    }
+    if trailing {
+        out.push('/');
+    }
+    out
+}
+
+proptest! {
+    /// Any respelling of a path made of a trailing slash, `;` parameters,
+    /// `..;` detours and `%2F`/`%2f` for `/`, sent as `GET` or `HEAD`,
+    /// meets the rule for `GET` on the path, through the calls the
+    /// limiter makes (`canonical_path`, then `Rule::applies_to`), and has
+    /// the path's canonical form (so a `route` key counts them together).
+    #[test]
+    fn any_respelling_meets_the_rule_for_its_path(
+        segs in segments(1),
+        how in prop::collection::vec(respelled(), 1..5),
+        trailing in any::<bool>(),
+        head in any::<bool>(),
+    ) {
+        let (rule, path) = get_rule(&segs);
+        let spelled = respell(&segs, &how, trailing);
+        let method = if head { "HEAD" } else { "GET" };
+        let canonical = canonical_path(&spelled);
+        prop_assert_eq!(&canonical, &canonical_path(&path), "{}", spelled);
+        prop_assert!(rule.applies_to(Some(method), Some(&canonical)), "{} {}", method, spelled);
+        let req = RequestPath::new(&spelled, PathMatching::default());
+        prop_assert!(rule.applies_to_path(Some(method), Some(&req)), "{} {}", method, spelled);
+        prop_assert_eq!(PathMatching::default().method(method), "GET");
+    }
+
+    /// With a switch off, the respelling it governs no longer meets the
+    /// rule (set per rule, over a limiter's lenient global options),
+    /// while the plain path still does.
+    #[test]
+    fn a_stricter_switch_stops_its_respelling(
+        segs in segments(2),
+        params in ";[a-z0-9=,]{0,5}",
+        via in "[a-z]{1,3}",
+        sep in prop::sample::select(vec!["%2F", "%2f"]),
+        at in any::<prop::sample::Index>(),
+    ) {
+        let (rule, path) = get_rule(&segs);
+        let i = at.index(segs.len());
+        let with = |f: fn(&mut PathMatching)| {
+            let mut m = PathMatching::default();
+            f(&mut m);
+            rule.clone().with_path_matching(m)
+        };
+        let mut with_params = segs.clone();
+        with_params[i].push_str(&params);
+        let mut detoured = segs.clone();
+        detoured[i] = format!("{via}/..;/{}", segs[i]);
+        let encoded = format!("/{}{sep}{}", segs[0], segs[1..].join("/"));
+        let cases = [
+            (with(|m| m.head_as_get = false), "HEAD", path.clone()),
+            (with(|m| m.trailing_slash = false), "GET", format!("{path}/")),
+            (with(|m| m.path_params = false), "GET", format!("/{}", with_params.join("/"))),
+            (with(|m| m.path_params = false), "GET", format!("/{}", detoured.join("/"))),
+            (with(|m| m.encoded_slash = false), "GET", encoded),
+        ];
+        for (strict, method, spelled) in &cases {
+            let req = RequestPath::new(spelled, PathMatching::default());
+            prop_assert!(rule.applies_to_path(Some(method), Some(&req)), "{} {}", method, spelled);
+            prop_assert!(!strict.applies_to_path(Some(method), Some(&req)), "{} {}", method, spelled);
+            let plain = RequestPath::new(&path, PathMatching::default());
+            prop_assert!(strict.applies_to_path(Some("GET"), Some(&plain)), "{}", path);
+            // The same through a strict global setting and no rule of its own.
+            let m = strict.path_matching().unwrap();
+            let global = RequestPath::new(spelled, m);
+            prop_assert!(!rule.applies_to_path(Some(method), Some(&global)), "{} {}", method, spelled);
+        }
+    }
 }

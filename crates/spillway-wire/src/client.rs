@@ -1,0 +1,436 @@
+//! A pooled HTTP/1.1 client to one upstream, for the direct path: the
+//! request is re-framed (the proxy writes its own `Host` and
+//! `Content-Length`; the client's framing headers are never copied and
+//! `Connection` cannot remove them), the response head is read strictly
+//! ([`crate::framing`]) and the body relayed as it arrives, without
+//! decoding it.
+
+use std::io;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::framing::{Chunks, Framing, ResponseHead, response_head};
+use crate::headers::{FRAMING, HOP_BY_HOP, connection_tokens, named};
+use crate::server::ClientConn;
+
+/// Idle connections kept for reuse.
+const MAX_IDLE: usize = 256;
+/// Largest response head accepted from the upstream.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Response headers parsed.
+const MAX_RESPONSE_HEADERS: usize = 100;
+/// Read buffer size for relaying.
+const RELAY: usize = 64 * 1024;
+
+/// One upstream and its idle connections.
+#[derive(Debug)]
+pub struct Upstream {
+    /// `host:port` to connect to, also sent as `Host`.
+    authority: String,
+    /// The upstream URL's path, without a trailing `/`, prefixed to every
+    /// request's target.
+    base: String,
+    timeout: Duration,
+    idle: Mutex<Vec<TcpStream>>,
+}
+
+/// A failure before any of the response reached the client.
+#[derive(Debug)]
+pub enum Failure {
+    /// Could not connect, the connection broke, or the answer's framing
+    /// cannot be trusted (502). The text is for the log, not the client.
+    Bad(String),
+    /// No response head within the timeout (504).
+    Timeout,
+}
+
+/// The parts of a client request the upstream request is built from.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    /// Method, as the client sent it.
+    pub method: &'a str,
+    /// Origin-form target, as the client sent it.
+    pub target: &'a str,
+    /// The client's headers: hop-by-hop ones, those its `Connection`
+    /// names, framing ones and `drop` are left out.
+    pub headers: &'a [httparse::Header<'a>],
+    /// More request header names to leave out (the proxy writes its own).
+    pub drop: &'a [&'a str],
+    /// Header lines the proxy adds, formatted (`name: value\r\n` each).
+    pub add: &'a [u8],
+    /// The body.
+    pub body: &'a [u8],
+    /// Response header names to leave out (the proxy adds its own).
+    pub drop_response: &'a [&'a str],
+}
+
+/// A response head from the upstream, ready for the client.
+#[derive(Debug)]
+pub struct Response {
+    conn: TcpStream,
+    /// Bytes read past the head (the start of the body).
+    rest: Vec<u8>,
+    framing: Framing,
+    reusable: bool,
+    /// The status code.
+    pub code: u16,
+    /// Status line and headers (see [`ResponseHead::head`]), without the
+    /// final blank line, so the caller can add its own headers.
+    pub head: Vec<u8>,
+    /// The client connection must close after this response (the body
+    /// ends when the upstream closes).
+    pub close_client: bool,
+}
+
+impl Upstream {
+    /// An upstream at `authority` (`host:port`), every target prefixed
+    /// with `base` (a path without a trailing `/`, or empty).
+    pub fn new(authority: String, base: String, timeout: Duration) -> Upstream {
+        Upstream {
+            authority,
+            base,
+            timeout,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// `host:port`.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// Sends `req` and reads the response head. Idle connections the
+    /// upstream has closed are skipped; one that fails anyway (closed in
+    /// between) is retried once on a new connection for idempotent methods.
+    ///
+    /// # Errors
+    /// See [`Failure`].
+    pub async fn send(&self, req: &Outgoing<'_>) -> Result<Response, Failure> {
+        let head = self.request_head(req);
+        let idempotent = matches!(
+            req.method,
+            "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
+        );
+        if let Some(conn) = self.take_idle() {
+            match self.exchange(conn, &head, req).await {
+                Err(Failure::Bad(_)) if idempotent => {}
+                other => return other,
+            }
+        }
+        let conn = self.connect().await?;
+        self.exchange(conn, &head, req).await
+    }
+
+    /// An idle connection that still looks open: one with data or an end
+    /// of stream waiting (the upstream closed it, or is misbehaving) is
+    /// dropped.
+    fn take_idle(&self) -> Option<TcpStream> {
+        let mut idle = self.idle.lock();
+        while let Some(conn) = idle.pop() {
+            let mut probe = [0u8; 1];
+            if let Err(e) = conn.try_read(&mut probe)
+                && e.kind() == io::ErrorKind::WouldBlock
+            {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<TcpStream, Failure> {
+        let connect = TcpStream::connect(self.authority.as_str());
+        match tokio::time::timeout(self.timeout.min(Duration::from_secs(10)), connect).await {
+            Ok(Ok(c)) => {
+                let _ = c.set_nodelay(true);
+                Ok(c)
+            }
+            Ok(Err(e)) => Err(Failure::Bad(format!("connect {}: {e}", self.authority))),
+            Err(_) => Err(Failure::Bad(format!(
+                "connect {}: timed out",
+                self.authority
+            ))),
+        }
+    }
+
+    /// Writes the request and reads the response head on `conn`.
+    async fn exchange(
+        &self,
+        mut conn: TcpStream,
+        head: &[u8],
+        req: &Outgoing<'_>,
+    ) -> Result<Response, Failure> {
+        let broken = |e: io::Error| Failure::Bad(e.to_string());
+        let write = async {
+            if req.body.is_empty() {
+                conn.write_all(head).await
+            } else {
+                let bufs = [io::IoSlice::new(head), io::IoSlice::new(req.body)];
+                let total = head.len() + req.body.len();
+                let n = conn.write_vectored(&bufs).await?;
+                if n < total {
+                    let mut all = Vec::with_capacity(total);
+                    all.extend_from_slice(head);
+                    all.extend_from_slice(req.body);
+                    conn.write_all(&all[n..]).await?;
+                }
+                Ok(())
+            }
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(r) => r.map_err(broken)?,
+            Err(_) => return Err(Failure::Timeout),
+        }
+        let read_head = async {
+            let mut buf = Vec::with_capacity(4096);
+            // Read only when what is buffered is not a whole head: an
+            // interim answer may arrive together with the final one.
+            let mut need_more = true;
+            loop {
+                if buf.len() >= MAX_RESPONSE_HEAD {
+                    return Err(Failure::Bad("response head too large".into()));
+                }
+                if need_more {
+                    let n = read_some(&mut conn, &mut buf).await.map_err(broken)?;
+                    if n == 0 {
+                        return Err(Failure::Bad("connection closed before a response".into()));
+                    }
+                }
+                need_more = true;
+                let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+                let mut resp = httparse::Response::new(&mut headers);
+                match resp.parse(&buf) {
+                    Ok(httparse::Status::Complete(len)) => {
+                        let code = resp.code.unwrap_or(0);
+                        if code == 101 {
+                            // Nothing was asked to upgrade on this path.
+                            return Err(Failure::Bad("101 to a request without Upgrade".into()));
+                        }
+                        if (100..200).contains(&code) {
+                            // An interim answer (100 Continue, 103): skip it.
+                            buf.drain(..len);
+                            need_more = buf.is_empty();
+                            continue;
+                        }
+                        let parsed = response_head(&resp, req.method == "HEAD", req.drop_response)
+                            .map_err(|e| Failure::Bad(format!("bad response: {e}")))?;
+                        buf.drain(..len);
+                        return Ok((parsed, buf));
+                    }
+                    Ok(httparse::Status::Partial) => {}
+                    Err(e) => return Err(Failure::Bad(format!("bad response: {e}"))),
+                }
+            }
+        };
+        let (parsed, rest): (ResponseHead, Vec<u8>) =
+            match tokio::time::timeout(self.timeout, read_head).await {
+                Ok(r) => r?,
+                Err(_) => return Err(Failure::Timeout),
+            };
+        Ok(Response {
+            conn,
+            rest,
+            framing: parsed.framing,
+            reusable: parsed.reusable,
+            code: parsed.code,
+            head: parsed.head,
+            close_client: parsed.framing == Framing::UntilClose,
+        })
+    }
+
+    fn request_head(&self, req: &Outgoing<'_>) -> Vec<u8> {
+        let mut h = Vec::with_capacity(256 + req.headers.len() * 48 + req.add.len());
+        h.extend_from_slice(req.method.as_bytes());
+        h.push(b' ');
+        h.extend_from_slice(self.base.as_bytes());
+        h.extend_from_slice(req.target.as_bytes());
+        h.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        h.extend_from_slice(self.authority.as_bytes());
+        h.extend_from_slice(b"\r\n");
+        let headers: &[httparse::Header<'_>] = req.headers;
+        let listed = connection_tokens(headers);
+        let mut had_length = false;
+        for hd in headers {
+            let name = hd.name;
+            if named(&FRAMING, name) {
+                had_length |= name.eq_ignore_ascii_case("content-length");
+                continue;
+            }
+            if named(&HOP_BY_HOP, name) || named(&listed, name) || named(req.drop, name) {
+                continue;
+            }
+            h.extend_from_slice(name.as_bytes());
+            h.extend_from_slice(b": ");
+            h.extend_from_slice(hd.value);
+            h.extend_from_slice(b"\r\n");
+        }
+        h.extend_from_slice(req.add);
+        if had_length || !req.body.is_empty() {
+            h.extend_from_slice(b"content-length: ");
+            h.extend_from_slice(itoa::Buffer::new().format(req.body.len()).as_bytes());
+            h.extend_from_slice(b"\r\n");
+        }
+        h.extend_from_slice(b"\r\n");
+        h
+    }
+
+    /// Relays the body of `resp` to the client after `out` (which holds the
+    /// finished response head), as it arrives, and puts the connection back
+    /// in the pool if it can serve again. False if either side broke
+    /// midway, the upstream stalled for the timeout, or its chunked coding
+    /// was malformed: the client's framing cannot be finished then, so the
+    /// caller closes its connection.
+    pub async fn relay(
+        &self,
+        mut resp: Response,
+        client: &mut ClientConn<'_>,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let mut scanner = Chunks::default();
+        let mut remaining = match resp.framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        let mut data = std::mem::take(&mut resp.rest);
+        let mut done = matches!(resp.framing, Framing::None | Framing::Length(0));
+        let mut leftover = false;
+        loop {
+            if !data.is_empty() {
+                let take = match resp.framing {
+                    Framing::Length(_) => {
+                        let n = (remaining.min(data.len() as u64)) as usize;
+                        remaining -= n as u64;
+                        done = remaining == 0;
+                        n
+                    }
+                    Framing::Chunked => match scanner.scan(&data) {
+                        Ok(Some(end)) => {
+                            done = true;
+                            end
+                        }
+                        Ok(None) => data.len(),
+                        Err(e) => {
+                            tracing::debug!("upstream body: {}", e.0);
+                            let _ = client.write_all(out).await;
+                            return false;
+                        }
+                    },
+                    Framing::UntilClose => data.len(),
+                    Framing::None => 0,
+                };
+                leftover |= take < data.len();
+                out.extend_from_slice(&data[..take]);
+                data.clear();
+            }
+            // What arrived goes out now: a stream (server-sent events, a
+            // long poll) reaches the client as the upstream writes it.
+            if !out.is_empty() {
+                if !client.write_all(out).await {
+                    return false;
+                }
+                out.clear();
+            }
+            if done {
+                break;
+            }
+            match tokio::time::timeout(self.timeout, read_some(&mut resp.conn, &mut data)).await {
+                Ok(Ok(0)) if resp.framing == Framing::UntilClose => return true,
+                Ok(Ok(n)) if n > 0 => {}
+                // Closed early, broken or stalled.
+                _ => return false,
+            }
+        }
+        if resp.reusable && !leftover {
+            let mut idle = self.idle.lock();
+            if idle.len() < MAX_IDLE {
+                idle.push(resp.conn);
+            }
+        }
+        true
+    }
+}
+
+async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 2048 {
+        buf.reserve(RELAY.max(buf.capacity()));
+    }
+    conn.read_buf(buf).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_for(headers: &[httparse::Header<'_>], body: &[u8]) -> String {
+        let up = Upstream::new("up:1".into(), "/base".into(), Duration::from_secs(1));
+        let req = Outgoing {
+            method: "POST",
+            target: "/x?y",
+            headers,
+            drop: &["x-forwarded-for"],
+            add: b"x-forwarded-for: 1.2.3.4\r\n",
+            body,
+            drop_response: &[],
+        };
+        String::from_utf8(up.request_head(&req)).unwrap()
+    }
+
+    /// Regression (issue 15): `Connection: Content-Length` removed the
+    /// length but the body was still sent, so a strict upstream read it as
+    /// further requests.
+    #[test]
+    fn the_proxy_writes_its_own_framing() {
+        let hs = [
+            httparse::Header {
+                name: "Host",
+                value: b"evil",
+            },
+            httparse::Header {
+                name: "Connection",
+                value: b"Content-Length, Host, X-Gone",
+            },
+            httparse::Header {
+                name: "Content-Length",
+                value: b"5",
+            },
+            httparse::Header {
+                name: "Transfer-Encoding",
+                value: b"chunked",
+            },
+            httparse::Header {
+                name: "X-Gone",
+                value: b"1",
+            },
+            httparse::Header {
+                name: "X-Forwarded-For",
+                value: b"6.6.6.6",
+            },
+            httparse::Header {
+                name: "X-Kept",
+                value: b"1",
+            },
+        ];
+        let h = head_for(&hs, b"hello");
+        assert!(
+            h.starts_with("POST /base/x?y HTTP/1.1\r\nhost: up:1\r\n"),
+            "{h}"
+        );
+        let lower = h.to_ascii_lowercase();
+        assert_eq!(lower.matches("content-length: 5\r\n").count(), 1, "{h}");
+        assert_eq!(lower.matches("host:").count(), 1, "{h}");
+        assert!(
+            !lower.contains("transfer-encoding") && !lower.contains("x-gone"),
+            "{h}"
+        );
+        assert!(
+            !lower.contains("6.6.6.6") && lower.contains("x-forwarded-for: 1.2.3.4"),
+            "{h}"
+        );
+        assert!(h.contains("X-Kept: 1") && h.ends_with("\r\n\r\n"), "{h}");
+        // No body and no length: none is written.
+        let h = head_for(&hs[4..], b"");
+        assert!(!h.to_ascii_lowercase().contains("content-length"), "{h}");
+    }
+}

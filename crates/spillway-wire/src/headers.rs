@@ -1,0 +1,83 @@
+//! Header lookups shared by both transports, and the hop-by-hop list.
+
+use http::HeaderMap;
+
+/// Headers that describe one connection, not the message: never forwarded
+/// (an allowed upgrade puts `Connection`/`Upgrade` back itself).
+pub const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Headers that frame a message or name its target: a proxy writes its
+/// own, so `Connection` may never remove them and a client's are never
+/// copied.
+pub const FRAMING: [&str; 3] = ["content-length", "transfer-encoding", "host"];
+
+/// Request or response headers by name (case-insensitive), as text: a
+/// `HeaderMap`, or the headers the direct path parsed in place.
+pub trait Headers {
+    /// Every value of `name` that is valid text, in order.
+    fn all(&self, name: &str) -> Vec<&str>;
+    /// The first value of `name`.
+    fn value(&self, name: &str) -> Option<&str> {
+        self.all(name).into_iter().next()
+    }
+    /// How many times `name` occurs (whatever its bytes).
+    fn count(&self, name: &str) -> usize;
+}
+
+impl Headers for HeaderMap {
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect()
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn count(&self, name: &str) -> usize {
+        self.get_all(name).iter().count()
+    }
+}
+
+impl Headers for [httparse::Header<'_>] {
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+            .collect()
+    }
+    fn value(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| std::str::from_utf8(h.value).ok())
+    }
+    fn count(&self, name: &str) -> usize {
+        self.iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .count()
+    }
+}
+
+/// The comma-separated tokens of every `Connection` header, trimmed.
+pub fn connection_tokens<H: Headers + ?Sized>(h: &H) -> Vec<&str> {
+    h.all("connection")
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .collect()
+}
+
+/// Whether `name` is one of `list`, ignoring case.
+pub fn named(list: &[&str], name: &str) -> bool {
+    list.iter().any(|n| n.eq_ignore_ascii_case(name))
+}

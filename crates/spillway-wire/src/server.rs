@@ -1,0 +1,552 @@
+//! The accept loop and the direct HTTP/1.1 path in front of hyper.
+//!
+//! Every connection starts here. While its requests are in the direct
+//! path's strict subset (see [`crate::head`]) and the [`Handler`] takes
+//! them, they are read in place and answered by the handler into one
+//! buffer: no service stack, header map or body channel. At the first
+//! request that is anything else, the connection and every byte read from
+//! it so far go to hyper and the handler's fallback service for the rest of
+//! its life.
+//!
+//! Every connection is bounded in time ([`Limits`]): a whole request head
+//! must arrive within `head_timeout`, a keep-alive connection may wait
+//! `idle_timeout` for its next request, a body must keep arriving
+//! (`body_timeout` per read) and an answer must be taken by the client
+//! (`write_timeout` per write). The number of connections is capped: at the
+//! cap, the connection that has waited longest for a request is closed to
+//! make room, and when the process runs out of descriptors, accepting backs
+//! off and idle connections are shed, so a flood of idle sockets cannot
+//! stop new clients from being answered.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use http::StatusCode;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::head::{self, Head, MAX_HEADERS, RequestHead};
+use crate::io::{Rewind, Timed};
+
+/// Time and connection bounds of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request head must arrive in full within this, from its first byte.
+    pub head_timeout: Duration,
+    /// A connection may wait this long for its next request (and a hyper
+    /// connection this long with nothing moving either way).
+    pub idle_timeout: Duration,
+    /// Each read of a request body must bring bytes within this.
+    pub body_timeout: Duration,
+    /// Each write of an answer must be taken by the client within this.
+    pub write_timeout: Duration,
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// How long shutdown waits for requests in flight.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A request the direct path read in full.
+#[derive(Debug)]
+pub struct Message<'a> {
+    /// Request line and headers.
+    pub head: RequestHead<'a, 'a>,
+    /// The body (its `Content-Length` bytes).
+    pub body: &'a [u8],
+    /// The client asked to close after this answer.
+    pub close: bool,
+    /// Who sent it.
+    pub peer: SocketAddr,
+}
+
+impl Message<'_> {
+    /// A HEAD request: its answer has no body.
+    pub fn is_head(&self) -> bool {
+        self.head.method == "HEAD"
+    }
+}
+
+/// The client side of a direct-path connection, for a handler's answer.
+#[derive(Debug)]
+pub struct ClientConn<'c> {
+    tcp: &'c mut TcpStream,
+    write_timeout: Duration,
+}
+
+impl ClientConn<'_> {
+    /// Writes all of `bytes` within the write timeout; false if the client
+    /// is gone or does not read.
+    pub async fn write_all(&mut self, bytes: &[u8]) -> bool {
+        matches!(
+            tokio::time::timeout(self.write_timeout, self.tcp.write_all(bytes)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Completes when the client closes its side (or the connection
+    /// breaks): true then; false when it sent more bytes (a pipelined
+    /// request), which leaves nothing to watch for.
+    pub async fn gone(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.tcp.peek(&mut probe).await, Ok(0) | Err(_))
+    }
+
+    /// The write timeout, for a handler that streams.
+    pub fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+}
+
+/// A way in, as the wire sees it: which plain requests it answers on the
+/// direct path, how, and the hyper service for everything else.
+pub trait Handler: Send + Sync + 'static {
+    /// What [`Handler::route`] found, for [`Handler::serve`].
+    type Route: Send;
+    /// The body of the fallback service's answers.
+    type Body: hyper::body::Body<
+            Data = bytes::Bytes,
+            Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        > + Send
+        + 'static;
+    /// The hyper service for requests the direct path does not take.
+    type Fallback: hyper::service::Service<
+            http::Request<Incoming>,
+            Response = http::Response<Self::Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Send
+        + 'static;
+
+    /// Largest body the direct path buffers for this handler.
+    fn max_body(&self) -> usize;
+
+    /// Whether the direct path answers this request (`Some`), or hyper.
+    fn route(&self, head: &RequestHead<'_, '_>) -> Option<Self::Route>;
+
+    /// Answers `msg`, writing to `conn` (`out` is a scratch buffer);
+    /// false when the connection must close.
+    fn serve<'a>(
+        &'a self,
+        route: Self::Route,
+        msg: Message<'a>,
+        conn: &'a mut ClientConn<'_>,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = bool> + Send + 'a;
+
+    /// The whole answer (head and body) refusing a request with `status`
+    /// before any handler saw it; the connection closes after it.
+    fn refuse(&self, status: StatusCode, detail: &str, out: &mut Vec<u8>);
+
+    /// The service for a connection handed to hyper.
+    fn fallback(&self, peer: SocketAddr) -> Self::Fallback;
+}
+
+/// Accepts connections on `listener` until `shutdown` completes, then lets
+/// requests in flight finish (idle connections close at once).
+///
+/// # Errors
+/// None today: accept errors are backed off and logged.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let drain = Arc::new(Drain {
+        stopping: AtomicBool::new(false),
+        busy: AtomicUsize::new(0),
+        hyper: watch::Sender::new(false),
+        conns: parking_lot::Mutex::new(HashMap::new()),
+        ended: Notify::new(),
+    });
+    let mut next_id = 0u64;
+    let date = tokio::spawn(crate::write::date_ticker());
+    let mut accept = AcceptState::default();
+    tokio::pin!(shutdown);
+    loop {
+        // At the cap: make room by closing the connection that has waited
+        // longest for a request, or wait for one to end.
+        while drain.conns.lock().len() >= limits.max_connections.max(1) {
+            if drain.shed_idle() {
+                accept.note_shed();
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return finish(drain, date, limits).await,
+                () = drain.ended.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            a = listener.accept() => a,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(a) => {
+                accept.ok();
+                a
+            }
+            Err(e) => {
+                let pause = accept.failed(&e);
+                if is_out_of_descriptors(&e) {
+                    drain.shed_idle();
+                }
+                if !pause.is_zero() {
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        next_id += 1;
+        let idle = Arc::new(AtomicBool::new(true));
+        let conn = Conn {
+            handler: handler.clone(),
+            drain: drain.clone(),
+            limits,
+            peer,
+            id: next_id,
+            idle: idle.clone(),
+        };
+        // Registered under the lock the task's exit also takes, so a
+        // connection that ends at once is still removed after this insert.
+        let mut conns = drain.conns.lock();
+        let task = tokio::spawn(conn.run(tcp));
+        conns.insert(next_id, (idle, task.abort_handle()));
+    }
+    finish(drain, date, limits).await
+}
+
+async fn finish(
+    drain: Arc<Drain>,
+    date: tokio::task::JoinHandle<()>,
+    limits: Limits,
+) -> io::Result<()> {
+    // Answers in flight finish (and close their connections), idle direct
+    // connections close now, hyper's shut down gracefully.
+    drain.stopping.store(true, Ordering::SeqCst);
+    drain.hyper.send_replace(true);
+    for (idle, task) in drain.conns.lock().values() {
+        if idle.load(Ordering::SeqCst) {
+            task.abort();
+        }
+    }
+    let deadline = Instant::now() + limits.drain_timeout;
+    while drain.busy.load(Ordering::SeqCst) > 0 || drain.hyper.receiver_count() > 0 {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                "connections still busy after {:?}; stopping anyway",
+                limits.drain_timeout
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for (_, task) in drain.conns.lock().values() {
+        task.abort();
+    }
+    date.abort();
+    Ok(())
+}
+
+fn is_out_of_descriptors(e: &io::Error) -> bool {
+    // EMFILE (24) and ENFILE (23) on Linux and the BSDs.
+    matches!(e.raw_os_error(), Some(23 | 24))
+}
+
+/// Accept failures, logged once per change of state rather than once per
+/// attempt, with a growing pause while descriptors are out.
+#[derive(Debug, Default)]
+struct AcceptState {
+    /// Consecutive failures.
+    failures: u32,
+    /// Connections shed for room since the last log line.
+    shed: u64,
+}
+
+impl AcceptState {
+    fn ok(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(
+                failures = self.failures,
+                "accepting connections again after {} failures",
+                self.failures
+            );
+        }
+        self.failures = 0;
+    }
+
+    fn note_shed(&mut self) {
+        self.shed += 1;
+        if self.shed.is_power_of_two() {
+            tracing::warn!(
+                shed = self.shed,
+                "connection cap reached: closing connections that wait for a request"
+            );
+        }
+    }
+
+    /// How long to pause before the next attempt.
+    fn failed(&mut self, e: &io::Error) -> Duration {
+        self.failures += 1;
+        if self.failures == 1 {
+            tracing::warn!(error = %e, "accept failing; backing off until it works again");
+        }
+        if is_out_of_descriptors(e) {
+            let ms = 10u64 << self.failures.min(7);
+            Duration::from_millis(ms.min(1000))
+        } else {
+            // A connection reset before it was accepted: nothing to wait for.
+            Duration::ZERO
+        }
+    }
+}
+
+/// What connections share with the accept loop, for shutdown and the cap.
+/// (Idle direct connections wait in a plain read and are aborted at
+/// shutdown: watching a shutdown signal there as well cost a registration
+/// on a shared list per request.)
+struct Drain {
+    /// Set when the server stops: answers then close their connections.
+    stopping: AtomicBool,
+    /// Direct-path requests being answered.
+    busy: AtomicUsize,
+    /// Connections handed to hyper hold a receiver and shut down gracefully
+    /// when it turns true.
+    hyper: watch::Sender<bool>,
+    /// Every open connection: whether it waits for a request, and its task.
+    conns: parking_lot::Mutex<HashMap<u64, (Arc<AtomicBool>, tokio::task::AbortHandle)>>,
+    /// Signalled when a connection ends.
+    ended: Notify,
+}
+
+impl Drain {
+    /// Closes the oldest connection that waits for a request; false if
+    /// none does.
+    fn shed_idle(&self) -> bool {
+        let mut conns = self.conns.lock();
+        let oldest = conns
+            .iter()
+            .filter(|(_, (idle, _))| idle.load(Ordering::Relaxed))
+            .map(|(id, _)| *id)
+            .min();
+        match oldest.and_then(|id| conns.remove(&id)) {
+            Some((_, task)) => {
+                task.abort();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Counts one request as busy while alive.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(n: &'a AtomicUsize) -> Busy<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        Busy(n)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One connection.
+struct Conn<H> {
+    handler: Arc<H>,
+    drain: Arc<Drain>,
+    limits: Limits,
+    peer: SocketAddr,
+    id: u64,
+    /// True while waiting for a request (between requests, or while its
+    /// head trickles in): such a connection may be closed to make room.
+    idle: Arc<AtomicBool>,
+}
+
+impl<H> Drop for Conn<H> {
+    fn drop(&mut self) {
+        self.drain.conns.lock().remove(&self.id);
+        self.drain.ended.notify_one();
+    }
+}
+
+/// How a read went.
+enum Read {
+    More,
+    /// Closed, broken or too slow: end the connection quietly.
+    Done,
+}
+
+impl<H: Handler> Conn<H> {
+    async fn run(self, mut tcp: TcpStream) {
+        let mut buf = BytesMut::with_capacity(4096);
+        let mut out = Vec::with_capacity(1024);
+        let max_body = self.handler.max_body();
+        loop {
+            // The head: within the idle timeout for its first byte, then
+            // within the head timeout for all of it.
+            let mut head_deadline =
+                (!buf.is_empty()).then(|| Instant::now() + self.limits.head_timeout);
+            self.idle.store(true, Ordering::Relaxed);
+            let (head_len, body_len, close) = loop {
+                match head::classify(&buf, max_body) {
+                    Head::Direct {
+                        head_len,
+                        body_len,
+                        close,
+                    } => break (head_len, body_len, close),
+                    Head::Hyper => return self.hand_off(tcp, buf).await,
+                    Head::Refuse(r) => {
+                        out.clear();
+                        self.handler.refuse(r.status(), r.detail(), &mut out);
+                        let mut conn = self.client(&mut tcp);
+                        conn.write_all(&out).await;
+                        let _ = tcp.shutdown().await;
+                        return;
+                    }
+                    Head::Partial => {}
+                }
+                let deadline = match head_deadline {
+                    Some(d) => d,
+                    None => Instant::now() + self.limits.idle_timeout,
+                };
+                if let Read::Done = read_until(&mut tcp, &mut buf, deadline).await {
+                    return;
+                }
+                head_deadline.get_or_insert_with(|| Instant::now() + self.limits.head_timeout);
+            };
+            self.idle.store(false, Ordering::Relaxed);
+            while buf.len() < head_len + body_len {
+                let deadline = Instant::now() + self.limits.body_timeout;
+                if let Read::Done = read_until(&mut tcp, &mut buf, deadline).await {
+                    return;
+                }
+            }
+            out.clear();
+            let drain = self.drain.clone();
+            let _busy = Busy::new(&drain.busy);
+            let keep = {
+                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                let (head_bytes, rest) = buf[..head_len + body_len].split_at(head_len);
+                let Some(parsed) = head::parse(head_bytes, &mut headers) else {
+                    return;
+                };
+                match self.handler.route(&parsed) {
+                    None => None,
+                    Some(route) => {
+                        let msg = Message {
+                            head: parsed,
+                            body: rest,
+                            close,
+                            peer: self.peer,
+                        };
+                        let mut conn = ClientConn {
+                            tcp: &mut tcp,
+                            write_timeout: self.limits.write_timeout,
+                        };
+                        Some(self.handler.serve(route, msg, &mut conn, &mut out).await)
+                    }
+                }
+            };
+            let Some(keep) = keep else {
+                return self.hand_off(tcp, buf).await;
+            };
+            buf.advance(head_len + body_len);
+            if !keep || close || self.drain.stopping.load(Ordering::Relaxed) {
+                let _ = tokio::time::timeout(self.limits.write_timeout, tcp.shutdown()).await;
+                return;
+            }
+        }
+    }
+
+    fn client<'c>(&self, tcp: &'c mut TcpStream) -> ClientConn<'c> {
+        ClientConn {
+            tcp,
+            write_timeout: self.limits.write_timeout,
+        }
+    }
+
+    /// Serves the rest of the connection with hyper and the handler's
+    /// fallback, starting with the bytes already read.
+    async fn hand_off(self, tcp: TcpStream, buf: BytesMut) {
+        self.idle.store(false, Ordering::Relaxed);
+        let io = Rewind {
+            pre: buf.freeze(),
+            inner: tcp,
+        };
+        let io = TokioIo::new(Timed::new(
+            io,
+            self.limits.idle_timeout,
+            self.limits.write_timeout,
+        ));
+        let svc = self.handler.fallback(self.peer);
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.head_timeout);
+        builder.http2().timer(TokioTimer::new());
+        let conn = builder.serve_connection_with_upgrades(io, svc);
+        tokio::pin!(conn);
+        let mut stop = self.drain.hyper.subscribe();
+        if *stop.borrow() {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+            return;
+        }
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
+}
+
+/// Reads more of a request before `deadline`.
+async fn read_until(tcp: &mut TcpStream, buf: &mut BytesMut, deadline: Instant) -> Read {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(4096);
+    }
+    match tokio::time::timeout_at(deadline, tcp.read_buf(buf)).await {
+        Ok(Ok(n)) if n > 0 => Read::More,
+        _ => Read::Done,
+    }
+}

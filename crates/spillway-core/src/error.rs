@@ -42,6 +42,10 @@ pub enum ErrorKind {
     BadRoute(String),
     /// A key specification could not be parsed.
     BadKey(String),
+    /// A duration (`500ms`, `1h`) could not be parsed; the message quotes it.
+    BadDuration(String),
+    /// A rate (`5/s`, `100/1m`) could not be parsed or built; the message quotes it.
+    BadRate(String),
 }
 
 impl Error {
@@ -72,6 +76,7 @@ impl fmt::Display for Error {
             ErrorKind::NoLimits => write!(f, "a rule needs at least one limit"),
             ErrorKind::BadRoute(msg) => write!(f, "bad route: {msg}"),
             ErrorKind::BadKey(msg) => write!(f, "bad key: {msg}"),
+            ErrorKind::BadDuration(msg) | ErrorKind::BadRate(msg) => f.write_str(msg),
         }
     }
 }

@@ -36,7 +36,7 @@ mod error;
 mod ip;
 mod path;
 pub mod rule;
-mod time;
+pub mod time;
 
 pub use algo::{
     FixedWindow, Gcra, LeakyBucket, Limit, Log, Rate, Shaper, SlidingCounter, SlidingLog,
@@ -47,4 +47,4 @@ pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};
 pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
-pub use time::{Clock, ManualClock, Nanos};
+pub use time::{Clock, ManualClock, Nanos, parse_duration};

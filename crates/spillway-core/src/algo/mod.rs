@@ -134,6 +134,45 @@ impl Rate {
     }
 }
 
+impl std::str::FromStr for Rate {
+    type Err = Error;
+
+    /// Parses `N/s`, `N/m`, `N/h`, `N/d` or `N/<duration>` such as
+    /// `100/1m` (any unit [`parse_duration`](crate::parse_duration) takes).
+    ///
+    /// ```
+    /// use spillway_core::{Nanos, Rate};
+    /// let r: Rate = "100/1m".parse()?;
+    /// assert_eq!((r.count(), r.per()), (100, Nanos::from_secs(60)));
+    /// assert_eq!("5/s".parse::<Rate>()?.per(), Nanos::from_secs(1));
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// No `/`, a count that is not a whole number, a bad duration, or a
+    /// rate [`Rate::new`] refuses ([`ErrorKind::BadRate`], quoting the input).
+    fn from_str(s: &str) -> Result<Rate, Error> {
+        let bad = |msg: String| Error::from(ErrorKind::BadRate(msg));
+        let (n, per) = s
+            .split_once('/')
+            .ok_or_else(|| bad(format!("{s:?} is not a rate: write e.g. 5/s, 100/1m")))?;
+        let n: u64 = n.trim().parse().map_err(|_| {
+            bad(format!(
+                "{:?} in rate {s:?} is not a whole number",
+                n.trim()
+            ))
+        })?;
+        let per = per.trim();
+        let per = if per.starts_with(|c: char| c.is_ascii_digit()) {
+            crate::time::parse_duration(per)
+        } else {
+            crate::time::parse_duration(&format!("1{per}"))
+        }
+        .map_err(|e| bad(e.to_string()))?;
+        Rate::new(n, per).map_err(|e| bad(format!("rate {s:?}: {e}")))
+    }
+}
+
 /// Parameter check shared by the constructors.
 pub(crate) fn nonzero(what: &'static str, v: u64) -> Result<u64, Error> {
     if v == 0 {
@@ -291,6 +330,55 @@ impl Limit {
             Limit::SlidingLog(_) => "sliding_window_log",
             Limit::SlidingCounter(_) => "sliding_window_counter",
             Limit::Gcra(_) => "gcra",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The syntax and messages of the server's `parse_rate`, which this replaces.
+    #[test]
+    fn rates_parse_as_rules_files_write_them() {
+        for (given, count, per) in [
+            ("100/1m", 100, Nanos::from_secs(60)),
+            ("5/s", 5, Nanos::from_secs(1)),
+            (" 7 / h ", 7, Nanos::from_secs(3600)),
+            ("1/d", 1, Nanos::from_secs(86_400)),
+            ("3/500ms", 3, Nanos::from_millis(500)),
+        ] {
+            let r: Rate = given.parse().unwrap();
+            assert_eq!((r.count(), r.per()), (count, per), "{given}");
+        }
+        for (given, message) in [
+            ("5", r#""5" is not a rate: write e.g. 5/s, 100/1m"#),
+            ("x/s", r#""x" in rate "x/s" is not a whole number"#),
+            ("-1/s", r#""-1" in rate "-1/s" is not a whole number"#),
+            ("5/y", r#"unknown unit "y" in "1y": use ms, s, m, h or d"#),
+            ("5/", r#""1" has no unit: write e.g. 500ms, 1s, 1m, 1h, 1d"#),
+            ("0/s", r#"rate "0/s": rate count must be at least 1"#),
+            (
+                "5/0s",
+                r#"rate "5/0s": rate period must be longer than zero"#,
+            ),
+            (
+                "2/1ns",
+                r#"rate "2/1ns": rate 2 per 1ns is more than one per nanosecond"#,
+            ),
+        ] {
+            let e = given.parse::<Rate>().unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::BadRate(_)), "{given}");
+            assert_eq!(e.to_string(), message, "{given}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text: a rate or an error, never a panic.
+        #[test]
+        fn parsing_a_rate_never_panics(s in "\\PC{0,12}", t in "[0-9]{0,21}/[0-9.]{0,22}(ns|ms|s|m|h|d|x|)") {
+            let _ = s.parse::<Rate>();
+            let _ = t.parse::<Rate>();
         }
     }
 }

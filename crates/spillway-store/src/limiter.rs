@@ -5,7 +5,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use spillway_core::{
     Attributes, Decision, FailPolicy, KeyPart, Mode, Nanos, Outcome, Rule, RuleDecision,
-    canonical_ip,
+    RuleDecisions, canonical_ip,
 };
 
 use crate::{Charge, Key, Store};
@@ -231,6 +231,14 @@ impl<S: Store> Limiter<S> {
 
     /// Decides `req` against every rule whose route matches it and whose key
     /// parts it has.
+    ///
+    /// A cost above what a matched rule's limit can ever admit (its
+    /// capacity, burst or window limit; the raised one in soft mode) is
+    /// denied by that rule before the store is asked: `retry_after` is
+    /// [`Nanos::MAX`] ("never"), nothing is charged, `store_error` is
+    /// `None`, whatever the store. Only the refusing rules are listed then.
+    /// A shadow rule reports such a cost as `ShadowDenied` and lets the
+    /// other rules decide.
     pub async fn check(&self, req: &Request<'_>) -> Checked {
         let rules = self.rules.load_full();
         // The rules that apply, with their keys: the first one inline, the
@@ -312,18 +320,9 @@ impl<S: Store> Limiter<S> {
                 &many
             }
         };
-        let cost = req.cost;
-        let (mut decision, store_error) = if charges.is_empty() {
-            (Decision::unlimited(), None)
-        } else {
-            match self.store.decide(charges, cost).await {
-                Ok(d) => (d, None),
-                Err(e) => (
-                    by_policy(rules.on_store_error, charges.iter().map(|c| c.rule)),
-                    Some(e),
-                ),
-            }
-        };
+        let (mut decision, store_error) = self
+            .decide_with(rules.on_store_error, charges, req.cost)
+            .await;
         for d in decision.rules.iter_mut() {
             d.rule = matched(d.rule);
         }
@@ -348,17 +347,124 @@ impl<S: Store> Limiter<S> {
         charges: &[Charge<'_>],
         cost: u64,
     ) -> (Decision, Option<crate::StoreError>) {
+        let default = self.rules.load().on_store_error;
+        self.decide_with(default, charges, cost).await
+    }
+
+    /// Decides `charges` through the store, except what no state could
+    /// ever admit: a rule with a limit smaller than `cost` denies without
+    /// the store (see [`over_cost`]), so the answer is the same whatever
+    /// the store, and a cost a store cannot represent (Redis takes 32 bits)
+    /// never becomes a store error that a fail-open policy would admit.
+    async fn decide_with(
+        &self,
+        default: FailPolicy,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> (Decision, Option<crate::StoreError>) {
         if charges.is_empty() {
             return (Decision::unlimited(), None);
         }
-        match self.store.decide(charges, cost).await {
-            Ok(d) => (d, None),
-            Err(e) => {
-                let default = self.rules.load().on_store_error;
-                (by_policy(default, charges.iter().map(|c| c.rule)), Some(e))
+        // The common case: every rule can admit the cost. One comparison
+        // per limit, no allocation.
+        if !charges.iter().any(|c| over_cost(c.rule, cost).is_some()) {
+            return self.ask(default, charges, cost).await;
+        }
+        let mut refused = RuleDecisions::new();
+        let mut rest = Vec::with_capacity(charges.len());
+        let mut rest_at = Vec::with_capacity(charges.len());
+        for (j, c) in charges.iter().enumerate() {
+            match over_cost(c.rule, cost) {
+                Some(rd) => refused.push(RuleDecision { rule: j, ..rd }),
+                None => {
+                    rest.push(*c);
+                    rest_at.push(j);
+                }
             }
         }
+        if refused.iter().any(|d| d.outcome == Outcome::Denied) {
+            // Denied whatever the other rules' states: they are not asked
+            // (nor charged), and not listed.
+            let deciding = refused
+                .iter()
+                .find(|d| d.outcome == Outcome::Denied)
+                .copied();
+            let decision = Decision {
+                allowed: false,
+                wait: Nanos::ZERO,
+                deciding,
+                rules: refused,
+            };
+            return (decision, None);
+        }
+        // Only shadow rules refuse: they report it, and the others decide.
+        let (mut decision, error) = if rest.is_empty() {
+            (Decision::unlimited(), None)
+        } else {
+            self.ask(default, &rest, cost).await
+        };
+        for d in decision.rules.iter_mut() {
+            d.rule = rest_at[d.rule];
+        }
+        if let Some(d) = decision.deciding.as_mut() {
+            d.rule = rest_at[d.rule];
+        }
+        if decision.deciding.is_none() {
+            decision.deciding = refused.first().copied();
+        }
+        decision.rules.extend(refused);
+        decision.rules.sort_by_key(|d| d.rule);
+        (decision, error)
     }
+
+    /// The store's decision, or the failure policy's if it fails.
+    async fn ask(
+        &self,
+        default: FailPolicy,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> (Decision, Option<crate::StoreError>) {
+        match self.store.decide(charges, cost).await {
+            Ok(d) => (d, None),
+            Err(e) => (by_policy(default, charges.iter().map(|c| c.rule)), Some(e)),
+        }
+    }
+}
+
+/// How `rule` answers a request of `cost` that one of its limits can never
+/// admit, whatever the client's state: `None` if every limit can.
+///
+/// A limit's [`size`](spillway_core::Limit::size) (capacity, burst or
+/// window limit) is the most that a fresh state admits at once, and no
+/// state admits more; in soft mode the raised limits count. The answer is
+/// a denial that never clears (`retry_after` is [`Nanos::MAX`], as core
+/// says "never"), reporting the limit that refused; a shadow rule reports
+/// it as `ShadowDenied` and lets the request through. `remaining` is 0:
+/// the state was not read. The rule index is 0 (the caller sets it).
+fn over_cost(rule: &Rule, cost: u64) -> Option<RuleDecision> {
+    let (li, limit) = rule
+        .enforced_limits()
+        .iter()
+        .enumerate()
+        .find(|(_, l)| cost > l.size())?;
+    let shadow = rule.mode() == Mode::Shadow;
+    Some(RuleDecision {
+        rule: 0,
+        limit: li,
+        verdict: spillway_core::Verdict {
+            allowed: false,
+            limit: limit.size(),
+            remaining: 0,
+            reset: Nanos::ZERO,
+            retry_after: Nanos::MAX,
+            wait: Nanos::ZERO,
+        },
+        outcome: if shadow {
+            Outcome::ShadowDenied
+        } else {
+            Outcome::Denied
+        },
+    })
 }
 
 /// The decision when the store is unavailable: each rule's own failure

@@ -343,3 +343,161 @@ impl NowValue for ManualClock {
         spillway_core::Clock::now(self)
     }
 }
+
+/// A store that fails every decision, as Redis does for a cost past 2^32:
+/// the limiter must answer what no state could admit without asking it.
+struct FailingStore;
+
+impl spillway_store::Store for FailingStore {
+    fn decide(
+        &self,
+        _: &[Charge<'_>],
+        _: u64,
+    ) -> impl std::future::Future<
+        Output = Result<spillway_core::Decision, spillway_store::StoreError>,
+    > + Send {
+        std::future::ready(Err(spillway_store::StoreError {
+            transient: true,
+            message: "cost does not fit".into(),
+        }))
+    }
+}
+
+fn check_cost<S: spillway_store::Store>(
+    limiter: &spillway_store::Limiter<S>,
+    cost: u64,
+) -> spillway_store::Checked {
+    let attrs = spillway_store::SimpleAttributes {
+        user: Some("alice"),
+        ..Default::default()
+    };
+    let req = spillway_store::Request {
+        method: None,
+        path: None,
+        attrs: &attrs,
+        cost,
+    };
+    spillway_store::block_on(limiter.check(&req))
+}
+
+/// Regression: `cost: 4294967297` against `limit: 10` became a Redis
+/// store error, and the default fail-open policy admitted it (200).
+#[test]
+fn a_cost_past_every_limit_is_denied_by_any_store() {
+    use spillway_core::Outcome;
+    use spillway_store::{Limiter, RuleSet};
+    let rules = || RuleSet::new(vec![rule("ten", vec![fw(10, 60)], Mode::Hard)]);
+    let memory = Limiter::new(MemoryStore::new(clock(), MemoryConfig::default()), rules());
+    let failing = Limiter::new(FailingStore, rules());
+    for cost in [11, 4_294_967_297, u64::MAX] {
+        for checked in [check_cost(&memory, cost), check_cost(&failing, cost)] {
+            assert!(!checked.decision.allowed, "cost {cost}");
+            assert!(checked.store_error.is_none(), "cost {cost}");
+            let d = checked.decision.deciding.unwrap();
+            assert_eq!(checked.rule(&d).unwrap().name(), "ten");
+            assert_eq!(d.outcome, Outcome::Denied);
+            assert_eq!(d.verdict.retry_after, Nanos::MAX);
+            assert_eq!(d.verdict.limit, 10);
+        }
+    }
+    // Nothing was charged: the whole limit is still there.
+    assert_eq!(memory.store().usage().keys, 0);
+    let at_capacity = check_cost(&memory, 10);
+    assert!(at_capacity.decision.allowed);
+    assert!(!check_cost(&memory, 1).decision.allowed);
+    // The failing store is asked for what a state could admit.
+    let asked = check_cost(&failing, 10);
+    assert!(asked.store_error.is_some());
+}
+
+/// The same through `Limiter::decide` (the Envoy way in), and for every
+/// algorithm: a cost at the limit's size passes a fresh key, one more never.
+#[test]
+fn a_cost_at_capacity_is_admitted_and_one_more_is_not() {
+    use spillway_store::{Limiter, RuleSet};
+    let rate = Rate::new(1, Nanos::from_secs(1)).unwrap();
+    let limits = [
+        Limit::TokenBucket(TokenBucket::new(7, rate).unwrap()),
+        Limit::Gcra(Gcra::new(rate, 7).unwrap()),
+        fw(7, 60),
+        log(7, 60),
+        Limit::SlidingCounter(spillway_core::SlidingCounter::new(7, Nanos::from_secs(60)).unwrap()),
+    ];
+    for limit in limits {
+        let r = rule("r", vec![limit.clone()], Mode::Hard);
+        let limiter = Limiter::new(
+            MemoryStore::new(clock(), MemoryConfig::default()),
+            RuleSet::new(vec![r.clone()]),
+        );
+        let key = Key::from_parts(["k"]);
+        let charges = [Charge {
+            rule: &r,
+            key: &key,
+        }];
+        let (over, err) = spillway_store::block_on(limiter.decide(&charges, 8));
+        assert!(!over.allowed && err.is_none(), "{}", limit.algorithm_name());
+        let (at, err) = spillway_store::block_on(limiter.decide(&charges, 7));
+        assert!(at.allowed && err.is_none(), "{}", limit.algorithm_name());
+    }
+}
+
+/// A shadow rule reports a cost it could never admit and lets the request
+/// through; a soft rule admits up to its raised limit and no further.
+#[test]
+fn a_shadow_rule_reports_a_huge_cost_without_denying() {
+    use spillway_core::Outcome;
+    use spillway_store::{Limiter, RuleSet};
+    let limiter = Limiter::new(
+        MemoryStore::new(clock(), MemoryConfig::default()),
+        RuleSet::new(vec![
+            rule("big", vec![fw(u64::MAX, 60)], Mode::Hard),
+            rule("watch", vec![fw(10, 60)], Mode::Shadow),
+        ]),
+    );
+    let checked = check_cost(&limiter, 4_294_967_297);
+    assert!(checked.decision.allowed);
+    assert!(checked.store_error.is_none());
+    assert_eq!(checked.decision.outcome(), Outcome::ShadowDenied);
+    let outcomes: Vec<_> = checked
+        .decision
+        .rules
+        .iter()
+        .map(|d| (d.rule, d.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [(0, Outcome::Allowed), (1, Outcome::ShadowDenied)]
+    );
+    // The hard rule was charged; the shadow rule was not.
+    let d = checked.decision.rules[0];
+    assert_eq!(d.verdict.remaining, u64::MAX - 4_294_967_297);
+    assert_eq!(
+        check_cost(&limiter, 10).decision.outcome(),
+        Outcome::Allowed
+    );
+
+    // Alone, the shadow rule speaks for the request.
+    let alone = Limiter::new(
+        MemoryStore::new(clock(), MemoryConfig::default()),
+        RuleSet::new(vec![rule("watch", vec![fw(10, 60)], Mode::Shadow)]),
+    );
+    let checked = check_cost(&alone, u64::MAX);
+    assert!(checked.decision.allowed);
+    let d = checked.decision.deciding.unwrap();
+    assert_eq!(d.outcome, Outcome::ShadowDenied);
+    assert_eq!(d.verdict.retry_after, Nanos::MAX);
+
+    let soft = Limiter::new(
+        MemoryStore::new(clock(), MemoryConfig::default()),
+        RuleSet::new(vec![rule(
+            "soft",
+            vec![fw(10, 60)],
+            Mode::Soft { percent: 50 },
+        )]),
+    );
+    assert!(!check_cost(&soft, 16).decision.allowed);
+    assert_eq!(
+        check_cost(&soft, 15).decision.outcome(),
+        Outcome::SoftExceeded
+    );
+}

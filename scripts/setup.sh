@@ -1,26 +1,43 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond the Rust toolchain: redis-server
-# (Debian package, which brings redis-cli and redis-benchmark) and faketime
-# (to run an instance with a skewed clock). Safe to run again: it does
-# nothing when everything is there.
+# (Debian package, which brings redis-cli and redis-benchmark), faketime
+# (to run an instance with a skewed clock), python3 (the checks that read
+# cargo metadata) and openapi-spec-validator (pip; checks docs/openapi.yaml).
+# Safe to run again: it does nothing when everything is there.
 set -euo pipefail
+
+validator='openapi-spec-validator>=0.7,<1'
+# Looks the module up without importing it (an import takes most of a second).
+has_validator='import importlib.util, sys; sys.exit(importlib.util.find_spec("openapi_spec_validator") is None)'
 
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
-
-if [ ${#need[@]} -eq 0 ]; then
-  exit 0
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if ! python3 -c "$has_validator" \
+  && ! python3 -m pip --version >/dev/null 2>&1; then
+  need+=(python3-pip)
 fi
 
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "setup: please install: ${need[*]} (e.g. with your package manager)" >&2
-  exit 1
+if [ ${#need[@]} -ne 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: please install: ${need[*]} (e.g. with your package manager)" >&2
+    exit 1
+  fi
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo="sudo"
+  fi
+  echo "setup: installing ${need[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  sudo="sudo"
+
+if ! python3 -c "$has_validator"; then
+  echo "setup: installing $validator (pip)" >&2
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  # A Debian python3 refuses pip outside a virtualenv (PEP 668): then into
+  # the user's site only, which leaves the system's packages alone.
+  python3 -m pip install --quiet "$validator" 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages "$validator"
 fi
-echo "setup: installing ${need[*]}" >&2
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

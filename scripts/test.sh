@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, exactly as CI runs it: set-up, repository hygiene,
-# formatting, lints, docs, and every test.
+# The whole test suite, exactly as CI runs it: set-up; the repository's
+# own checks (no tracked file over 1 MiB, rust-version true, library crates
+# packageable, docs/openapi.yaml valid); formatting, lints, docs, and every
+# test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -8,6 +10,7 @@ scripts/setup.sh
 scripts/check-tree.sh
 scripts/check-msrv.sh
 scripts/check-package.sh
+scripts/check-openapi.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

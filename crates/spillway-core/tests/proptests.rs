@@ -277,10 +277,11 @@ proptest! {
     ) {
         let mut limits = Vec::new();
         if let Ok(r) = Rate::new(n, Nanos(per)) {
-            limits.push(Limit::TokenBucket(TokenBucket::new(n.max(1), r).unwrap()));
-            limits.push(Limit::Gcra(Gcra::new(r, n.max(1)).unwrap()));
-            limits.push(Limit::LeakyBucket(LeakyBucket::new(n.max(1), r).unwrap()));
-            limits.push(Limit::Shaper(Shaper::new(n.max(1), r, Nanos(w)).unwrap()));
+            let c = n.max(1);
+            limits.extend(TokenBucket::new(c, r).map(Limit::TokenBucket));
+            limits.extend(Gcra::new(r, c).map(Limit::Gcra));
+            limits.extend(LeakyBucket::new(c, r).map(Limit::LeakyBucket));
+            limits.extend(Shaper::new(c, r, Nanos(w)).map(Limit::Shaper));
         }
         if let Ok(f) = FixedWindow::new(n, Nanos(w)) { limits.push(Limit::FixedWindow(f)); }
         if let Ok(f) = SlidingCounter::new(n, Nanos(w)) { limits.push(Limit::SlidingCounter(f)); }
@@ -332,6 +333,141 @@ fn a_cost_above_the_limit_is_never_admitted() {
     let (v, _) = fw.decide(Wide::default(), Nanos::from_secs(10), 6);
     assert!(!v.allowed);
     assert!(v.retry_after.is_never());
+}
+
+// Any parameters a constructor accepts are enforced.
+
+/// A `u64` from anywhere in its range, often at the edges.
+fn wide_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        any::<u64>(),
+        1u64..1_000,
+        (0u32..64).prop_map(|k| 1u64 << k),
+        (1u32..64).prop_map(|k| (1u64 << k) - 1),
+        (0u64..1_000).prop_map(|k| u64::MAX - k),
+    ]
+}
+
+/// Every algorithm built from `n` (its size), `per`/`w` (a period and a
+/// window) and `max_wait`, as far as its constructor accepts them.
+fn accepted(n: u64, count: u64, per: u64, w: u64, max_wait: u64) -> Vec<Limit> {
+    let mut limits = Vec::new();
+    if let Ok(r) = Rate::new(count, Nanos(per)) {
+        limits.extend(TokenBucket::new(n, r).map(Limit::TokenBucket));
+        limits.extend(Gcra::new(r, n).map(Limit::Gcra));
+        limits.extend(LeakyBucket::new(n, r).map(Limit::LeakyBucket));
+        limits.extend(Shaper::new(n, r, Nanos(max_wait)).map(Limit::Shaper));
+    }
+    limits.extend(FixedWindow::new(n, Nanos(w)).map(Limit::FixedWindow));
+    limits.extend(SlidingCounter::new(n, Nanos(w)).map(Limit::SlidingCounter));
+    limits.extend(SlidingLog::new(n, Nanos(w)).map(Limit::SlidingLog));
+    limits
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// For any parameters a constructor accepts and any time before 2^63
+    /// ns: on a fresh state a first request of cost up to the limit is
+    /// admitted, and `limit + 1` units in one window are not, whether the
+    /// last one comes at once or later in the window. (A sliding counter
+    /// with a window over ~193,000 days saturated its state and enforced
+    /// nothing; a bucket whose capacity took over 2^64 ns to refill, or a
+    /// fixed window of limit u64::MAX, admitted any cost.)
+    #[test]
+    fn accepted_parameters_are_enforced(
+        n in wide_u64(),
+        count in wide_u64(),
+        per in wide_u64(),
+        w in wide_u64(),
+        max_wait in wide_u64(),
+        now in 0u64..1 << 63,
+        first in any::<prop::sample::Index>(),
+        later in any::<u64>(),
+    ) {
+        for limit in accepted(n, count, per, w, max_wait) {
+            let size = limit.size();
+            let c = first.index(usize::try_from(size).unwrap_or(usize::MAX)) as u64 + 1;
+            let mut d = Driven::new(limit.clone());
+            prop_assert!(d.hit(now, c).allowed, "{:?}: first {} at {}", limit, c, now);
+            prop_assert!(!d.peek(now, size - c + 1).allowed, "{:?}: {} more", limit, size - c + 1);
+            if matches!(limit, Limit::Shaper(_)) {
+                // The rest may wait longer than max_wait; the queue bound holds.
+                continue;
+            }
+            if c < size {
+                prop_assert!(d.hit(now, size - c).allowed, "{:?}: the rest, {}", limit, size - c);
+            }
+            prop_assert!(!d.hit(now, 1).allowed, "{:?}: one more at once", limit);
+            // Later in the same window, for the window algorithms.
+            let end = match &limit {
+                Limit::FixedWindow(_) | Limit::SlidingCounter(_) => {
+                    (now - now % w).saturating_add(w)
+                }
+                Limit::SlidingLog(_) => now.saturating_add(w),
+                _ => continue,
+            };
+            let at = now + later % (end.min(1 << 63) - now);
+            prop_assert!(!d.hit(at, 1).allowed, "{:?}: one more at {}", limit, at);
+        }
+    }
+
+    /// A sliding log's memory is bounded by its limit whatever costs
+    /// clients send: a cost above the limit is denied and allocates
+    /// nothing, and even a commit of a huge cost logs at most the limit.
+    #[test]
+    fn a_sliding_log_stays_within_its_limit_whatever_the_cost(
+        n in 1u64..=spillway_core::algo::MAX_LOG_LIMIT,
+        w in window(),
+        costs in prop::collection::vec(wide_u64(), 1..6),
+    ) {
+        let l = SlidingLog::new(n, Nanos(w)).unwrap();
+        let mut log = Log::new();
+        for cost in costs {
+            let before = log.clone();
+            let v = l.decide(&log, Nanos(T0), cost);
+            if cost > n {
+                prop_assert!(!v.allowed);
+            }
+            if v.allowed {
+                l.commit(&mut log, Nanos(T0), cost);
+            } else {
+                prop_assert_eq!(&log, &before);
+            }
+            prop_assert!(log.len() as u64 <= n);
+            prop_assert!(log.heap_bytes() as u64 <= 4 * n.max(16));
+        }
+        l.commit(&mut log, Nanos(T0 + 1), u64::MAX);
+        prop_assert!(log.len() as u64 <= n);
+        prop_assert!(log.heap_bytes() as u64 <= 4 * n.max(16));
+    }
+}
+
+#[test]
+fn limits_too_large_to_enforce_are_refused_naming_the_maximum() {
+    let e = SlidingLog::new(100_001, Nanos(SEC)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "sliding_window_log limit 100001 is larger than the maximum 100000"
+    );
+    let day = Rate::new(1, Nanos(86_400 * SEC)).unwrap();
+    let e = TokenBucket::new(1 << 40, day).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "token_bucket capacity 1099511627776 is larger than the maximum 53375"
+    );
+    assert!(TokenBucket::new(53_375, day).is_ok());
+    assert!(Gcra::new(day, 53_376).is_err());
+    assert!(LeakyBucket::new(53_376, day).is_err());
+    // A sliding counter takes any window; it was a window over 193,000
+    // days that enforced nothing.
+    let long = SlidingCounter::new(10, Nanos(200_000 * 86_400 * SEC)).unwrap();
+    let mut state = Wide::default();
+    for i in 0..11 {
+        let (v, next) = long.decide(state, Nanos(T0 + i), 1);
+        assert_eq!(v.allowed, i < 10, "request {i}");
+        state = next;
+    }
 }
 
 // Route matching: count when in doubt.

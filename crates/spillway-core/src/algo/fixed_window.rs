@@ -58,8 +58,9 @@ impl FixedWindow {
             ((now.0 - now.0 % w).saturating_add(w), 0)
         };
         let reset = Nanos(end - now.0);
-        let total = count.saturating_add(cost);
-        if total <= self.limit {
+        // Checked, not saturating: with a limit of u64::MAX a saturated
+        // total would pass forever.
+        if let Some(total) = count.checked_add(cost).filter(|t| *t <= self.limit) {
             let next = Wide { a: end, b: total };
             (Verdict::admit(self.limit, self.limit - total, reset), next)
         } else {

@@ -1,4 +1,4 @@
-use super::{Rate, Verdict, nonzero, vsched};
+use super::{Rate, Verdict, capacity_param, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -41,11 +41,13 @@ impl Gcra {
     /// A GCRA of `rate` with `burst` requests allowed at once.
     ///
     /// # Errors
-    /// `burst` is zero.
+    /// `burst` is zero, or its requests take longer than
+    /// [`MAX_SPAN`](super::MAX_SPAN) (about 146 years) at `rate`; the error
+    /// names the largest.
     pub fn new(rate: Rate, burst: u64) -> Result<Gcra, Error> {
         Ok(Gcra {
             rate,
-            burst: nonzero("burst", burst)?,
+            burst: capacity_param("gcra burst", burst, &rate)?,
         })
     }
 
@@ -60,7 +62,10 @@ impl Gcra {
     }
 
     pub(crate) fn with_burst(&self, burst: u64) -> Gcra {
-        Gcra { burst, ..*self }
+        Gcra {
+            burst: burst.min(max_capacity(&self.rate)),
+            ..*self
+        }
     }
 
     /// Decides a request of `cost` at `now` against TAT `state` (0 when fresh).

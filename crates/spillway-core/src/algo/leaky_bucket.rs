@@ -1,4 +1,4 @@
-use super::{Rate, Verdict, Wide, nonzero, vsched};
+use super::{Rate, Verdict, Wide, capacity_param, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -29,10 +29,11 @@ impl LeakyBucket {
     /// A meter of `capacity` leaking at `leak`.
     ///
     /// # Errors
-    /// `capacity` is zero.
+    /// `capacity` is zero, or takes longer than [`MAX_SPAN`](super::MAX_SPAN)
+    /// (about 146 years) to drain at `leak`; the error names the largest.
     pub fn new(capacity: u64, leak: Rate) -> Result<LeakyBucket, Error> {
         Ok(LeakyBucket {
-            capacity: nonzero("capacity", capacity)?,
+            capacity: capacity_param("leaky_bucket capacity", capacity, &leak)?,
             leak,
         })
     }
@@ -48,7 +49,10 @@ impl LeakyBucket {
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> LeakyBucket {
-        LeakyBucket { capacity, ..*self }
+        LeakyBucket {
+            capacity: capacity.min(max_capacity(&self.leak)),
+            ..*self
+        }
     }
 
     /// Decides adding `cost` at `now` to a bucket in `state` (default when empty).
@@ -113,10 +117,11 @@ impl Shaper {
     /// and never asking a request to wait longer than `max_wait`.
     ///
     /// # Errors
-    /// `capacity` is zero.
+    /// `capacity` is zero, or takes longer than [`MAX_SPAN`](super::MAX_SPAN)
+    /// (about 146 years) to drain at `leak`; the error names the largest.
     pub fn new(capacity: u64, leak: Rate, max_wait: Nanos) -> Result<Shaper, Error> {
         Ok(Shaper {
-            capacity: nonzero("capacity", capacity)?,
+            capacity: capacity_param("leaky_bucket capacity", capacity, &leak)?,
             leak,
             max_wait,
         })
@@ -138,7 +143,10 @@ impl Shaper {
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> Shaper {
-        Shaper { capacity, ..*self }
+        Shaper {
+            capacity: capacity.min(max_capacity(&self.leak)),
+            ..*self
+        }
     }
 
     /// Decides queueing `cost` at `now` behind a queue whose last request

@@ -6,6 +6,12 @@
 //! denials never cost memory or capacity. Stores own the states and apply the
 //! transitions atomically; algorithms never read a clock or touch a store.
 //!
+//! Times are nanoseconds since the epoch, valid up to 2^63 (the year
+//! 2262). Within that range no accepted parameters make the arithmetic
+//! saturate or overflow: bucket capacities are bounded by [`MAX_SPAN`],
+//! sliding logs by [`MAX_LOG_LIMIT`], and a cost above a limit is denied
+//! outright.
+//!
 //! | algorithm | state per key | exact? | choose it when |
 //! |---|---|---|---|
 //! | [`TokenBucket`] | 8 bytes | yes | you want an average rate with bursts up to a size |
@@ -29,7 +35,7 @@ pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::{LeakyBucket, Shaper};
 pub use sliding_counter::SlidingCounter;
-pub use sliding_log::{Log, SlidingLog};
+pub use sliding_log::{Log, MAX_LOG_LIMIT, SlidingLog};
 pub use token_bucket::TokenBucket;
 
 use crate::error::{Error, ErrorKind};
@@ -171,6 +177,35 @@ impl std::str::FromStr for Rate {
         .map_err(|e| bad(e.to_string()))?;
         Rate::new(n, per).map_err(|e| bad(format!("rate {s:?}: {e}")))
     }
+}
+
+/// The longest span a bucket may take to refill or drain from empty to
+/// full (`capacity x interval`): 2^62 ns, about 146 years. Bucket states
+/// are the time the bucket is full or empty again, `now` plus at most this
+/// span: with `now` before 2^63 ns (the year 2262) that never saturates,
+/// so a full bucket is always told from a saturated one and every bucket a
+/// constructor accepts is enforced.
+pub const MAX_SPAN: Nanos = Nanos(1 << 62);
+
+/// The largest capacity (or burst) whose drain or refill at `rate` takes
+/// at most [`MAX_SPAN`].
+pub(crate) fn max_capacity(rate: &Rate) -> u64 {
+    MAX_SPAN.0 / rate.interval
+}
+
+/// Checks a bucket's capacity: from 1 to what `rate` refills or drains
+/// within [`MAX_SPAN`].
+pub(crate) fn capacity_param(what: &'static str, capacity: u64, rate: &Rate) -> Result<u64, Error> {
+    let max = max_capacity(rate);
+    if capacity > max {
+        return Err(ErrorKind::LimitTooLarge {
+            what,
+            value: capacity,
+            max,
+        }
+        .into());
+    }
+    nonzero(what, capacity)
 }
 
 /// Parameter check shared by the constructors.

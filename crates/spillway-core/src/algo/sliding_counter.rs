@@ -59,7 +59,7 @@ impl SlidingCounter {
     #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let w = self.window.0;
-        let stored_end = state.a.saturating_sub(w);
+        let stored_end = self.stored_end(state.a);
         let (cur0, prev0) = (state.b >> 32, state.b & 0xffff_ffff);
         // Roll the stored windows forward to the one `now` falls in.
         let (end, cur, prev) = if state.a == 0 || now.0 >= state.a {
@@ -81,8 +81,10 @@ impl SlidingCounter {
             (cur.saturating_add(cost) <= self.limit, cur)
         } else {
             let weighted_prev = u128::from(prev) * u128::from(w - elapsed.min(w));
-            let used = u128::from(cur).saturating_add(u128::from(cost));
-            let allowed = weighted_prev + used * w128 <= n * w128;
+            // A cost above the limit never passes; below it, `used * W`
+            // stays under 2^97 (a huge cost times a huge window would wrap).
+            let used = u128::from(cur) + u128::from(cost.min(self.limit + 1));
+            let allowed = cost <= self.limit && weighted_prev + used * w128 <= n * w128;
             let estimate_ceil = (weighted_prev.div_ceil(w128) + u128::from(cur)) as u64;
             (allowed, estimate_ceil)
         };
@@ -103,6 +105,23 @@ impl SlidingCounter {
                 .map_or(Nanos::MAX, |t| Nanos(t.saturating_sub(now.0)));
             let remaining = self.limit.saturating_sub(estimate_ceil);
             (Verdict::deny(self.limit, remaining, reset, retry), state)
+        }
+    }
+
+    /// The end of the window a state was stored in, from its `a` (that
+    /// end plus W, saturated). A window over about 193,000 days saturates
+    /// `a` at `u64::MAX` from the first request (end + W is past 2^64 ns):
+    /// taking `a - W` as the end then put the end in the past, and every
+    /// request rolled the count over, enforcing nothing. A saturated `a`
+    /// comes from the window whose end is the first multiple of W at or
+    /// after `u64::MAX - W` (and after zero: a window ends after it
+    /// starts), for any `now` before 2^63.
+    fn stored_end(&self, a: u64) -> u64 {
+        let w = self.window.0;
+        if a == u64::MAX {
+            (u64::MAX - w).div_ceil(w).max(1) * w
+        } else {
+            a.saturating_sub(w)
         }
     }
 

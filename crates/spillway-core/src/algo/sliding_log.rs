@@ -12,11 +12,12 @@ use crate::time::Nanos;
 /// **Choose it** when the limit is small and must hold exactly in every
 /// window (login attempts, password resets, OTP sends).
 ///
-/// **Parameters**: `limit` (at most 2^24, to keep logs bounded) and `window`.
+/// **Parameters**: `limit` (at most [`MAX_LOG_LIMIT`], 100,000, to keep
+/// logs bounded) and `window`.
 ///
 /// **State**: 4 bytes per logged request (offsets in a ring buffer, see [`Log`])
-/// plus a small header; up to `limit x 4` bytes per key: 500 per hour costs
-/// 2 KB per active client.
+/// plus a small header; up to `limit x 4` bytes per key, whatever costs
+/// clients send (at most 400 KB): 500 per hour costs 2 KB per active client.
 ///
 /// **Weaknesses**: memory and work grow with the limit; use a counter
 /// algorithm for large limits. A cost of `k` writes `k` entries.
@@ -31,14 +32,19 @@ pub struct SlidingLog {
     shift: u32,
 }
 
-/// The largest limit a sliding log accepts.
-pub const MAX_LOG_LIMIT: u64 = 1 << 24;
+/// The largest limit a sliding log accepts: its log holds up to one 4-byte
+/// entry per unit of the limit, so this bounds a key's log at 400 KB, and
+/// what one request (of cost up to the limit) can make it allocate. (It
+/// was 2^24: one request of that cost added 64 MiB to a fresh key.) For
+/// larger limits use a [`SlidingCounter`](crate::SlidingCounter).
+pub const MAX_LOG_LIMIT: u64 = 100_000;
 
 impl SlidingLog {
     /// `limit` in any `window`.
     ///
     /// # Errors
-    /// Zero limit or window, or a limit above 2^24.
+    /// Zero limit or window, or a limit above [`MAX_LOG_LIMIT`] (100,000):
+    /// the error names the maximum.
     pub fn new(limit: u64, window: Nanos) -> Result<SlidingLog, Error> {
         window_params(limit, window, "sliding_window_log limit", MAX_LOG_LIMIT)?;
         let mut shift = 0;
@@ -100,18 +106,26 @@ impl SlidingLog {
     }
 
     /// Charges `cost` requests at `now` to `log`, dropping entries that have left the window.
+    ///
+    /// Meant for a request [`SlidingLog::decide`] admitted; whatever it is
+    /// given, the log never holds more than `limit` entries (a cost beyond
+    /// the room left is logged up to the room).
     pub fn commit(&self, log: &mut Log, now: Nanos, cost: u64) {
         let w = self.window.0;
         let live = log.live_from(now.0, w, self.shift);
         log.ring.drop_front(live);
         log.first = log.ring.front().unwrap_or(0);
+        let room = self.limit.saturating_sub(log.ring.len() as u64);
+        if room == 0 || cost == 0 {
+            return;
+        }
         let t = log.quantize(now.0, self.shift);
         // Keep the log sorted even if the clock stepped back: such an entry
         // is filed as late as the newest, which only delays its expiry.
         let offset =
             log.offset_for(t, self.shift)
                 .max(if log.ring.is_empty() { 0 } else { log.last });
-        let n = usize::try_from(cost.min(self.limit)).unwrap_or(usize::MAX);
+        let n = usize::try_from(cost.min(room)).unwrap_or(usize::MAX);
         let max = usize::try_from(self.limit).unwrap_or(usize::MAX);
         log.ring.push_n(offset, n, max);
         log.first = log.ring.front().unwrap_or(0);

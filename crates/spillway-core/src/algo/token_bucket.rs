@@ -1,4 +1,4 @@
-use super::{Rate, Verdict, nonzero, vsched};
+use super::{Rate, Verdict, capacity_param, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -45,10 +45,11 @@ impl TokenBucket {
     /// A bucket of `capacity` tokens refilled at `refill`.
     ///
     /// # Errors
-    /// `capacity` is zero.
+    /// `capacity` is zero, or takes longer than [`MAX_SPAN`](super::MAX_SPAN)
+    /// (about 146 years) to refill at `refill`; the error names the largest.
     pub fn new(capacity: u64, refill: Rate) -> Result<TokenBucket, Error> {
         Ok(TokenBucket {
-            capacity: nonzero("capacity", capacity)?,
+            capacity: capacity_param("token_bucket capacity", capacity, &refill)?,
             refill,
         })
     }
@@ -64,7 +65,10 @@ impl TokenBucket {
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> TokenBucket {
-        TokenBucket { capacity, ..*self }
+        TokenBucket {
+            capacity: capacity.min(max_capacity(&self.refill)),
+            ..*self
+        }
     }
 
     /// Tokens in a bucket whose state is `state` at `now`, rounded down.

@@ -6,6 +6,20 @@
 //! - [`MemoryStore`]: embedded, sharded, bounded; the default.
 //! - [`Store`]: the one async interface every store implements.
 //!
+//! ## No way past a limit
+//!
+//! - **A cost no limit can admit** (above a matched rule's capacity, burst
+//!   or window limit) is denied by the [`Limiter`] before any store is
+//!   asked, so every store answers it alike: never a store error that a
+//!   fail-open policy would admit. Shadow rules report it and deny nothing.
+//! - **A full memory store never forgets a client it is limiting.** At
+//!   [`MemoryConfig::max_keys`] a new key replaces a key at rest (as good as
+//!   fresh), else the least recently used key that is not limiting its
+//!   client. If every candidate is limiting, the new key is not stored: it
+//!   is decided against a shared overflow state per rule and limit, so a
+//!   flood of fresh keys is limited together as one client, and
+//!   [`MemoryStore::overflowed`] counts each such request.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use spillway_core::{KeySpec, Limit, Gcra, Rate, ManualClock, Mode, Nanos, Rule};
@@ -27,6 +41,7 @@
 //! # Ok::<(), spillway_core::Error>(())
 //! ```
 
+mod apply;
 mod clock;
 pub mod due;
 mod limiter;

@@ -1,21 +1,40 @@
 //! The embedded in-memory store: sharded, bounded, expiring.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use spillway_core::{
     Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, decide,
 };
 
 use crate::Charge;
+use crate::apply::{Overflow, Shared, Spill, Step, apply_compact, apply_log};
 use crate::spin::{SpinGuard, SpinLock};
-use crate::table::{SlotState, Table};
+use crate::table::Table;
 
 /// Settings of a [`MemoryStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryConfig {
-    /// Most keys held at once, across all shards (per kind of state). When
-    /// reached, a new key evicts an expired key near its slot or, if none,
-    /// the sampled key whose state would expire soonest.
+    /// Most keys held at once, across all shards (per kind of state).
+    ///
+    /// When reached, a new key takes the place of a key near its slot
+    /// (among 16 sampled): first one at rest (as good as fresh: its loss
+    /// changes no decision), else the least recently used one (a CLOCK
+    /// approximation) that is not limiting its client, that is, whose last
+    /// decision neither denied nor left less than its cost. A client being
+    /// denied is never evicted, so a flood of new keys cannot hand it a
+    /// fresh allowance.
+    ///
+    /// If every sampled key is limiting, the new key is not stored: it is
+    /// decided against its rule and limit's shared *overflow* state, which
+    /// is never evicted, and the decision counts in
+    /// [`MemoryStore::overflowed`]. Every key that finds no room shares it,
+    /// so a flood of fresh keys is limited as if it were one client, while
+    /// clients already held keep their own limits intact. (Denying such
+    /// keys outright would refuse legitimate newcomers for as long as the
+    /// table is full; admitting them against a fresh state is the bypass.)
+    /// Size `max_keys` above the clients expected at once: overflow is a
+    /// defence, not a mode of operation.
     pub max_keys: usize,
     /// Number of shards, rounded up to a power of two (and halved while it
     /// exceeds `max_keys`: the cap is split between the shards exactly).
@@ -51,12 +70,6 @@ struct Shard {
 #[repr(align(128))]
 struct Padded(SpinLock<Shard>);
 
-impl<S: crate::table::SlotState> Default for Table<S> {
-    fn default() -> Table<S> {
-        Table::new()
-    }
-}
-
 /// The in-memory store.
 ///
 /// Keys are hashed (keyed xxh3, random seed per store) to a 64-bit tag; the
@@ -84,6 +97,9 @@ pub struct MemoryStore<C> {
     shard_shift: u32,
     seed: u64,
     clock: C,
+    overflow: SpinLock<Overflow>,
+    /// Decisions made against an overflow state (see [`Self::overflowed`]).
+    overflowed: AtomicU64,
 }
 
 impl<C> fmt::Debug for MemoryStore<C> {
@@ -101,6 +117,9 @@ pub struct MemoryUsage {
     pub keys: usize,
     /// Bytes of tables and logs.
     pub bytes: usize,
+    /// Requests decided against a shared overflow state because their key
+    /// found no room (see [`MemoryConfig::max_keys`]), since the store began.
+    pub overflowed: u64,
 }
 
 impl<C: Clock> MemoryStore<C> {
@@ -139,6 +158,23 @@ impl<C: Clock> MemoryStore<C> {
             shard_shift: if n == 1 { 64 } else { shard_shift },
             seed,
             clock,
+            overflow: SpinLock::new(Overflow::default()),
+            overflowed: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests decided against a shared overflow state since the store
+    /// began: their key found the table full of limiting keys and was not
+    /// stored (see [`MemoryConfig::max_keys`]). A rising count means a
+    /// flood of new keys, or `max_keys` too small for the clients at hand.
+    pub fn overflowed(&self) -> u64 {
+        self.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request decided against an overflow state.
+    fn count_overflow(&self, used: bool) {
+        if used {
+            self.overflowed.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -162,9 +198,13 @@ impl<C: Clock> MemoryStore<C> {
                 let mut guard = self.shard(h).0.lock();
                 let mut view = View {
                     shards: std::slice::from_mut(&mut guard),
-                    keys: &[(0, h)],
+                    keys: &[(0, h, one.rule.fingerprint())],
+                    overflow: &self.overflow,
+                    overflowed: false,
                 };
-                decide(&[one.rule], &mut view, now, cost)
+                let d = decide(&[one.rule], &mut view, now, cost);
+                self.count_overflow(view.overflowed);
+                d
             }
             many => {
                 let hashes: Vec<u64> = many.iter().map(|c| self.hash(c)).collect();
@@ -173,19 +213,25 @@ impl<C: Clock> MemoryStore<C> {
                 order.dedup();
                 let mut guards: Vec<SpinGuard<'_, Shard>> =
                     order.iter().map(|&i| self.shards[i].0.lock()).collect();
-                let keys: Vec<(usize, u64)> = hashes
+                let keys: Vec<(usize, u64, u64)> = hashes
                     .iter()
-                    .map(|&h| {
+                    .zip(many)
+                    .map(|(&h, c)| {
                         let si = self.shard_index(h);
-                        (order.binary_search(&si).unwrap_or(0), h)
+                        let at = order.binary_search(&si).unwrap_or(0);
+                        (at, h, c.rule.fingerprint())
                     })
                     .collect();
                 let rules: Vec<&Rule> = many.iter().map(|c| c.rule).collect();
                 let mut view = View {
                     shards: &mut guards,
                     keys: &keys,
+                    overflow: &self.overflow,
+                    overflowed: false,
                 };
-                decide(&rules, &mut view, now, cost)
+                let d = decide(&rules, &mut view, now, cost);
+                self.count_overflow(view.overflowed);
+                d
             }
         }
     }
@@ -197,7 +243,19 @@ impl<C: Clock> MemoryStore<C> {
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64, now: Nanos) -> Verdict {
         let tag = self.key_tag(key);
         let mut shard = self.shard(tag).0.lock();
-        apply(&mut shard, tag, limit, now, cost, true)
+        let mut used = false;
+        let v = apply(
+            &mut shard,
+            self.bare(&mut used),
+            tag,
+            limit,
+            now,
+            cost,
+            true,
+        );
+        drop(shard);
+        self.count_overflow(used);
+        v
     }
 
     /// Decides `items` (key, limit, cost) one after the other at `now`,
@@ -222,7 +280,18 @@ impl<C: Clock> MemoryStore<C> {
         out.reserve(items.len());
         for (&(_, limit, cost), tag) in items.iter().zip(tags) {
             let mut shard = self.shard(tag).0.lock();
-            out.push(apply(&mut shard, tag, limit, now, cost, true));
+            let mut used = false;
+            out.push(apply(
+                &mut shard,
+                self.bare(&mut used),
+                tag,
+                limit,
+                now,
+                cost,
+                true,
+            ));
+            drop(shard);
+            self.count_overflow(used);
         }
     }
 
@@ -248,12 +317,15 @@ impl<C: Clock> MemoryStore<C> {
             ];
             dropped += before - (s.narrow.len() + s.wide.len() + s.logs.len());
         }
+        // A handful of states (one per rule and limit that overflowed).
+        self.overflow.lock().purge(now);
         dropped
     }
 
     /// Drops every expired key now (takes each shard's lock for a full pass).
     pub fn purge(&self) -> usize {
         let now = self.clock.now().as_u64();
+        self.overflow.lock().purge(now);
         self.shards
             .iter()
             .map(|p| {
@@ -271,7 +343,20 @@ impl<C: Clock> MemoryStore<C> {
             u.keys += s.narrow.len() + s.wide.len() + s.logs.len();
             u.bytes += s.narrow.bytes() + s.wide.bytes() + s.logs.bytes();
         }
+        let o = self.overflow.lock();
+        u.bytes += o.narrow.bytes() + o.wide.bytes() + o.logs.bytes();
+        u.overflowed = self.overflowed();
         u
+    }
+
+    /// Overflow for a bare key ([`check`](Self::check)).
+    #[inline]
+    fn bare<'a>(&'a self, used: &'a mut bool) -> Spill<'a> {
+        Spill {
+            overflow: &self.overflow,
+            shared: Shared::Bare,
+            used,
+        }
     }
 
     /// The tag of a bare key ([`check`](Self::check) and
@@ -296,23 +381,26 @@ impl<C: Clock> MemoryStore<C> {
 }
 
 #[inline]
-fn nonzero(h: u64) -> u64 {
+pub(crate) fn nonzero(h: u64) -> u64 {
     if h == 0 { 1 } else { h }
 }
 
 /// The tag of limit `index` of a rule whose client hashes to `h`: keeps the
 /// shard bits (the top ones) and mixes the index into the rest.
 #[inline]
-fn limit_tag(h: u64, index: usize) -> u64 {
+pub(crate) fn limit_tag(h: u64, index: usize) -> u64 {
     let mixed = h ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 16;
     nonzero(mixed)
 }
 
 /// Applies one limit to the state under `tag` in `shard`: decides, and if
-/// `commit` and admitted, stores the new state.
+/// `commit` and admitted, stores the new state. A key not held is decided
+/// against a fresh state if the table has room for it, else against its
+/// shared overflow state (see [`MemoryConfig::max_keys`]).
 #[inline]
 fn apply(
     shard: &mut Shard,
+    spill: Spill<'_>,
     tag: u64,
     limit: &Limit,
     now: Nanos,
@@ -320,55 +408,39 @@ fn apply(
     commit: bool,
 ) -> Verdict {
     let cap = shard.cap as usize;
+    let at = Step {
+        tag,
+        cap,
+        now,
+        cost,
+        commit,
+    };
     match limit.state_kind() {
-        StateKind::Narrow => apply_compact(&mut shard.narrow, tag, cap, now, commit, |s| {
-            limit.decide_narrow(s, now, cost)
-        })
+        StateKind::Narrow => apply_compact(
+            &mut shard.narrow,
+            at,
+            spill,
+            limit,
+            |o| &mut o.narrow,
+            |s| limit.decide_narrow(s, now, cost),
+        )
         .unwrap_or_else(|| deny_all(limit)),
-        StateKind::Wide => apply_compact(&mut shard.wide, tag, cap, now, commit, |s| {
-            limit.decide_wide(s, now, cost)
-        })
+        StateKind::Wide => apply_compact(
+            &mut shard.wide,
+            at,
+            spill,
+            limit,
+            |o| &mut o.wide,
+            |s| limit.decide_wide(s, now, cost),
+        )
         .unwrap_or_else(|| deny_all(limit)),
         StateKind::Log => {
             let Limit::SlidingLog(sl) = limit else {
                 return deny_all(limit);
             };
-            let v = match shard.logs.get(tag) {
-                Some(log) => sl.decide(log, now, cost),
-                None => sl.decide(&Log::new(), now, cost),
-            };
-            if commit && v.allowed {
-                sl.commit(shard.logs.entry(tag, cap, now.as_u64()), now, cost);
-            }
-            v
+            apply_log(&mut shard.logs, at, spill, limit, sl)
         }
     }
-}
-
-/// Decides against a compact (`Copy`) state and stores the next one if
-/// admitted and `commit`; `None` if `decide` does not handle this state kind.
-#[inline]
-fn apply_compact<S: SlotState + Copy>(
-    table: &mut Table<S>,
-    tag: u64,
-    cap: usize,
-    now: Nanos,
-    commit: bool,
-    decide: impl FnOnce(S) -> Option<(Verdict, S)>,
-) -> Option<Verdict> {
-    // One probe for a known key: decide and update in place.
-    if let Some(state) = table.get_mut(tag) {
-        let (v, next) = decide(*state)?;
-        if commit && v.allowed {
-            *state = next;
-        }
-        return Some(v);
-    }
-    let (v, next) = decide(S::default())?;
-    if commit && v.allowed {
-        *table.entry(tag, cap, now.as_u64()) = next;
-    }
-    Some(v)
 }
 
 /// Unreachable in practice (kinds and decide methods agree); a denial keeps it safe.
@@ -385,7 +457,39 @@ fn deny_all(limit: &Limit) -> Verdict {
 
 struct View<'a, 'g> {
     shards: &'a mut [SpinGuard<'g, Shard>],
-    keys: &'a [(usize, u64)],
+    /// Per charge: its shard in `shards`, its key's hash, its rule's fingerprint.
+    keys: &'a [(usize, u64, u64)],
+    overflow: &'a SpinLock<Overflow>,
+    /// Set when a limit was decided against an overflow state.
+    overflowed: bool,
+}
+
+impl View<'_, '_> {
+    fn apply(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+        commit: bool,
+    ) -> Verdict {
+        let (si, h, fingerprint) = self.keys[charge];
+        let spill = Spill {
+            overflow: self.overflow,
+            shared: Shared::Rule { fingerprint, index },
+            used: &mut self.overflowed,
+        };
+        apply(
+            &mut self.shards[si],
+            spill,
+            limit_tag(h, index),
+            limit,
+            now,
+            cost,
+            commit,
+        )
+    }
 }
 
 impl StateView for View<'_, '_> {
@@ -397,27 +501,11 @@ impl StateView for View<'_, '_> {
         now: Nanos,
         cost: u64,
     ) -> Verdict {
-        let (si, h) = self.keys[charge];
-        apply(
-            &mut self.shards[si],
-            limit_tag(h, index),
-            limit,
-            now,
-            cost,
-            false,
-        )
+        self.apply(charge, index, limit, now, cost, false)
     }
 
     fn commit(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64) {
-        let (si, h) = self.keys[charge];
-        let _ = apply(
-            &mut self.shards[si],
-            limit_tag(h, index),
-            limit,
-            now,
-            cost,
-            true,
-        );
+        let _ = self.apply(charge, index, limit, now, cost, true);
     }
 }
 

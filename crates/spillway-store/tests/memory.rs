@@ -501,3 +501,262 @@ fn a_shadow_rule_reports_a_huge_cost_without_denying() {
         Outcome::SoftExceeded
     );
 }
+
+/// One key's state held alone, decided by the pure algorithm: what the
+/// store must answer for a key it keeps.
+#[derive(Default)]
+struct Alone {
+    narrow: u64,
+    wide: spillway_core::Wide,
+    log: spillway_core::Log,
+}
+
+impl Alone {
+    /// Decides and, if admitted, charges.
+    fn decide(&mut self, limit: &Limit, now: Nanos, cost: u64) -> spillway_core::Verdict {
+        if let Limit::SlidingLog(sl) = limit {
+            let v = sl.decide(&self.log, now, cost);
+            if v.allowed {
+                sl.commit(&mut self.log, now, cost);
+            }
+            return v;
+        }
+        if let Some((v, next)) = limit.decide_narrow(self.narrow, now, cost) {
+            if v.allowed {
+                self.narrow = next;
+            }
+            return v;
+        }
+        let (v, next) = limit.decide_wide(self.wide, now, cost).unwrap();
+        if v.allowed {
+            self.wide = next;
+        }
+        v
+    }
+}
+
+/// What a flood does between two requests of the limited client.
+#[derive(Debug, Clone)]
+enum Flood {
+    /// Time passes.
+    Wait(u64),
+    /// `keys` fresh keys send `each` requests of cost 1 (more than the
+    /// limit: each key ends limited, and the table fills with them).
+    Keys { keys: u32, each: u32 },
+    /// The limited client asks again.
+    Client,
+}
+
+/// Runs a flood against a store of `max_keys` over `shards`, with one
+/// client that has spent its limit; checks that while the client is
+/// limited (its last answer denied it, or left less than its cost) the
+/// store answers it exactly as an unbounded store of that key alone would.
+/// Returns the store's overflow count.
+fn flood_against_a_limited_client(
+    limit: &Limit,
+    max_keys: usize,
+    shards: usize,
+    cost: u64,
+    ops: &[Flood],
+) -> Result<u64, TestCaseError> {
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig { max_keys, shards });
+    let r = rule("flooded", vec![limit.clone()], Mode::Hard);
+    let victim = Key::from_parts(["victim"]);
+    let mut alone = Alone::default();
+    // Whether the client is still limited (and so still held).
+    let ask = |alone: &mut Alone| -> Result<bool, TestCaseError> {
+        let now = c.now_value();
+        let before = store.overflowed();
+        let charge = Charge {
+            rule: &r,
+            key: &victim,
+        };
+        let got = store.decide_now(&[charge], cost);
+        let want = alone.decide(limit, now, cost);
+        let at = now.as_u64() - T0;
+        prop_assert!(!got.allowed || want.allowed, "re-admitted at {}", at);
+        if got.allowed != want.allowed {
+            // Its state came to rest and was dropped, and now it is a new
+            // key in a full table: it shares the overflow state, stricter.
+            prop_assert!(store.overflowed() > before, "denied at {}", at);
+            return Ok(false);
+        }
+        Ok(!want.allowed || want.remaining < cost)
+    };
+    // The client spends its limit.
+    while !ask(&mut alone)? {}
+    let mut fresh = 0u32;
+    for op in ops {
+        match *op {
+            Flood::Wait(ns) => c.advance(Nanos(ns)),
+            Flood::Keys { keys, each } => {
+                for _ in 0..keys {
+                    fresh += 1;
+                    let name = format!("f{fresh}");
+                    let key = Key::from_parts([name.as_str()]);
+                    for _ in 0..each {
+                        store.decide_now(
+                            &[Charge {
+                                rule: &r,
+                                key: &key,
+                            }],
+                            1,
+                        );
+                    }
+                }
+                prop_assert!(store.usage().keys <= max_keys);
+            }
+            Flood::Client => {
+                if !ask(&mut alone)? {
+                    // Its own state lets it in with room to spare: it
+                    // is an ordinary client again, which the store may
+                    // forget.
+                    break;
+                }
+            }
+        }
+    }
+    Ok(store.overflowed())
+}
+
+fn limits_under_test() -> Vec<Limit> {
+    let per = Nanos::from_secs(60);
+    vec![
+        Limit::SlidingCounter(spillway_core::SlidingCounter::new(5, per).unwrap()),
+        log(5, 60),
+        Limit::TokenBucket(TokenBucket::new(5, Rate::new(5, per).unwrap()).unwrap()),
+        Limit::Gcra(Gcra::new(Rate::new(5, per).unwrap(), 5).unwrap()),
+        fw(5, 60),
+    ]
+}
+
+/// Regression for "No way past a limit": with the table full, eviction
+/// took the entry expiring soonest, the very client being denied, and a
+/// flood of fresh keys (1.7M in 30 s against `max_keys: 100000`)
+/// re-admitted a limited user 159 times. Here 3,000 keys in 30 s against
+/// `max_keys: 100`, half of them used once, half until limited.
+#[test]
+fn a_key_flood_does_not_readmit_a_limited_client() {
+    for limit in limits_under_test() {
+        let mut ops = Vec::new();
+        for i in 0..300 {
+            ops.push(Flood::Keys {
+                keys: 10,
+                each: if i % 2 == 0 { 1 } else { 6 },
+            });
+            ops.push(Flood::Client);
+            ops.push(Flood::Wait(100_000_000));
+        }
+        let overflowed = flood_against_a_limited_client(&limit, 100, 4, 1, &ops)
+            .unwrap_or_else(|e| panic!("{}: {e}", limit.algorithm_name()));
+        // Keys limited by the flood filled the table: later ones shared
+        // the overflow state, and the store says so.
+        assert!(overflowed > 0, "{}", limit.algorithm_name());
+    }
+}
+
+/// Overflowed keys share one state per rule and limit: a flood of fresh
+/// keys that finds no room is limited as one client would be.
+#[test]
+fn keys_that_find_no_room_share_one_limit() {
+    let c = clock();
+    let store = MemoryStore::new(
+        c.clone(),
+        MemoryConfig {
+            max_keys: 10,
+            shards: 1,
+        },
+    );
+    let r = rule("one", vec![fw(3, 60)], Mode::Hard);
+    let ask = |name: &str| {
+        let key = Key::from_parts([name]);
+        store
+            .decide_now(
+                &[Charge {
+                    rule: &r,
+                    key: &key,
+                }],
+                1,
+            )
+            .allowed
+    };
+    // Ten clients, each limited.
+    for i in 0..10 {
+        let name = format!("held{i}");
+        while ask(&name) {}
+    }
+    assert_eq!(store.overflowed(), 0);
+    let admitted = (0..1000).filter(|i| ask(&format!("new{i}"))).count();
+    assert_eq!(admitted, 3);
+    assert_eq!(store.overflowed(), 1000);
+    assert_eq!(store.usage().overflowed, 1000);
+    assert_eq!(store.usage().keys, 10);
+    // Once the held clients are at rest, new keys are stored again.
+    c.advance(Nanos::from_secs(60));
+    assert!(ask("later"));
+    assert_eq!(store.overflowed(), 1000);
+    // The bare-key path overflows alike.
+    let limit = fw(2, 60);
+    for i in 0..10u8 {
+        while store.check(&[i], &limit, 1, c.now_value()).allowed {}
+    }
+    let before = store.overflowed();
+    let admitted = (100..200u8)
+        .filter(|&i| store.check(&[i], &limit, 1, c.now_value()).allowed)
+        .count();
+    assert_eq!(admitted, 2);
+    assert_eq!(store.overflowed(), before + 100);
+}
+
+/// A sliding log's memory is bounded by its configuration, not by what
+/// clients send: a cost above the limit is denied before anything is
+/// stored (by the limiter, and by the store itself on its bare path), and
+/// a cost at the largest limit core accepts stays within 4 bytes a unit.
+#[test]
+fn a_sliding_log_holds_no_more_than_its_limit_whatever_the_cost() {
+    use spillway_core::algo::MAX_LOG_LIMIT;
+    let c = clock();
+    let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+    let empty = store.usage().bytes;
+    let limit = log(MAX_LOG_LIMIT, 60);
+    for cost in [MAX_LOG_LIMIT + 1, 1 << 24, u64::MAX] {
+        assert!(!store.check(b"k", &limit, cost, c.now_value()).allowed);
+    }
+    assert_eq!(store.usage().keys, 0);
+    assert_eq!(store.usage().bytes, empty, "a denied cost allocated");
+    assert!(
+        store
+            .check(b"k", &limit, MAX_LOG_LIMIT, c.now_value())
+            .allowed
+    );
+    let grown = store.usage().bytes - empty;
+    assert!(grown <= 4 * MAX_LOG_LIMIT as usize + 4096, "{grown} bytes");
+    assert!(!store.check(b"k", &limit, 1, c.now_value()).allowed);
+    assert_eq!(store.usage().bytes - empty, grown);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// For any flood of fresh keys against a small `max_keys`, a client
+    /// that was denied stays denied until its own state says otherwise.
+    #[test]
+    fn a_flood_never_readmits_a_limited_client_early(
+        which in 0usize..5,
+        max_keys in 1usize..24,
+        shards in 1usize..5,
+        cost in 1u64..3,
+        ops in prop::collection::vec(
+            prop_oneof![
+                (0u64..20_000_000_000).prop_map(Flood::Wait),
+                (1u32..40, 1u32..8).prop_map(|(keys, each)| Flood::Keys { keys, each }),
+                Just(Flood::Client),
+            ],
+            1..40,
+        ),
+    ) {
+        let limit = &limits_under_test()[which];
+        flood_against_a_limited_client(limit, max_keys, shards, cost, &ops)?;
+    }
+}

@@ -1,3 +1,11 @@
+#!lua
+-- (The line above declares a Redis 7 script with no flags, so a writing
+-- one: Redis refuses the whole call with OOM at maxmemory under
+-- noeviction, and with READONLY on a replica, before it runs. Without it
+-- only calls that write failed, and the denials that write nothing
+-- succeeded in between, so a full server looked healthy half the time.
+-- PEXPIRE's NX and GT below need Redis 7 anyway.)
+--
 -- spillway: one atomic decision over every limit of every rule.
 --
 -- The same algorithms as crates/spillway-core, in microseconds (Lua numbers

@@ -1,9 +1,18 @@
 //! A circuit breaker: after `threshold` consecutive failures, stop calling
-//! Redis (a hung server would make every decision wait for the timeout) and
-//! let one probe through every `probe` interval until one succeeds.
+//! Redis (a hung server would make every decision wait for the timeout, a
+//! failing one would be asked in vain) and let one probe through every
+//! `probe` interval until one succeeds.
+//!
+//! It also keeps the outage's story for operators: the opening and the
+//! closing are logged once each (exactly one thread sees each transition),
+//! with the kind of failure that opened it, and the last failure is kept
+//! for the readiness check.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::fault::Fault;
 
 /// Where the breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +34,18 @@ pub(crate) struct Breaker {
     probing: AtomicBool,
     start: Instant,
     probe: Duration,
+    /// The kind of the last failure (a [`Fault`] discriminant): what the
+    /// open breaker's fast answers say and whether they are transient.
+    fault: AtomicU8,
+    /// The last failure's message, until a success: why the store is not
+    /// healthy, for the readiness check. Written only by calls that reached
+    /// (or tried to reach) Redis, never by the open breaker's fast answers.
+    last: Mutex<Option<String>>,
+    /// How many times the breaker has opened: one warning each.
+    outages: AtomicU64,
+    /// When the current outage began (milliseconds since `start`), for the
+    /// line that says it ended.
+    opened_at: AtomicU64,
 }
 
 impl Breaker {
@@ -36,6 +57,10 @@ impl Breaker {
             probing: AtomicBool::new(false),
             start: Instant::now(),
             probe,
+            fault: AtomicU8::new(Fault::NotConnected as u8),
+            last: Mutex::new(None),
+            outages: AtomicU64::new(0),
+            opened_at: AtomicU64::new(0),
         }
     }
 
@@ -56,24 +81,45 @@ impl Breaker {
         // Every decision reports; a store only when something changes keeps
         // the threads deciding from writing one shared cache line in turn.
         // (A swap, so exactly one thread sees the breaker close and says so.)
-        if self.failures.load(Ordering::Relaxed) != 0
-            && self.failures.swap(0, Ordering::AcqRel) >= self.threshold
-        {
-            tracing::info!("redis answers again: circuit breaker closed");
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            let failures = self.failures.swap(0, Ordering::AcqRel);
+            if failures != 0 {
+                let last = self.lock().take();
+                if failures >= self.threshold {
+                    let opened = self.opened_at.load(Ordering::Acquire);
+                    let lasted = Duration::from_millis(self.now_ms().saturating_sub(opened));
+                    tracing::info!(
+                        "redis answers again: circuit breaker closed after {lasted:?} ({failures} failed calls; the last: {})",
+                        last.as_deref().unwrap_or("?")
+                    );
+                }
+            }
         }
         if self.probing.load(Ordering::Relaxed) {
             self.probing.store(false, Ordering::Release);
         }
     }
 
-    pub(crate) fn failure(&self) {
+    /// A call failed with `fault`; `message` says how (as the store error
+    /// does).
+    pub(crate) fn failure(&self, fault: Fault, message: &str) {
+        self.fault.store(fault as u8, Ordering::Release);
+        {
+            let mut last = self.lock();
+            if last.as_deref() != Some(message) {
+                *last = Some(message.to_string());
+            }
+        }
         let f = self
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
         if f == self.threshold {
+            self.opened_at.store(self.now_ms(), Ordering::Release);
+            self.outages.fetch_add(1, Ordering::AcqRel);
             tracing::warn!(
-                "redis failed {f} times in a row: circuit breaker open; decisions follow on_store_error at once, and one probes redis every {:?}",
+                "redis failing ({}: {message}): circuit breaker open after {f} failed calls in a row; decisions follow on_store_error at once, and one probes redis every {:?}",
+                fault.name(),
                 self.probe
             );
         }
@@ -93,6 +139,29 @@ impl Breaker {
             BreakerState::Open
         }
     }
+
+    /// The kind of the last failure.
+    pub(crate) fn fault(&self) -> Fault {
+        Fault::from_u8(self.fault.load(Ordering::Acquire))
+    }
+
+    /// The last failure's message, if no call succeeded since.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        self.lock().clone()
+    }
+
+    /// How many times the breaker has opened.
+    pub(crate) fn outages(&self) -> u64 {
+        self.outages.load(Ordering::Acquire)
+    }
+
+    /// The message lock; a thread that panicked holding it left a message
+    /// or none, either of which is fine to read.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[cfg(test)]
@@ -103,10 +172,10 @@ mod tests {
     fn opens_after_threshold_and_lets_one_probe_through() {
         let b = Breaker::new(3, Duration::ZERO);
         for _ in 0..2 {
-            b.failure();
+            b.failure(Fault::Timeout, "late");
             assert!(b.allow());
         }
-        b.failure();
+        b.failure(Fault::Timeout, "late");
         assert_eq!(b.state(), BreakerState::Open);
         assert!(b.allow(), "probe interval elapsed: one probe");
         assert!(!b.allow(), "only one probe at a time");
@@ -117,9 +186,31 @@ mod tests {
     }
 
     #[test]
+    fn an_outage_is_counted_once_and_remembers_its_last_failure() {
+        let b = Breaker::new(2, Duration::ZERO);
+        b.failure(Fault::OutOfMemory, "OOM one");
+        assert_eq!(b.outages(), 0);
+        assert_eq!(b.last_error().as_deref(), Some("OOM one"));
+        for _ in 0..10 {
+            b.failure(Fault::OutOfMemory, "OOM two");
+        }
+        assert_eq!(b.outages(), 1, "one outage, however many failures");
+        assert_eq!(b.fault(), Fault::OutOfMemory);
+        assert_eq!(b.last_error().as_deref(), Some("OOM two"));
+        b.success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.last_error(), None);
+        b.success();
+        assert_eq!(b.outages(), 1);
+        b.failure(Fault::Script, "ERR");
+        b.failure(Fault::Script, "ERR");
+        assert_eq!(b.outages(), 2, "a new outage after a success");
+    }
+
+    #[test]
     fn stays_open_until_the_probe_interval() {
         let b = Breaker::new(1, Duration::from_secs(3600));
-        b.failure();
+        b.failure(Fault::Timeout, "late");
         assert!(!b.allow());
         assert_eq!(b.state(), BreakerState::Open);
     }

@@ -25,23 +25,31 @@
 //!   out at once, so "one round trip per decision" still holds for its
 //!   latency while Redis does less work per decision under load.
 //! - **Failures**: every decision has a deadline (a single server's are
-//!   kept by the batcher, a cluster's by a timer each); errors are transient
-//!   [`StoreError`]s for the limiter's fail-open/closed policy. A circuit
-//!   breaker opens after repeated failures (answers at once, without waiting
-//!   for a hung server) and lets one probe through every
-//!   [`RedisConfig::probe_interval`]. Connecting happens in the background,
-//!   with backoff: the store serves (by policy) before Redis exists.
+//!   kept by the batcher, a cluster's by a timer each); errors are
+//!   [`StoreError`]s for the limiter's fail-open/closed policy, transient
+//!   when they may pass by themselves (timeouts, lost connections, `OOM`,
+//!   `READONLY`, `LOADING`) and not when someone must act (script errors,
+//!   `WRONGTYPE`, `NOPERM`). Every kind counts against a circuit breaker,
+//!   which opens after [`RedisConfig::breaker_failures`] failures in a row
+//!   (answers at once, without waiting for a hung server or asking a
+//!   failing one) and lets one probe through every
+//!   [`RedisConfig::probe_interval`]. Each opening and closing is logged
+//!   once, with the kind of failure; [`RedisStore::last_error`] says why
+//!   for a readiness check and [`RedisStore::outages`] counts them.
+//!   Connecting happens in the background, with backoff: the store serves
+//!   (by policy) before Redis exists.
 //! - **Cluster**: decisions whose rules live in one slot are one atomic call.
 //!   Rules in different slots cannot share a script call; they are decided by
 //!   a dry run on every slot and then charged slot by slot, which is
 //!   all-or-none unless a concurrent request changes a counter in between.
 
 mod breaker;
+mod fault;
 mod keys;
 mod msgpack;
 mod reply;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -52,6 +60,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use breaker::Breaker;
 pub use breaker::BreakerState;
+use fault::Fault;
 
 /// Buckets unless configured: suits about 100,000 to 2,000,000 active keys.
 pub const DEFAULT_BUCKETS: u32 = 16_384;
@@ -118,6 +127,9 @@ struct Inner {
     script: Script,
     breaker: Breaker,
     connected: tokio::sync::Notify,
+    /// Why the first connection has not been made yet (the connect loop's
+    /// last error), for [`RedisStore::last_error`].
+    connect_error: Mutex<Option<String>>,
     /// Decisions for a single server, on their way to the batcher.
     queue: mpsc::Sender<Pending>,
 }
@@ -218,6 +230,7 @@ impl RedisStore {
                 conn: OnceLock::new(),
                 script: Script::new(DECIDE_LUA),
                 connected: tokio::sync::Notify::new(),
+                connect_error: Mutex::new(None),
                 queue,
             }),
         };
@@ -240,6 +253,35 @@ impl RedisStore {
     /// True when connected and the breaker is closed.
     pub fn is_healthy(&self) -> bool {
         self.is_connected() && self.breaker() == BreakerState::Closed
+    }
+
+    /// Why the store is not healthy, for a readiness check: the last
+    /// failure while the breaker is open (`redis: OOM command not allowed
+    /// when used memory > 'maxmemory'.`, `redis did not answer within
+    /// 50ms`), or why it has not connected yet. `None` while healthy.
+    pub fn last_error(&self) -> Option<String> {
+        if self.is_healthy() {
+            return None;
+        }
+        if !self.is_connected() {
+            let connecting = self
+                .inner
+                .connect_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            return Some(connecting.unwrap_or_else(|| "not connected to redis yet".to_string()));
+        }
+        self.inner.breaker.last_error()
+    }
+
+    /// How many times Redis has failed the store since it was made: each
+    /// time, the circuit breaker opened after
+    /// [`RedisConfig::breaker_failures`] failed calls in a row and a
+    /// warning was logged (with the kind of failure); it counts outages, not
+    /// failed calls, and is what a metric of outages would read.
+    pub fn outages(&self) -> u64 {
+        self.inner.breaker.outages()
     }
 
     /// Waits until connected or `timeout` passes; returns whether connected.
@@ -288,11 +330,16 @@ impl RedisStore {
         }
         let inner = &self.inner;
         if !inner.breaker.allow() {
-            return Err(err(true, "redis circuit breaker is open"));
+            let fault = inner.breaker.fault();
+            return Err(err(
+                fault.transient(),
+                format!("redis circuit breaker is open ({})", fault.name()),
+            ));
         }
         let Some(conn) = inner.conn.get() else {
-            inner.breaker.failure();
-            return Err(err(true, "not connected to redis yet"));
+            let message = "not connected to redis yet";
+            inner.breaker.failure(Fault::NotConnected, message);
+            return Err(err(true, message));
         };
         // A single server's decisions are bounded by the batcher (see
         // `Pending::deadline`); a cluster's by a timer here. The cluster's
@@ -316,18 +363,18 @@ impl RedisStore {
                 inner.breaker.success();
                 Ok(d)
             }
+            // Every failure counts against the breaker, whatever its kind:
+            // a server that answers each call with OOM or READONLY is as
+            // unusable as one that does not answer, and must show as such.
             Err(e) => {
-                let transient = is_transient(&e);
-                if transient {
-                    inner.breaker.failure();
-                }
-                if e.is_timeout() {
-                    return Err(err(
-                        true,
-                        format!("redis did not answer within {:?}", inner.config.timeout),
-                    ));
-                }
-                Err(err(transient, format!("redis: {e}")))
+                let fault = Fault::of(&e);
+                let message = if fault == Fault::Timeout {
+                    format!("redis did not answer within {:?}", inner.config.timeout)
+                } else {
+                    format!("redis: {}", fault::said(&e))
+                };
+                inner.breaker.failure(fault, &message);
+                Err(err(fault.transient(), message))
             }
         }
     }
@@ -537,20 +584,6 @@ async fn eval<C: redis::aio::ConnectionLike>(
 /// script below 2^53, where doubles stop being exact.
 pub const MAX_COST: u64 = 1 << 32;
 
-fn is_transient(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
-                | redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown)
-        )
-}
-
 /// Connects (again and again, with backoff up to 500 ms) until it succeeds,
 /// then hands the connection to the store. The connection manager and the
 /// cluster connection reconnect by themselves afterwards.
@@ -580,6 +613,21 @@ async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
                     .map(|r| r.map(Conn::Cluster))
             }
         };
+        let failed = match &attempt {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!(
+                "cannot reach redis at {}: {e}",
+                target_name(&inner.config)
+            )),
+            Err(_) => Some(format!(
+                "redis at {} did not accept a connection within 2 s",
+                target_name(&inner.config)
+            )),
+        };
+        *inner
+            .connect_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = failed;
         match attempt {
             Ok(Ok(conn)) => {
                 let _ = inner.conn.set(conn);

@@ -4,11 +4,11 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use spillway_core::{
-    FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, ManualClock, Mode, Nanos, Rate, Rule, Shaper,
-    SlidingCounter, SlidingLog, TokenBucket,
+    FailPolicy, FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, ManualClock, Mode, Nanos, Rate,
+    Rule, Shaper, SlidingCounter, SlidingLog, TokenBucket,
 };
 use spillway_redis::{BreakerState, RedisConfig, RedisStore};
-use spillway_store::{Charge, Key, MemoryConfig, MemoryStore, Store};
+use spillway_store::{Charge, Key, Limiter, MemoryConfig, MemoryStore, RuleSet, Store};
 use spillway_testkit::{RedisCluster, RedisServer};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -20,15 +20,23 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn config(url: String) -> RedisConfig {
+    config_with(url, Duration::from_millis(50))
+}
+
+fn config_with(url: String, timeout: Duration) -> RedisConfig {
     RedisConfig {
         url,
-        timeout: Duration::from_millis(50),
+        timeout,
         ..RedisConfig::default()
     }
 }
 
 async fn connected(url: String) -> RedisStore {
-    let s = RedisStore::new(config(url)).unwrap();
+    connected_with(url, Duration::from_millis(50)).await
+}
+
+async fn connected_with(url: String, timeout: Duration) -> RedisStore {
+    let s = RedisStore::new(config_with(url, timeout)).unwrap();
     assert!(
         s.wait_connected(Duration::from_secs(5)).await,
         "could not connect"
@@ -565,4 +573,183 @@ fn cluster_spreads_keys_over_every_master_and_keeps_multi_limit_rules_atomic() {
         .map(|_| rt.block_on(redis.decide(&two, 1)).unwrap().allowed)
         .collect();
     assert_eq!(results.iter().filter(|x| **x).count(), 5, "{results:?}");
+}
+
+/// Polls `done` every 20 ms until it holds or `within` passes.
+fn eventually(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A limiter over `redis` with two roomy rules, one failing open and one
+/// failing closed, and a decision of each: (fail-open decision, its store
+/// error), (fail-closed decision, its store error).
+struct PolicyPair {
+    limiter: Limiter<RedisStore>,
+}
+
+type Outcome = (bool, Option<spillway_store::StoreError>);
+
+impl PolicyPair {
+    fn new(redis: &RedisStore) -> PolicyPair {
+        let rule = |name, policy| {
+            user_rule(name, vec![fixed_window(1_000_000, 3600)], Mode::Hard)
+                .with_fail_policy(policy)
+        };
+        let rules = RuleSet::new(vec![
+            rule("open", FailPolicy::Allow),
+            rule("closed", FailPolicy::Deny),
+        ]);
+        PolicyPair {
+            limiter: Limiter::new(redis.clone(), rules),
+        }
+    }
+
+    fn decide(&self, rt: &tokio::runtime::Runtime) -> (Outcome, Outcome) {
+        let rules = self.limiter.rules();
+        let key = Key::from_parts(["policy"]);
+        let one = |i: usize| {
+            let charges = [Charge {
+                rule: &rules.rules()[i],
+                key: &key,
+            }];
+            let (d, e) = rt.block_on(self.limiter.decide(&charges, 1));
+            (d.allowed, e)
+        };
+        (one(0), one(1))
+    }
+}
+
+/// Redis at `maxmemory` with `noeviction` answers every call with OOM: the
+/// store must say so (breaker open, not healthy, why), once, and decide by
+/// each rule's failure policy, then recover when memory is freed. Before,
+/// every call failed, nothing showed it and fail-open admitted everything.
+#[test]
+fn a_full_redis_opens_the_breaker_says_why_and_recovers() {
+    // Room at first (a healthy start to compare with); full later.
+    let server =
+        RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "noeviction"]);
+    let rt = rt();
+    let redis = rt.block_on(connected_with(server.url(), Duration::from_secs(5)));
+    let pair = PolicyPair::new(&redis);
+    let ((open, e1), (closed, e2)) = pair.decide(&rt);
+    assert!(
+        open && closed && e1.is_none() && e2.is_none(),
+        "{e1:?} {e2:?}"
+    );
+    assert!(redis.is_healthy());
+    assert_eq!(redis.last_error(), None);
+
+    // A 2 MB value (SETRANGE pads with zeros), then a 1 MB limit.
+    server.cli(&["SETRANGE", "filler", "2000000", "x"]);
+    server.cli(&["CONFIG", "SET", "maxmemory", "1mb"]);
+    for _ in 0..20 {
+        let ((open, e1), (closed, e2)) = pair.decide(&rt);
+        let (e1, e2) = (e1.expect("a store error"), e2.expect("a store error"));
+        assert!(open, "fail-open admits");
+        assert!(!closed, "fail-closed denies");
+        assert!(e1.transient && e2.transient, "{e1} / {e2}");
+    }
+    assert!(!redis.is_healthy());
+    assert_ne!(redis.breaker(), BreakerState::Closed);
+    let why = redis.last_error().expect("a reason");
+    assert!(why.starts_with("redis: OOM command not allowed"), "{why}");
+    assert_eq!(redis.outages(), 1, "one outage, not one per request");
+
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    // A probe goes every probe interval (250 ms); a loaded machine may
+    // take longer.
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            let ((open, e1), (closed, e2)) = pair.decide(&rt);
+            open && closed && e1.is_none() && e2.is_none()
+        }),
+        "no recovery after the memory was freed"
+    );
+    assert!(redis.is_healthy());
+    assert_eq!(redis.last_error(), None);
+    assert_eq!(redis.outages(), 1);
+}
+
+/// Other answers that make every call fail: someone else's value under our
+/// key (WRONGTYPE, permanent), a server turned replica (READONLY,
+/// transient) and a user without the right to run scripts (NOPERM,
+/// permanent) each open the breaker with their reason, and the store
+/// recovers from each.
+#[test]
+fn server_errors_open_the_breaker_with_their_reason() {
+    let server = RedisServer::start();
+    let rt = rt();
+    // One bucket, so the test knows the key the decisions use.
+    let redis = rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            buckets: 1,
+            ..config_with(server.url(), Duration::from_secs(5))
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(10)).await);
+        s
+    });
+    let pair = PolicyPair::new(&redis);
+    let cases: [(&[&str], &str, bool, &[&str]); 3] = [
+        (
+            &["SET", "spillway:{0}", "not a hash"],
+            "redis: WRONGTYPE",
+            false,
+            &["DEL", "spillway:{0}"],
+        ),
+        (
+            // A master that is not there: the server stays a replica.
+            &["REPLICAOF", "127.0.0.1", "1"],
+            "redis: READONLY",
+            true,
+            &["REPLICAOF", "NO", "ONE"],
+        ),
+        (
+            &["ACL", "SETUSER", "default", "-evalsha"],
+            "redis: NOPERM",
+            false,
+            &["ACL", "SETUSER", "default", "+@all"],
+        ),
+    ];
+    for (n, (break_it, said, transient, mend)) in cases.into_iter().enumerate() {
+        let ((open, e1), (closed, e2)) = pair.decide(&rt);
+        assert!(
+            open && closed && e1.is_none() && e2.is_none(),
+            "{e1:?} {e2:?}"
+        );
+        server.cli(break_it);
+        for _ in 0..10 {
+            let ((open, e1), (closed, e2)) = pair.decide(&rt);
+            let (e1, e2) = (e1.expect("a store error"), e2.expect("a store error"));
+            assert!(open && !closed, "{said}: decided by policy");
+            assert_eq!(
+                (e1.transient, e2.transient),
+                (transient, transient),
+                "{e1} / {e2}"
+            );
+        }
+        assert!(!redis.is_healthy(), "{said}");
+        let why = redis.last_error().expect("a reason");
+        assert!(why.starts_with(said), "{why}");
+        assert_eq!(redis.outages(), n as u64 + 1);
+        server.cli(mend);
+        assert!(
+            eventually(Duration::from_secs(30), || {
+                let ((_, e1), (_, e2)) = pair.decide(&rt);
+                e1.is_none() && e2.is_none()
+            }),
+            "no recovery from {said}"
+        );
+        assert!(redis.is_healthy());
+        assert_eq!(redis.outages(), n as u64 + 1);
+    }
 }

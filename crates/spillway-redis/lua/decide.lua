@@ -32,7 +32,9 @@
 -- then     number of decisions, and per decision:
 --   now in microseconds, or 0 to use this server's TIME (the default:
 --   instances with skewed clocks then agree; read once per call)
---   cost
+--   cost (the client sends at most one more than the largest size in the
+--   call's rules, and below 2^53: above every size any cost is denied
+--   alike, and products of it with a period stay exact)
 --   1 for a dry run (decide, write nothing), else 0
 --   number of rules
 --   then per rule: its number in the list above, then per limit its field

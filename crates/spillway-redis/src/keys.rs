@@ -102,6 +102,27 @@ pub(crate) struct Part {
     pub(crate) reply_len: usize,
 }
 
+/// Above this the script's numbers (doubles) stop being exact integers.
+pub(crate) const MAX_EXACT: u64 = (1 << 53) - 1;
+
+/// The cost the script is sent for a request of `cost`: at most one more
+/// than the largest size of any limit of `charges` (base or enforced), and
+/// at most [`MAX_EXACT`]. A cost above a limit's size is denied by it, and
+/// every number of that verdict (remaining, reset, retry after "never")
+/// is the same for any such cost, so the decision does not change; but
+/// the script multiplies the cost by a limit's period, and a cost of 2^64
+/// would not even be a whole number there. (The reply is replayed with the
+/// request's own cost.)
+pub(crate) fn script_cost(charges: &[Charge<'_>], cost: u64) -> u64 {
+    let largest = charges
+        .iter()
+        .flat_map(|c| c.rule.limits().iter().chain(c.rule.enforced_limits()))
+        .map(Limit::size)
+        .max()
+        .unwrap_or(0);
+    cost.min(largest.saturating_add(1)).min(MAX_EXACT)
+}
+
 /// The part of a script call deciding `charges`.
 pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, dry: bool) -> Part {
     let rules = charges
@@ -126,7 +147,7 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, dry: bool) ->
         .collect();
     Part {
         now_us,
-        cost,
+        cost: script_cost(charges, cost),
         dry,
         rules,
         reply_len: crate::reply::reply_len(charges),

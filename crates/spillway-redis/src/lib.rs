@@ -322,12 +322,6 @@ impl RedisStore {
         if charges.is_empty() {
             return Ok(Decision::unlimited());
         }
-        if cost > MAX_COST {
-            return Err(err(
-                false,
-                format!("cost {cost} is above the Redis store's maximum {MAX_COST}"),
-            ));
-        }
         let inner = &self.inner;
         if !inner.breaker.allow() {
             let fault = inner.breaker.fault();
@@ -579,10 +573,6 @@ async fn eval<C: redis::aio::ConnectionLike>(
     msgpack::unpack_numbers(&packed)
         .map_err(|why| (redis::ErrorKind::Parse, "bad script reply", why.to_string()).into())
 }
-
-/// The largest cost the Redis store accepts: keeps every product in the
-/// script below 2^53, where doubles stop being exact.
-pub const MAX_COST: u64 = 1 << 32;
 
 /// Connects (again and again, with backoff up to 500 ms) until it succeeds,
 /// then hands the connection to the store. The connection manager and the

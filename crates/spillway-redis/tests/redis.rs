@@ -104,6 +104,18 @@ fn rules() -> Vec<Rule> {
     out
 }
 
+/// Mostly one or two, sometimes far above every limit (past 2^32, past
+/// 2^53, up to `u64::MAX`): the script is sent a clamped cost, which must
+/// decide the same.
+fn costs() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        40 => 1u64..3,
+        1 => Just(u64::MAX),
+        1 => (1u64 << 32)..=u64::MAX,
+        1 => 6u64..20,
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -111,7 +123,7 @@ proptest! {
     /// times (microsecond times and parameters; Redis works in microseconds).
     #[test]
     fn redis_and_memory_stores_agree(
-        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], 1u64..3), 1..300)
+        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], costs()), 1..300)
     ) {
         let server = RedisServer::start();
         let rt = rt();
@@ -752,4 +764,41 @@ fn server_errors_open_the_breaker_with_their_reason() {
         assert!(redis.is_healthy());
         assert_eq!(redis.outages(), n as u64 + 1);
     }
+}
+
+/// Costs past 2^32 used to be a store error (so fail-open admitted them):
+/// any cost is decided, and one above every limit is denied, as the memory
+/// store denies it.
+#[test]
+fn costs_past_every_limit_are_denied_not_store_errors() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected_with(server.url(), Duration::from_secs(5)));
+    let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+    let mut rules: Vec<Rule> = limits()
+        .into_iter()
+        .map(|l| user_rule(l.algorithm_name(), vec![l], Mode::Hard))
+        .collect();
+    rules.push(user_rule("ten", vec![fixed_window(10, 60)], Mode::Hard));
+    rules.push(user_rule(
+        "soft",
+        vec![fixed_window(10, 60)],
+        Mode::Soft { percent: 50 },
+    ));
+    let key = Key::from_parts(["big"]);
+    for rule in &rules {
+        let charges = [Charge { rule, key: &key }];
+        for cost in [4_294_967_297, 1 << 53, (1 << 53) + 1, u64::MAX] {
+            let r = rt
+                .block_on(redis.decide_at(&charges, cost, T0_US))
+                .unwrap_or_else(|e| panic!("{}: cost {cost}: {e}", rule.name()));
+            assert!(!r.allowed, "{}: cost {cost} admitted", rule.name());
+            let m = memory.decide_at(&charges, cost, Nanos(T0_US * 1000));
+            assert_eq!(m, r, "{}: cost {cost}", rule.name());
+        }
+        // Nothing was charged: a cost of one still fits.
+        let r = rt.block_on(redis.decide_at(&charges, 1, T0_US)).unwrap();
+        assert!(r.allowed, "{}", rule.name());
+    }
+    assert!(redis.is_healthy());
 }

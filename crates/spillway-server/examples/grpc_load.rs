@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use spillway_server::envoy::proto::{
+use spillway_server::grpc::proto::{
     Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT,
 };
 
@@ -66,11 +66,8 @@ async fn main() {
                 let t0 = Instant::now();
                 grpc.ready().await.expect("ready");
                 let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
-                let r: Result<
-                    tonic::Response<spillway_server::envoy::proto::RateLimitResponse>,
-                    _,
-                > = grpc
-                    .unary(
+                let r: Result<tonic::Response<spillway_server::grpc::proto::RateLimitResponse>, _> =
+                    grpc.unary(
                         tonic::Request::new(req),
                         path,
                         tonic_prost::ProstCodec::default(),

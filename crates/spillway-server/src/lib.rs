@@ -1,28 +1,45 @@
 //! # spillway-server
 //!
-//! The `spillway` binary's library: configuration, the HTTP API, metrics and
-//! hot reload. [`run`] takes its listener and a shutdown future, so tests
-//! start it on port 0 in-process; `main` only parses flags and calls it.
+//! The `spillway` binary's library, one folder per way in:
+//!
+//! - [`api`]: the decision API (`POST /v1/check`, `GET /v1/limit`);
+//! - [`proxy`]: the reverse proxy (its phases written once, two transports);
+//! - [`grpc`]: the Envoy rate limit service;
+//! - [`admin`]: metrics, health, status and rules;
+//! - [`config`]: the rules file, read into each way in's settings.
+//!
+//! Ways in never import `config` or each other; each gets a [`Shared`]
+//! handle (the limiter and the event sink) and what it needs besides.
+//! [`run`] and [`run_proxy`] take their listener and a shutdown future, so
+//! tests start them on port 0 in-process; `main` only parses flags.
 
+pub mod admin;
+pub mod api;
+pub mod check_config;
 pub mod config;
-pub mod envoy;
-mod fast;
-pub mod http;
+pub mod grpc;
 pub mod metrics;
 pub mod proxy;
 mod reload;
-mod upstream;
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ConnectInfo;
 use parking_lot::Mutex;
 use spillway_redis::RedisStore;
-use spillway_store::{Checked, Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
+use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
+use spillway_wire::Handler;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
+use crate::admin::{AdminState, ReloadStatus};
 use crate::config::{Config, Source, StoreConfig};
+use crate::grpc::GrpcState;
 use crate::metrics::Metrics;
 
 /// The store the server runs on: the closed set of stores, dispatched by match.
@@ -82,50 +99,86 @@ impl ServerStore {
     }
 }
 
-/// What every request handler shares.
-#[derive(Debug)]
-pub struct AppState {
+/// What every way in shares: the rules and store, and the sink its events
+/// (decisions, rejected input, upstream failures) go to. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Shared {
     /// Rules and store.
     pub limiter: Arc<Limiter<ServerStore>>,
-    /// Counters (shared with the proxy's forwarders).
-    pub metrics: Arc<Metrics>,
-    /// Outcome of the last reload.
-    pub reload: Mutex<ReloadStatus>,
-    /// Where rules come from, as shown on `/v1/status`.
-    pub source_name: String,
-    /// Descriptor trees of the Envoy gRPC API, replaced on reload.
-    pub envoy: arc_swap::ArcSwap<envoy::Domains>,
-    /// Whether gRPC answers carry RateLimit headers for Envoy to add.
-    pub grpc_headers: bool,
+    /// Where ways in report what happened (the metrics).
+    pub events: Arc<Metrics>,
 }
 
-/// The last reload's result.
-#[derive(Debug, Clone, Default)]
-pub struct ReloadStatus {
-    /// The last rejected file's errors, cleared by a good reload.
-    pub last_error: Option<String>,
-    /// When rules were last (re)loaded.
-    pub last_reload_unix_ms: u64,
+/// An axum router as the hyper service of one connection (the peer in a
+/// `ConnectInfo` extension): the fallback of every listener's direct path.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    router: axum::Router,
+    peer: SocketAddr,
 }
 
-impl AppState {
-    /// Counts a decision, which took `took`, in the metrics.
-    pub fn record(&self, checked: &Checked, took: Duration) {
-        let version = checked.rules.version;
-        if checked.decision.rules.is_empty() {
-            self.metrics.count_unlimited();
-        }
-        for rd in &checked.decision.rules {
-            let name = checked.rule(rd).map_or("", |r| r.name());
-            self.metrics.count(version, rd.rule, name, rd.outcome);
-        }
-        if checked.store_error.is_some() {
-            self.metrics.store_failed();
-        }
-        if checked.decision.allowed && checked.decision.wait.as_u64() > 0 {
-            self.metrics.delayed(checked.decision.wait.into());
-        }
-        self.metrics.observe_latency(took);
+impl Routed {
+    /// `router` for a connection from `peer`.
+    pub fn new(router: axum::Router, peer: SocketAddr) -> Routed {
+        Routed { router, peer }
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Routed {
+    type Response = http::Response<axum::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let router = self.router.clone();
+        Box::pin(async move { router.oneshot(req.map(axum::body::Body::new)).await })
+    }
+}
+
+/// A listener with no direct path: every request goes to `router` (the
+/// admin address), with the same timeouts and connection cap.
+#[derive(Debug)]
+struct RouterOnly(axum::Router);
+
+impl Handler for RouterOnly {
+    type Route = Infallible;
+    type Body = axum::body::Body;
+    type Fallback = Routed;
+
+    fn max_body(&self) -> usize {
+        0
+    }
+
+    fn route(&self, _: &spillway_wire::head::RequestHead<'_, '_>) -> Option<Infallible> {
+        None
+    }
+
+    async fn serve<'a>(
+        &'a self,
+        route: Infallible,
+        _: spillway_wire::Message<'a>,
+        _: &'a mut spillway_wire::ClientConn<'_>,
+        _: &'a mut Vec<u8>,
+    ) -> bool {
+        match route {}
+    }
+
+    fn refuse(&self, status: http::StatusCode, detail: &str, out: &mut Vec<u8>) {
+        let json = spillway_tower::Problem::new(status, detail).to_json();
+        spillway_wire::write::answer(
+            out,
+            status,
+            spillway_tower::PROBLEM_JSON,
+            json.as_bytes(),
+            true,
+            false,
+            |_| {},
+        );
+    }
+
+    fn fallback(&self, peer: SocketAddr) -> Routed {
+        Routed::new(self.0.clone(), peer)
     }
 }
 
@@ -134,14 +187,12 @@ impl AppState {
 pub struct ServeOptions {
     /// Where rules come from.
     pub source: Source,
-    /// The validated configuration loaded from `source`.
+    /// The validated configuration loaded from `source`, flags applied.
     pub config: Config,
     /// How often to look at the rules file for changes.
     pub poll_interval: Duration,
     /// envoyproxy/ratelimit configuration files (one domain each).
     pub envoy_files: Vec<std::path::PathBuf>,
-    /// Where to serve the Envoy gRPC API (the flag, else the file's `grpc_listen`).
-    pub grpc_listen: Option<std::net::SocketAddr>,
 }
 
 impl ServeOptions {
@@ -169,12 +220,17 @@ impl ServeOptions {
     }
 }
 
-/// Builds the shared state for `config` (inside a Tokio runtime: the Redis
-/// store starts connecting in the background).
-///
-/// # Errors
-/// The store cannot be set up (a Redis URL the client rejects).
-pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store::StoreError> {
+/// The state of a running server, by who reads it.
+#[derive(Debug)]
+struct Parts {
+    shared: Shared,
+    admin: Arc<AdminState>,
+    grpc: Arc<GrpcState>,
+}
+
+/// Builds the state for `opts` (inside a Tokio runtime: the Redis store
+/// starts connecting in the background).
+fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
     let store = match &opts.config.store {
         StoreConfig::Memory { max_keys } => ServerStore::Memory(MemoryStore::new(
             SystemClock::new(),
@@ -186,22 +242,34 @@ pub fn build_state(opts: &ServeOptions) -> Result<Arc<AppState>, spillway_store:
         StoreConfig::Redis(cfg) => ServerStore::Redis(RedisStore::new(cfg.clone())?),
     };
     let set = rule_set(&opts.config, 1);
-    let metrics = Arc::new(Metrics::new(&set));
+    let shared = Shared {
+        events: Arc::new(Metrics::new(&set)),
+        limiter: Arc::new(Limiter::new(store, set)),
+    };
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
     };
-    Ok(Arc::new(AppState {
-        limiter: Arc::new(Limiter::new(store, set)),
-        metrics,
-        reload: Mutex::new(ReloadStatus {
+    let admin = Arc::new(AdminState {
+        shared: shared.clone(),
+        reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),
-        }),
+        })),
         source_name,
-        envoy: arc_swap::ArcSwap::from_pointee(envoy::Domains::new(opts.config.domains.clone())),
-        grpc_headers: opts.config.grpc_response_headers,
-    }))
+    });
+    let grpc = Arc::new(GrpcState {
+        shared: shared.clone(),
+        domains: Arc::new(arc_swap::ArcSwap::from_pointee(grpc::Domains::new(
+            opts.config.domains.clone(),
+        ))),
+        response_headers: opts.config.grpc_response_headers,
+    });
+    Ok(Parts {
+        shared,
+        admin,
+        grpc,
+    })
 }
 
 /// The rule set for `config`, numbered `version`.
@@ -218,114 +286,148 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Serves the HTTP API on `listener` until `shutdown` completes, reloading
-/// rules when the source file changes or on SIGHUP.
+/// Serves the decision API on `listener` until `shutdown` completes,
+/// reloading rules when the source file changes or on SIGHUP. The admin
+/// endpoints are served beside it, unless `admin_listen` gives them an
+/// address of their own.
 ///
 /// # Errors
-/// The listener fails, or the store cannot be set up.
+/// A listener fails, or the store cannot be set up.
 pub async fn run(
     opts: ServeOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(opts, listener, None, shutdown, "spillway", |state| {
-        (http::router(state.clone()), fast::Direct::Decisions)
-    })
-    .await
+    let parts = build(&opts).map_err(std::io::Error::other)?;
+    let admin_at = opts.config.admin_listen;
+    let mut router = api::router(parts.shared.clone());
+    if admin_at.is_none() {
+        router = router.merge(admin::router(parts.admin.clone()));
+    } else {
+        router = router.merge(admin::health_router(parts.admin.clone()));
+    }
+    let router = router.fallback(api::not_found);
+    let admin = match admin_at {
+        None => None,
+        Some(at) => {
+            let l = bind(at, "the admin API").await?;
+            let r = admin::router(parts.admin.clone()).fallback(api::not_found);
+            Some((l, r))
+        }
+    };
+    let handler = Arc::new(api::direct::DirectApi::new(parts.shared.clone(), router));
+    serve_with(opts, listener, parts, admin, shutdown, "spillway", handler).await
 }
 
 /// Serves the reverse proxy on `listener` until `shutdown` completes.
 ///
 /// # Errors
-/// As [`run`].
+/// As [`run`]; also when the settings name no upstream.
 pub async fn run_proxy(
     opts: ServeOptions,
-    proxy: proxy::ProxyOptions,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    tracing::info!(upstream = %proxy.upstream, "proxying to {}", proxy.upstream);
+    let settings = opts.config.proxy.clone().unwrap_or_default();
+    let upstream = settings.upstream.clone().ok_or_else(|| {
+        std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
+    })?;
+    tracing::info!(%upstream, "proxying to {upstream}");
+    let parts = build(&opts).map_err(std::io::Error::other)?;
     // Bound before anything says it listens: a taken port fails the start.
-    let admin = match proxy.admin {
+    let admin = match settings.admin_listen {
         None => None,
-        Some(at) => Some(bind(at, "the admin API").await?),
+        Some(at) => {
+            let l = bind(at, "the admin API").await?;
+            // The proxy's own address forwards every path: its admin
+            // address serves the whole HTTP API.
+            let r = api::router(parts.shared.clone())
+                .merge(admin::router(parts.admin.clone()))
+                .fallback(api::not_found);
+            Some((l, r))
+        }
     };
+    let proxy = Arc::new(proxy::Proxy::new(parts.shared.clone(), &settings, upstream));
+    let router = proxy::hyper::HyperProxy::new(proxy.clone()).router();
+    let handler = Arc::new(proxy::direct::DirectProxy::new(proxy, router));
     serve_with(
         opts,
         listener,
+        parts,
         admin,
         shutdown,
         "spillway proxy",
-        move |state| {
-            // One identity, forwarder and upstream pool for both paths.
-            let direct = proxy::DirectProxy::new(state, &proxy);
-            (direct.router(), fast::Direct::Proxy(Arc::new(direct)))
-        },
+        handler,
     )
     .await
 }
 
-async fn serve_with(
+async fn serve_with<H: Handler>(
     opts: ServeOptions,
     listener: TcpListener,
-    admin: Option<TcpListener>,
+    parts: Parts,
+    admin: Option<(TcpListener, axum::Router)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
-    app: impl FnOnce(&Arc<AppState>) -> (axum::Router, fast::Direct),
+    handler: Arc<H>,
 ) -> std::io::Result<()> {
-    let state = build_state(&opts).map_err(std::io::Error::other)?;
     let addr = listener.local_addr()?;
+    let limits = opts.config.server;
     // Bound before anything says it listens: a taken port fails the start.
-    let grpc_listener = match opts.grpc_listen.or(opts.config.grpc_listen) {
+    let grpc_listener = match opts.config.grpc_listen {
         None => None,
         Some(at) => Some(bind(at, "gRPC").await?),
     };
     let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
     tracing::info!(
         %addr,
-        source = %state.source_name,
-        store = %state.limiter.store().describe(),
+        source = %parts.admin.source_name,
+        store = %parts.shared.limiter.store().describe(),
         rules = ?names,
         "{what} listening on http://{addr} with {} rules",
         names.len()
     );
+    if matches!(opts.source, Source::Example) {
+        tracing::warn!(
+            "no --config given: running the built-in DEMO rules (examples/rules.yaml: 10 requests a minute per user on every API, and more). Give --config FILE for your own."
+        );
+    }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let reloader = tokio::spawn(reload::watch(state.clone(), opts.clone(), stop_rx.clone()));
-    let maintainer = tokio::spawn(maintain(state.clone(), stop_rx));
+    let reloader = reload::Reloader {
+        shared: parts.shared.clone(),
+        domains: parts.grpc.domains.clone(),
+        status: parts.admin.reload.clone(),
+    };
+    let reloader = tokio::spawn(reload::watch(reloader, opts.clone(), stop_rx.clone()));
+    let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx));
     let grpc = match grpc_listener {
         None => None,
         Some(listener) => {
             let addr = listener.local_addr()?;
             tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on http://{addr}");
-            Some(tokio::spawn(serve_grpc(
-                state.clone(),
+            Some(tokio::spawn(grpc::serve(
+                parts.grpc.clone(),
                 listener,
                 stopped(&stop_tx),
             )))
         }
     };
-    // The HTTP API beside the proxy, for metrics, health and status.
     let admin = match admin {
         None => None,
-        Some(listener) => {
+        Some((listener, router)) => {
             let addr = listener.local_addr()?;
             tracing::info!(%addr, "admin API (metrics, health, status) listening on http://{addr}");
-            let app = http::router(state.clone())
-                .into_make_service_with_connect_info::<std::net::SocketAddr>();
             let stop = stopped(&stop_tx);
             Some(tokio::spawn(async move {
-                if let Err(e) = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .await
+                if let Err(e) =
+                    spillway_wire::serve(listener, Arc::new(RouterOnly(router)), limits, stop).await
                 {
                     tracing::error!("admin API stopped: {e}");
                 }
             }))
         }
     };
-    let (app, direct) = app(&state);
-    // Plain HTTP/1.1 directly, the rest by hyper (see `fast`).
-    let result = fast::serve(listener, state.clone(), app, direct, shutdown).await;
+    let result = spillway_wire::serve(listener, handler, limits, shutdown).await;
     let _ = stop_tx.send(true);
     let _ = reloader.await;
     let _ = maintainer.await;
@@ -336,8 +438,50 @@ async fn serve_with(
     result
 }
 
+/// The process's open-file limit (its soft `RLIMIT_NOFILE`), if known.
+pub fn descriptor_limit() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } == 0 {
+            return usize::try_from(lim.rlim_cur).ok();
+        }
+    }
+    None
+}
+
+/// Raises the open-file limit to its hard limit (systemd's default soft
+/// limit is 1,024, a few hundred idle clients), and returns the new soft
+/// limit. Called once at start, before the configuration is read.
+pub fn raise_descriptor_limit() -> Option<usize> {
+    #[cfg(unix)]
+    {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit and setrlimit read and write the struct given.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) == 0
+                && lim.rlim_cur < lim.rlim_max
+            {
+                let raised = libc::rlimit {
+                    rlim_cur: lim.rlim_max,
+                    rlim_max: lim.rlim_max,
+                };
+                let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised);
+            }
+        }
+    }
+    descriptor_limit()
+}
+
 /// Binds `at`, saying what for if it cannot.
-async fn bind(at: std::net::SocketAddr, what: &str) -> std::io::Result<TcpListener> {
+async fn bind(at: SocketAddr, what: &str) -> std::io::Result<TcpListener> {
     TcpListener::bind(at).await.map_err(|e| {
         std::io::Error::new(e.kind(), format!("cannot listen for {what} on {at}: {e}"))
     })
@@ -350,44 +494,16 @@ fn stopped(tx: &tokio::sync::watch::Sender<bool>) -> impl Future<Output = ()> + 
     }
 }
 
-/// Serves the Envoy rate limit service and gRPC health on `listener`.
-async fn serve_grpc(
-    state: Arc<AppState>,
-    listener: TcpListener,
-    stop: impl Future<Output = ()> + Send + 'static,
-) {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status(envoy::proto::SERVICE, tonic_health::ServingStatus::Serving)
-        .await;
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    let result = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(envoy::service::RateLimitService::new(state))
-        // No Nagle: answers are small and written when the store replies;
-        // behind delayed ACKs they could wait 40 ms.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop,
-        )
-        .await;
-    if let Err(e) = result {
-        tracing::error!("gRPC server stopped: {e}");
-    }
-}
-
 /// Sweeps idle keys once a second, on a blocking thread: a sweep touches
 /// every shard and would otherwise stall the requests queued on the worker
 /// that runs it (it showed as a 4 ms p99 under load).
-async fn maintain(state: Arc<AppState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn maintain(shared: Shared, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                let state = state.clone();
-                let _ = tokio::task::spawn_blocking(move || state.limiter.store().maintain()).await;
+                let shared = shared.clone();
+                let _ = tokio::task::spawn_blocking(move || shared.limiter.store().maintain()).await;
             }
             _ = stop.changed() => return,
         }

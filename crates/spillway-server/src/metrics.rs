@@ -187,6 +187,25 @@ impl Metrics {
         counters.by_outcome[slot(outcome)].add(1);
     }
 
+    /// Counts a decision, which took `took`.
+    pub fn decided(&self, checked: &spillway_store::Checked, took: Duration) {
+        let version = checked.rules.version;
+        if checked.decision.rules.is_empty() {
+            self.count_unlimited();
+        }
+        for rd in &checked.decision.rules {
+            let name = checked.rule(rd).map_or("", |r| r.name());
+            self.count(version, rd.rule, name, rd.outcome);
+        }
+        if checked.store_error.is_some() {
+            self.store_failed();
+        }
+        if checked.decision.allowed && checked.decision.wait.as_u64() > 0 {
+            self.delayed(checked.decision.wait.into());
+        }
+        self.observe_latency(took);
+    }
+
     /// Counts a request no rule applied to.
     pub fn count_unlimited(&self) {
         self.unlimited.add(1);

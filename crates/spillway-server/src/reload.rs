@@ -10,14 +10,23 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::config::Source;
-use crate::{AppState, ServeOptions, rule_set, unix_ms};
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
 
-pub(crate) async fn watch(
-    state: Arc<AppState>,
-    opts: ServeOptions,
-    mut stop: watch::Receiver<bool>,
-) {
+use crate::admin::ReloadStatus;
+use crate::config::Source;
+use crate::grpc::Domains;
+use crate::{ServeOptions, Shared, rule_set, unix_ms};
+
+/// What a reload replaces.
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    pub(crate) shared: Shared,
+    pub(crate) domains: Arc<ArcSwap<Domains>>,
+    pub(crate) status: Arc<Mutex<ReloadStatus>>,
+}
+
+pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::Receiver<bool>) {
     let mut paths: Vec<std::path::PathBuf> = opts.envoy_files.clone();
     if let Source::File(p) = &opts.source {
         paths.push(p.clone());
@@ -64,18 +73,18 @@ pub(crate) async fn watch(
 }
 
 /// Loads the source again and swaps the rules in if it is valid.
-pub(crate) fn reload(state: &AppState, opts: &ServeOptions) {
+pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) {
     match ServeOptions::load(&opts.source, &opts.envoy_files) {
         Ok(config) => {
             state
-                .envoy
-                .store(Arc::new(crate::envoy::Domains::new(config.domains.clone())));
-            let version = state.limiter.rules().version + 1;
+                .domains
+                .store(Arc::new(Domains::new(config.domains.clone())));
+            let version = state.shared.limiter.rules().version + 1;
             let set = rule_set(&config, version);
-            state.metrics.rules_changed(&set);
-            state.limiter.replace_rules(set);
-            state.metrics.reloaded();
-            let mut r = state.reload.lock();
+            state.shared.events.rules_changed(&set);
+            state.shared.limiter.replace_rules(set);
+            state.shared.events.reloaded();
+            let mut r = state.status.lock();
             r.last_error = None;
             r.last_reload_unix_ms = unix_ms();
             let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
@@ -89,8 +98,8 @@ pub(crate) fn reload(state: &AppState, opts: &ServeOptions) {
             }
         }
         Err(e) => {
-            state.metrics.reload_failed();
-            state.reload.lock().last_error = Some(e.to_string());
+            state.shared.events.reload_failed();
+            state.status.lock().last_error = Some(e.to_string());
             tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
         }
     }

@@ -75,6 +75,17 @@ pub fn rate_limit_headers(checked: &Checked, mut put: impl FnMut(&HeaderName, &s
     }
 }
 
+/// The headers of [`rate_limit_headers`] appended to `out` as HTTP/1.1
+/// `name: value` lines, for a server that writes its answers by hand.
+pub fn push_rate_limit_headers(checked: &Checked, out: &mut Vec<u8>) {
+    rate_limit_headers(checked, |name, value| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    });
+}
+
 /// Whole seconds to wait, rounded up, at least 1; "never" is shown as one
 /// day, since `Retry-After` has no way to say never and a client should not spin.
 pub fn retry_after_secs(retry_after: Nanos) -> u64 {

@@ -41,6 +41,7 @@
 //! [`Limiter`]: spillway_store::Limiter
 
 mod headers;
+mod problem;
 
 use std::fmt;
 use std::future::Future;
@@ -55,8 +56,10 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use headers::{
-    DECISION_HEADERS, insert_rate_limit_headers, rate_limit_headers, retry_after_secs,
+    DECISION_HEADERS, insert_rate_limit_headers, push_rate_limit_headers, rate_limit_headers,
+    retry_after_secs,
 };
+pub use problem::{PROBLEM_JSON, Problem, push_json_escaped};
 
 /// Who a request comes from, as the application sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -113,61 +116,44 @@ pub struct ProblemJson;
 /// (the deciding rule's name and the seconds to wait), for servers that
 /// write their own responses.
 pub fn problem_body(checked: &Checked) -> String {
-    let mut out = String::new();
-    push_problem_body(checked, &mut out);
-    out
+    Problem::too_many_requests(checked).to_json()
 }
 
 /// [`problem_body`] appended to `out`, for a writer that reuses its buffer.
 pub fn push_problem_body(checked: &Checked, out: &mut String) {
-    let (rule, retry) = checked
-        .decision
-        .deciding
-        .as_ref()
-        .map(|d| {
-            (
-                checked.rule(d).map_or("", |r| r.name()),
-                retry_after_secs(d.verdict.retry_after),
-            )
-        })
-        .unwrap_or_default();
-    // Written out in one buffer rather than through a `serde_json::Value`:
-    // this is every denial's answer in the proxy.
-    let mut num = itoa::Buffer::new();
-    let retry = num.format(retry);
-    out.reserve(200 + 2 * rule.len());
-    out.push_str(
-        r#"{"type":"about:blank","title":"too many requests","status":429,"detail":"rate limit \""#,
-    );
-    push_json_escaped(out, rule);
-    out.push_str(r#"\" exceeded; retry after "#);
-    out.push_str(retry);
-    out.push_str(r#" s","rule":""#);
-    push_json_escaped(out, rule);
-    out.push_str(r#"","retry_after":"#);
-    out.push_str(retry);
-    out.push('}');
+    Problem::too_many_requests(checked).write_json(out);
 }
 
-/// Appends `s` as the inside of a JSON string (quotes, backslashes and
-/// control characters escaped), for writers of JSON by hand.
-pub fn push_json_escaped(out: &mut String, s: &str) {
-    use std::fmt::Write as _;
-    let mut plain = 0;
-    for (i, b) in s.bytes().enumerate() {
-        if b == b'"' || b == b'\\' || b < 0x20 {
-            out.push_str(&s[plain..i]);
-            match b {
-                b'"' => out.push_str("\\\""),
-                b'\\' => out.push_str("\\\\"),
-                _ => {
-                    let _ = write!(out, "\\u{b:04x}");
-                }
-            }
-            plain = i + 1;
-        }
+/// What [`admit`] decided.
+#[derive(Debug)]
+pub enum Admission {
+    /// Go on: any queue wait is over.
+    Admitted(Checked),
+    /// Answer 429 (or, with `pass_denied`, let the service answer).
+    Denied(Checked),
+}
+
+/// The transport-neutral admit step every HTTP way in shares (this
+/// layer, and both of the proxy's transports): decide `request`, tell
+/// `observe` the decision and how long it took, and for an admitted request
+/// that a shaper queued, wait its turn. Dropping the future (the client
+/// went away) leaves the queue.
+pub async fn admit<S: Store>(
+    limiter: &Limiter<S>,
+    request: &spillway_store::Request<'_>,
+    observe: impl FnOnce(&Checked, std::time::Duration),
+) -> Admission {
+    let started = std::time::Instant::now();
+    let checked = limiter.check(request).await;
+    observe(&checked, started.elapsed());
+    if !checked.decision.allowed {
+        return Admission::Denied(checked);
     }
-    out.push_str(&s[plain..]);
+    let wait = checked.decision.wait;
+    if wait.as_u64() > 0 {
+        tokio::time::sleep(wait.into()).await;
+    }
+    Admission::Admitted(checked)
 }
 
 impl<B: From<String>> Deny<B> for ProblemJson {
@@ -176,7 +162,7 @@ impl<B: From<String>> Deny<B> for ProblemJson {
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
+            HeaderValue::from_static(PROBLEM_JSON),
         );
         insert_rate_limit_headers(checked, resp.headers_mut());
         resp
@@ -344,7 +330,7 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let id = layer.identify.identify(&req);
-            let checked = {
+            let admission = {
                 let attrs = Attrs {
                     id: &id,
                     headers: req.headers(),
@@ -359,25 +345,26 @@ where
                     attrs: &attrs,
                     cost: id.cost.max(1),
                 };
-                let started = layer.observe.as_ref().map(|_| std::time::Instant::now());
-                let checked = layer.limiter.check(&api).await;
-                if let (Some(f), Some(t)) = (&layer.observe, started) {
-                    f(&checked, t.elapsed());
+                admit(&layer.limiter, &api, |checked, took| {
+                    if let Some(f) = &layer.observe {
+                        f(checked, took);
+                    }
+                })
+                .await
+            };
+            let checked = match admission {
+                Admission::Admitted(c) => Arc::new(c),
+                Admission::Denied(c) => {
+                    let checked = Arc::new(c);
+                    if !layer.pass_denied {
+                        let mut resp = layer.deny.deny(&checked);
+                        resp.extensions_mut().insert(RateLimitInfo(checked));
+                        return Ok(resp);
+                    }
+                    checked
                 }
-                Arc::new(checked)
             };
             req.extensions_mut().insert(RateLimitInfo(checked.clone()));
-            if !checked.decision.allowed && !layer.pass_denied {
-                let mut resp = layer.deny.deny(&checked);
-                resp.extensions_mut().insert(RateLimitInfo(checked));
-                return Ok(resp);
-            }
-            let wait = checked.decision.wait;
-            if wait.as_u64() > 0 {
-                // A shaper queued the request: wait its turn. If the client
-                // goes away, this future is dropped and it leaves the queue.
-                tokio::time::sleep(wait.into()).await;
-            }
             let mut resp = inner.call(req).await?;
             insert_rate_limit_headers(&checked, resp.headers_mut());
             Ok(resp)

@@ -14,11 +14,11 @@ use spillway_store::{Charge, Key};
 use tonic::Status;
 use tonic::server::NamedService;
 
+use super::GrpcState;
 use super::proto::{
     self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse, Unit,
 };
 use super::{Action, envoy_rate, envoy_rule, find};
-use crate::AppState;
 
 /// Most descriptors in one request.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -32,12 +32,12 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// The gRPC service. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct RateLimitService {
-    state: Arc<AppState>,
+    state: Arc<GrpcState>,
 }
 
 impl RateLimitService {
     /// A service deciding with `state`'s limiter and domains.
-    pub fn new(state: Arc<AppState>) -> RateLimitService {
+    pub fn new(state: Arc<GrpcState>) -> RateLimitService {
         RateLimitService { state }
     }
 }
@@ -70,7 +70,7 @@ impl tower::Service<http::Request<tonic::body::Body>> for RateLimitService {
     }
 }
 
-struct ShouldRateLimit(Arc<AppState>);
+struct ShouldRateLimit(Arc<GrpcState>);
 
 impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
     type Response = RateLimitResponse;
@@ -81,7 +81,7 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
         Box::pin(async move {
             let started = std::time::Instant::now();
             let resp = should_rate_limit(&state, request.into_inner()).await?;
-            state.metrics.observe_latency(started.elapsed());
+            state.shared.events.observe_latency(started.elapsed());
             Ok(tonic::Response::new(resp))
         })
     }
@@ -152,11 +152,11 @@ fn ok_status() -> DescriptorStatus {
 /// # Errors
 /// `INVALID_ARGUMENT` for malformed requests.
 pub async fn should_rate_limit(
-    state: &AppState,
+    state: &GrpcState,
     req: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     validate(&req)?;
-    let domains = state.envoy.load();
+    let domains = state.domains.load();
     let mut statuses: Vec<DescriptorStatus> = req.descriptors.iter().map(|_| ok_status()).collect();
     let Some(domain) = domains.get(&req.domain) else {
         // An unknown domain limits nothing, as in envoyproxy/ratelimit.
@@ -192,7 +192,7 @@ pub async fn should_rate_limit(
                 continue;
             }
             Action::Ban { name, unit, shadow } if !replaced.contains(name.as_str()) => {
-                state.metrics.count_grpc(
+                state.shared.events.count_grpc(
                     &req.domain,
                     name,
                     if *shadow {
@@ -274,15 +274,16 @@ pub async fn should_rate_limit(
                 key,
             })
             .collect();
-        let (decision, store_error) = state.limiter.decide(&charges, cost).await;
+        let (decision, store_error) = state.shared.limiter.decide(&charges, cost).await;
         if store_error.is_some() {
-            state.metrics.store_failed();
+            state.shared.events.store_failed();
         }
         for rd in &decision.rules {
             let p = &pending[group[rd.rule]];
             let rule = p.rule.as_ref();
             state
-                .metrics
+                .shared
+                .events
                 .count_grpc(&req.domain, rule.name(), rd.outcome);
             let limit = rule.limits().get(rd.limit).unwrap_or(&rule.limits()[0]);
             let (rpu, unit) = envoy_rate(limit);
@@ -315,7 +316,7 @@ pub async fn should_rate_limit(
     }
     let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
     let mut response_headers_to_add = Vec::new();
-    if state.grpc_headers
+    if state.response_headers
         && let Some((_, v, rule)) = closest
     {
         let window = rule

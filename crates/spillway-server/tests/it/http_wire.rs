@@ -2,8 +2,6 @@
 //! for the decision endpoints and hyper's must answer alike; pipelined, split
 //! and mixed requests on one connection all get their answers.
 
-mod util;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -11,7 +9,8 @@ use spillway_server::config::Source;
 use spillway_server::{ServeOptions, run};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use util::{Server, TempDir};
+
+use crate::util::{Server, TempDir};
 
 const RULES: &str = "
 rules:
@@ -282,7 +281,6 @@ async fn in_process(
         config,
         poll_interval,
         envoy_files: Vec::new(),
-        grpc_listen: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -1,13 +1,12 @@
 //! End-to-end with the Redis store: real `spillway serve` processes sharing
 //! a real redis-server.
 
-mod util;
-
 use std::time::{Duration, Instant};
 
+use crate::util::{self as util};
+use crate::util::{Server, TempDir, check, client};
 use serde_json::json;
 use spillway_testkit::RedisServer;
-use util::{Server, TempDir, check, client};
 
 fn rules(url: &str) -> String {
     format!(

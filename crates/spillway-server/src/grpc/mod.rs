@@ -6,10 +6,55 @@ pub mod proto;
 pub mod service;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
 
 use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
+use tokio::net::TcpListener;
 
 use self::proto::Unit;
+use crate::Shared;
+
+/// What the gRPC service reads.
+#[derive(Debug)]
+pub struct GrpcState {
+    /// Rules, store and metrics.
+    pub shared: Shared,
+    /// Descriptor trees, replaced on reload.
+    pub domains: Arc<arc_swap::ArcSwap<Domains>>,
+    /// Whether answers carry RateLimit headers for Envoy to add
+    /// (`grpc_response_headers`).
+    pub response_headers: bool,
+}
+
+/// Serves the Envoy rate limit service and gRPC health on `listener`
+/// until `stop` completes.
+pub async fn serve(
+    state: Arc<GrpcState>,
+    listener: TcpListener,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let result = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(service::RateLimitService::new(state))
+        // No Nagle: answers are small and written when the store replies;
+        // behind delayed ACKs they could wait 40 ms.
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            stop,
+        )
+        .await;
+    if let Err(e) = result {
+        tracing::error!("gRPC server stopped: {e}");
+    }
+}
 
 /// One domain's descriptor tree.
 #[derive(Debug, Clone)]

@@ -1,9 +1,7 @@
 //! Fixtures: the real `spillway` binary on a free port, temp dirs, an HTTP client.
 
-#![allow(dead_code)]
-
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -164,10 +162,6 @@ impl TempDir {
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, &p).unwrap();
         p
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
     }
 }
 

@@ -1,14 +1,13 @@
 //! End-to-end: the Envoy rate limit gRPC API of the real binary, with a real
 //! gRPC client over the network.
 
-mod util;
-
-use spillway_server::envoy::proto::{
+use crate::util::{self as util};
+use crate::util::{Server, TempDir};
+use spillway_server::grpc::proto::{
     Code, Entry, RateLimitDescriptor, RateLimitOverride, RateLimitRequest, RateLimitResponse,
     SHOULD_RATE_LIMIT, UInt64Value, Unit,
 };
 use tonic::transport::Channel;
-use util::{Server, TempDir};
 
 /// spillway's own format: `domains:` in the rules file, Envoy's `rate_limit`
 /// and spillway's `limit` side by side.

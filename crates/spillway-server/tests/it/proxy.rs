@@ -1,16 +1,15 @@
 //! End-to-end: `spillway proxy` (the real binary) in front of a real
 //! upstream HTTP server started by the test.
 
-mod util;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::util::{self as util};
+use crate::util::{Server, TempDir, client, header};
 use axum::Router;
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
-use util::{Server, TempDir, client, header};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -846,7 +845,9 @@ async fn proxy_on_raw_upstream(rules: &str) -> (Server, TempDir) {
     let dir = TempDir::new("proxy-raw");
     let file = dir.write(
         "rules.yaml",
-        &format!("proxy:\n  upstream: http://{up}\n  timeout: 2s\n{rules}"),
+        &format!(
+            "proxy:\n  upstream: http://{up}\n  timeout: 2s\n  upgrades: [websocket, echo]\n{rules}"
+        ),
     );
     let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
     (s, dir)

@@ -1,0 +1,117 @@
+//! The decision API on spillway-wire's direct path: `POST /v1/check` and
+//! `GET /v1/limit`, decided and answered into one buffer; everything else
+//! goes to the axum router.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use http::StatusCode;
+use spillway_tower::{PROBLEM_JSON, Problem};
+use spillway_wire::head::RequestHead;
+use spillway_wire::{ClientConn, Handler, Message, write};
+
+use super::{ApiError, MAX_BODY, check_json, check_query, decision_json};
+use crate::{Routed, Shared};
+
+/// A request the direct path answers.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/check`.
+    Check,
+    /// `GET /v1/limit`, with its query string.
+    Limit(String),
+}
+
+/// The decision API's direct path, with the router for the rest.
+#[derive(Debug)]
+pub struct DirectApi {
+    shared: Shared,
+    router: axum::Router,
+}
+
+impl DirectApi {
+    /// The direct path of the API deciding with `shared`; `router` serves
+    /// every other request.
+    pub fn new(shared: Shared, router: axum::Router) -> DirectApi {
+        DirectApi { shared, router }
+    }
+
+    async fn answer(
+        &self,
+        route: Route,
+        msg: Message<'_>,
+        conn: &mut ClientConn<'_>,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let started = Instant::now();
+        let result = match route {
+            Route::Check => check_json(&self.shared, msg.body, started).await,
+            Route::Limit(q) => check_query(&self.shared, &q, started).await,
+        };
+        let close = msg.close;
+        match result {
+            Ok(checked) => {
+                let (status, json) = decision_json(&checked);
+                write::answer(out, status, "application/json", &json, close, false, |o| {
+                    spillway_tower::push_rate_limit_headers(&checked, o);
+                });
+            }
+            Err(e) => write_problem(out, &e, close),
+        }
+        conn.write_all(out).await
+    }
+}
+
+fn write_problem(out: &mut Vec<u8>, e: &ApiError, close: bool) {
+    let json = e.problem().to_json();
+    let p: Problem<'_> = e.problem();
+    write::answer(
+        out,
+        p.status,
+        PROBLEM_JSON,
+        json.as_bytes(),
+        close,
+        false,
+        |_| {},
+    );
+}
+
+impl Handler for DirectApi {
+    type Route = Route;
+    type Body = axum::body::Body;
+    type Fallback = Routed;
+
+    fn max_body(&self) -> usize {
+        MAX_BODY
+    }
+
+    fn route(&self, head: &RequestHead<'_, '_>) -> Option<Route> {
+        match (head.method, head.target) {
+            ("POST", "/v1/check") => Some(Route::Check),
+            ("GET", t) => match t.strip_prefix("/v1/limit") {
+                Some("") => Some(Route::Limit(String::new())),
+                Some(q) if q.starts_with('?') => Some(Route::Limit(q[1..].to_string())),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn serve<'a>(
+        &'a self,
+        route: Route,
+        msg: Message<'a>,
+        conn: &'a mut ClientConn<'_>,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = bool> + Send + 'a {
+        self.answer(route, msg, conn, out)
+    }
+
+    fn refuse(&self, status: StatusCode, detail: &str, out: &mut Vec<u8>) {
+        write_problem(out, &ApiError::new(status, detail), true);
+    }
+
+    fn fallback(&self, peer: SocketAddr) -> Routed {
+        Routed::new(self.router.clone(), peer)
+    }
+}

@@ -1,0 +1,307 @@
+//! The decision API: `POST /v1/check` and `GET /v1/limit` (body,
+//! validation, rendering), on spillway-wire's direct path ([`direct`]) and
+//! as axum routes for the rest.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use spillway_store::{Checked, Request, SimpleAttributes};
+use spillway_tower::insert_rate_limit_headers;
+use spillway_tower::{PROBLEM_JSON, Problem};
+
+use crate::Shared;
+
+pub mod decision;
+pub mod direct;
+
+pub use decision::decision_json;
+
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Largest accepted identity value (user, ip, header, descriptor), in bytes.
+pub const MAX_VALUE: usize = 1024;
+/// Most descriptors or headers in one check.
+pub const MAX_ENTRIES: usize = 64;
+
+/// The decision endpoints: `POST /v1/check` and `GET /v1/limit`.
+pub fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/limit", get(limit))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+/// The 404 of every HTTP way in.
+pub async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such endpoint; see docs/openapi.yaml",
+    )
+}
+
+/// An API error, rendered as the one problem document every way in uses.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    detail: String,
+}
+
+impl ApiError {
+    /// An error with `status` and `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn bad_request(detail: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, detail)
+    }
+
+    /// The problem document.
+    pub fn problem(&self) -> Problem<'_> {
+        Problem::new(self.status, self.detail.as_str())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, self.problem().to_json()).into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        resp
+    }
+}
+
+/// The body of `POST /v1/check`. Every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody {
+    api: Option<String>,
+    user: Option<String>,
+    ip: Option<String>,
+    #[serde(default)]
+    descriptors: BTreeMap<String, String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    cost: Option<u64>,
+}
+
+async fn check(
+    State(state): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let body = body.map_err(|e| {
+        state.events.bad_request();
+        ApiError::new(
+            e.status(),
+            format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
+        )
+    })?;
+    let checked = check_json(&state, &body, started).await?;
+    Ok(render(&checked))
+}
+
+/// Decides a `POST /v1/check` body (shared with the direct HTTP/1.1 path).
+pub(crate) async fn check_json(
+    state: &Shared,
+    body: &[u8],
+    started: Instant,
+) -> Result<Checked, ApiError> {
+    // Any content type is read as JSON: `curl -d` sends form encoding by
+    // default, and refusing it would only trip people up.
+    let body: CheckBody = if body.is_empty() {
+        CheckBody::default()
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            state.events.bad_request();
+            ApiError::bad_request(format!("invalid JSON body: {e}"))
+        })?
+    };
+    decide_body(state, body, started).await
+}
+
+fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
+    m.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Validates a check, decides it, counts it and renders the answer: the
+/// shared tail of `POST /v1/check` and `GET /v1/limit`.
+async fn decide_body(
+    state: &Shared,
+    body: CheckBody,
+    started: Instant,
+) -> Result<Checked, ApiError> {
+    validate_body(&body).inspect_err(|_| state.events.bad_request())?;
+    let (method, path) = split_api(body.api.as_deref());
+    let descriptors = pairs(&body.descriptors);
+    let hdrs = pairs(&body.headers);
+    let attrs = SimpleAttributes {
+        user: body.user.as_deref(),
+        ip: body.ip.as_deref(),
+        headers: &hdrs,
+        descriptors: &descriptors,
+    };
+    let req = Request {
+        method,
+        path,
+        attrs: &attrs,
+        cost: body.cost.unwrap_or(1),
+    };
+    let checked = state.limiter.check(&req).await;
+    state.events.decided(&checked, started.elapsed());
+    Ok(checked)
+}
+
+fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
+    let too_long = |what: &str, v: &str| -> Result<(), ApiError> {
+        if v.len() > MAX_VALUE {
+            Err(ApiError::bad_request(format!(
+                "{what} is {} bytes; at most {MAX_VALUE}",
+                v.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if let Some(api) = &b.api {
+        too_long("api", api)?;
+        if api.trim().is_empty() {
+            return Err(ApiError::bad_request("api is empty"));
+        }
+        let (_, path) = split_api(Some(api));
+        if !path.is_some_and(|p| p.starts_with('/')) {
+            return Err(ApiError::bad_request(format!(
+                "api {api:?}: expected \"METHOD /path\" or \"/path\""
+            )));
+        }
+    }
+    for (what, v) in [("user", &b.user), ("ip", &b.ip)] {
+        if let Some(v) = v {
+            too_long(what, v)?;
+        }
+    }
+    for (what, map) in [("descriptors", &b.descriptors), ("headers", &b.headers)] {
+        if map.len() > MAX_ENTRIES {
+            return Err(ApiError::bad_request(format!(
+                "{what} has {} entries; at most {MAX_ENTRIES}",
+                map.len()
+            )));
+        }
+        for (k, v) in map {
+            too_long(what, k)?;
+            too_long(what, v)?;
+        }
+    }
+    if b.cost == Some(0) {
+        return Err(ApiError::bad_request("cost must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Splits `"POST /v1/login"` into method and path; `"/v1/x"` has no method.
+fn split_api(api: Option<&str>) -> (Option<&str>, Option<&str>) {
+    match api.map(spillway_core::rule::split_api) {
+        None => (None, None),
+        Some((m, p)) => (m, Some(p)),
+    }
+}
+
+async fn limit(State(state): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let checked = check_query(&state, q.as_deref().unwrap_or(""), started).await?;
+    Ok(render(&checked))
+}
+
+/// Decides a `GET /v1/limit` query string (shared with the direct path).
+/// Values are decoded strictly: a `%` escape that is not UTF-8 or a field
+/// sent twice is a 400, never a lossy or first-wins reading that could put
+/// distinct clients on one counter or count another client than meant.
+pub(crate) async fn check_query(
+    state: &Shared,
+    query: &str,
+    started: Instant,
+) -> Result<Checked, ApiError> {
+    let mut body = CheckBody::default();
+    let bad = |e: String| {
+        state.events.bad_request();
+        ApiError::bad_request(e)
+    };
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = decode(k).map_err(bad)?;
+        let slot = match k.as_str() {
+            "key" => &mut body.user,
+            "api" => &mut body.api,
+            "cost" => {
+                let v = decode(v).map_err(bad)?;
+                if body.cost.is_some() {
+                    return Err(bad("cost is given more than once".into()));
+                }
+                body.cost = Some(v.parse().map_err(|_| {
+                    bad(format!(
+                        "cost {v:?} is not a whole number from 1 to {}",
+                        u64::MAX
+                    ))
+                })?);
+                continue;
+            }
+            _ => continue,
+        };
+        if slot.is_some() {
+            return Err(bad(format!("{k} is given more than once")));
+        }
+        *slot = Some(decode(v).map_err(bad)?);
+    }
+    decide_body(state, body, started).await
+}
+
+/// A query component, `+` and `%XX` decoded, which must be UTF-8.
+fn decode(s: &str) -> Result<String, String> {
+    String::from_utf8(percent_decode(s)).map_err(|_| format!("{s:?} is not UTF-8 once decoded"))
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit) =>
+            {
+                let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+                out.push(hex(b[i + 1]) << 4 | hex(b[i + 2]));
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The decision as JSON with its status and headers.
+fn render(checked: &Checked) -> Response {
+    let (status, bytes) = decision_json(checked);
+    let mut resp = (status, bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    insert_rate_limit_headers(checked, h);
+    resp
+}

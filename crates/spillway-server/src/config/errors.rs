@@ -1,0 +1,104 @@
+//! Errors in a rules file, each with where it is, and the collector
+//! validation adds them to.
+
+use std::fmt;
+
+use serde_saphyr::Spanned;
+
+/// One problem in a rules file, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or `<example>` for the built-in one).
+    pub file: String,
+    /// 1-based line; 0 if unknown.
+    pub line: u64,
+    /// 1-based column; 0 if unknown.
+    pub column: u64,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file, self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+/// Every problem found in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// serde-saphyr renders a snippet after the message; the message is the
+/// first line, without the location the library may put before it
+/// (`error: line X column Y: `) or after it (` at line X column Y`): we
+/// print our own. Its word for a value that is not a whole number (or too
+/// large) is the type's name; ours says what was expected.
+pub(crate) fn first_line(s: &str) -> String {
+    let mut line = s.lines().next().unwrap_or(s).trim();
+    line = line.strip_prefix("error: ").unwrap_or(line);
+    if let Some(rest) = line.strip_prefix("line ")
+        && let Some((at, msg)) = rest.split_once(": ")
+        && at.split(" column ").all(|n| n.parse::<u64>().is_ok())
+    {
+        line = msg;
+    }
+    if let Some(i) = line.find(" at line ") {
+        line = &line[..i];
+    }
+    if let Some(rest) = line.strip_prefix("duplicate mapping key: ") {
+        // The library's advice that follows (a parser option) is not the
+        // user's to act on.
+        let key = rest.split_once(", set ").map_or(rest, |(k, _)| k);
+        return format!("duplicate key `{key}`");
+    }
+    match line {
+        "invalid i64" => format!("expected a whole number (at most {})", i64::MAX),
+        "invalid u64" => format!("expected a whole number from 0 to {}", u64::MAX),
+        "expected sequence start" => {
+            "expected a list (`[a, b]` or lines starting with `- `)".into()
+        }
+        "expected mapping start" => {
+            "expected a map (`{ key: value }` or `key: value` lines)".into()
+        }
+        "expected string scalar" => "expected a string".into(),
+        _ => line.to_string(),
+    }
+}
+
+pub(crate) struct Errors<'a> {
+    pub(crate) file: &'a str,
+    pub(crate) list: Vec<ConfigError>,
+}
+
+impl Errors<'_> {
+    pub(crate) fn at<T>(&mut self, span: &Spanned<T>, message: impl Into<String>) {
+        self.list.push(ConfigError {
+            file: self.file.to_string(),
+            line: span.referenced.line(),
+            column: span.referenced.column(),
+            message: message.into(),
+        });
+    }
+}

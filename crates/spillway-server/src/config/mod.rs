@@ -1,0 +1,629 @@
+//! The rules file: raw YAML (with locations) → validated [`Config`].
+//!
+//! Parsing happens in two stages, as in ripgrep's flags: serde reads the file
+//! into raw structs that keep each value's line and column, then
+//! validation turns them into core types, collecting every error it finds
+//! with the location it belongs to.
+
+mod envoy;
+mod errors;
+mod raw;
+mod rules;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde_saphyr::Spanned;
+use spillway_core::{FailPolicy, Rule};
+
+pub use envoy::{load_envoy, parse_envoy};
+pub use errors::{ConfigError, ConfigErrors};
+pub use rules::{DEFAULT_MAX_KEYS, parse_duration, parse_rate};
+
+use crate::proxy::{IpNet, UpstreamUrl, UserSource};
+use errors::{Errors, first_line};
+use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};
+use rules::{count, duration, policy, rule};
+
+/// The rules file compiled into the binary, used when no `--config` is given.
+pub const EXAMPLE_RULES: &str = include_str!("../../../../examples/rules.yaml");
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where state lives.
+    pub store: StoreConfig,
+    /// Failure policy for rules that set none.
+    pub on_store_error: FailPolicy,
+    /// The rules, in file order.
+    pub rules: Vec<Rule>,
+    /// Address from the file's `listen` field, if any (the flag wins).
+    pub listen: Option<SocketAddr>,
+    /// The `proxy:` section, if any.
+    pub proxy: Option<crate::proxy::Settings>,
+    /// Where `spillway serve` serves the admin API (metrics, status, rules)
+    /// instead of its decision port (`admin_listen`).
+    pub admin_listen: Option<SocketAddr>,
+    /// Connection bounds of every HTTP listener (the `server:` section).
+    pub server: spillway_wire::Limits,
+    /// Where to serve the Envoy gRPC API, from `grpc_listen` (the flag wins).
+    pub grpc_listen: Option<SocketAddr>,
+    /// Add RateLimit headers to gRPC answers (`grpc_response_headers`).
+    pub grpc_response_headers: bool,
+    /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config` files).
+    pub domains: Vec<crate::grpc::Domain>,
+}
+
+impl Config {
+    /// The settings that take effect only at start (the store, addresses,
+    /// the proxy section, gRPC headers) and differ in `newer`: a reload
+    /// applies the rules and says these wait for a restart.
+    pub fn start_only_changes(&self, newer: &Config) -> Vec<&'static str> {
+        [
+            ("store", self.store != newer.store),
+            ("listen", self.listen != newer.listen),
+            ("grpc_listen", self.grpc_listen != newer.grpc_listen),
+            ("proxy", self.proxy != newer.proxy),
+            ("admin_listen", self.admin_listen != newer.admin_listen),
+            ("server", self.server != newer.server),
+            (
+                "grpc_response_headers",
+                self.grpc_response_headers != newer.grpc_response_headers,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
+    }
+}
+
+/// Which store to use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// The embedded in-memory store.
+    Memory {
+        /// Most keys held.
+        max_keys: usize,
+    },
+    /// Redis or Redis Cluster, shared by many instances.
+    Redis(spillway_redis::RedisConfig),
+}
+
+/// Reads and validates the file at `path`.
+///
+/// # Errors
+/// The file cannot be read, is not valid YAML, or fails validation.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let (name, text) = read(path)?;
+    parse(&name, &text)
+}
+
+/// The file's name as errors show it, and its text.
+fn read(path: &Path) -> Result<(String, String), ConfigErrors> {
+    let name = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((name, text)),
+        Err(e) => Err(ConfigErrors(vec![ConfigError {
+            file: name,
+            line: 0,
+            column: 0,
+            message: format!("cannot read: {e}"),
+        }])),
+    }
+}
+
+/// The configuration source: a file, or the built-in example.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The rules file at this path.
+    File(PathBuf),
+    /// The built-in `examples/rules.yaml`.
+    Example,
+}
+
+impl Source {
+    /// Loads and validates.
+    ///
+    /// # Errors
+    /// As [`load`].
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
+        match self {
+            Source::File(p) => load(p),
+            Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
+        }
+    }
+}
+
+/// Parses and validates YAML `text`; `file` names it in errors.
+///
+/// # Errors
+/// Every problem found, each with line and column.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
+    if text.len() > 16 << 20 {
+        return Err(ConfigErrors(vec![ConfigError {
+            file: file.to_string(),
+            line: 0,
+            column: 0,
+            message: "file larger than 16 MiB".to_string(),
+        }]));
+    }
+    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+        ConfigErrors(vec![ConfigError {
+            file: file.to_string(),
+            line,
+            column,
+            message: first_line(&e.to_string()),
+        }])
+    })?;
+    validate(file, raw)
+}
+
+fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+    let mut errs = Errors {
+        file,
+        list: Vec::new(),
+    };
+    let store = match &raw.store {
+        None => StoreConfig::Memory {
+            max_keys: DEFAULT_MAX_KEYS,
+        },
+        Some(s) => match &s.value {
+            RawStore::Name(n) if n == "memory" => StoreConfig::Memory {
+                max_keys: DEFAULT_MAX_KEYS,
+            },
+            RawStore::Name(n) => {
+                errs.at(
+                    s,
+                    format!("unknown store {n:?}: expected memory, or a redis: section"),
+                );
+                StoreConfig::Memory {
+                    max_keys: DEFAULT_MAX_KEYS,
+                }
+            }
+            RawStore::Map(m) if m.redis.is_some() => {
+                if m.memory.is_some() {
+                    errs.at(s, "store: choose one of memory or redis");
+                }
+                redis_config(
+                    &mut errs,
+                    m.redis.as_ref().unwrap_or_else(|| unreachable!()),
+                )
+            }
+            RawStore::Map(m) => {
+                let mem = m.memory.as_ref();
+                let max_keys = mem
+                    .and_then(|m| m.max_keys)
+                    .unwrap_or(DEFAULT_MAX_KEYS as u64);
+                if max_keys == 0 {
+                    errs.at(s, "store.memory.max_keys must be at least 1");
+                }
+                if mem.is_none() {
+                    errs.at(s, "store needs one of: memory, redis");
+                }
+                StoreConfig::Memory {
+                    max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
+                }
+            }
+        },
+    };
+    let on_store_error = raw
+        .on_store_error
+        .as_ref()
+        .map(|p| policy(&mut errs, p))
+        .unwrap_or_default();
+    let listen = raw
+        .listen
+        .as_ref()
+        .and_then(|l| address(&mut errs, l, "listen", 8080));
+    let proxy = raw.proxy.as_ref().map(|p| proxy_config(&mut errs, p));
+    let grpc_listen = raw
+        .grpc_listen
+        .as_ref()
+        .and_then(|l| address(&mut errs, l, "grpc_listen", 8081));
+    let admin_listen = raw
+        .admin_listen
+        .as_ref()
+        .and_then(|l| address(&mut errs, l, "admin_listen", 9090));
+    let server = raw.server.as_ref().map_or_else(
+        || spillway_wire::Limits {
+            max_connections: default_max_connections(),
+            ..spillway_wire::Limits::default()
+        },
+        |s| server_limits(&mut errs, s),
+    );
+    let domains = raw
+        .domains
+        .iter()
+        .map(|d| envoy::domain(&mut errs, &d.value))
+        .collect();
+    let mut rules = Vec::new();
+    let mut names: Vec<&Spanned<String>> = Vec::new();
+    for r in &raw.rules {
+        if let Some(prev) = names.iter().find(|n| n.value == r.value.name.value) {
+            errs.at(
+                &r.value.name,
+                format!(
+                    "duplicate rule name {:?} (first used at line {})",
+                    r.value.name.value,
+                    prev.referenced.line()
+                ),
+            );
+        }
+        names.push(&r.value.name);
+        if let Some(rule) = rule(&mut errs, r) {
+            rules.push(rule);
+        }
+    }
+    if errs.list.is_empty() {
+        Ok(Config {
+            store,
+            on_store_error,
+            rules,
+            listen,
+            proxy,
+            admin_listen,
+            server,
+            grpc_listen,
+            grpc_response_headers: raw.grpc_response_headers.unwrap_or(false),
+            domains,
+        })
+    } else {
+        Err(ConfigErrors(errs.list))
+    }
+}
+
+/// Most Redis buckets: more would only cost memory (one key each).
+const MAX_BUCKETS: u32 = 1 << 24;
+
+fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
+    let raw = &r.value;
+    let mut cfg = spillway_redis::RedisConfig::default();
+    match (&raw.url, &raw.cluster) {
+        (Some(_), Some(c)) => errs.at(c, "redis: give url or cluster, not both"),
+        (None, None) => errs.at(r, "redis: needs url (or cluster: a list of node urls)"),
+        _ => {}
+    }
+    let check_url = |errs: &mut Errors<'_>, u: &str, at: &dyn Fn(&mut Errors<'_>, String)| {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            at(
+                errs,
+                format!(
+                    "{:?} is not a redis:// or rediss:// url",
+                    spillway_redis::redact(u)
+                ),
+            );
+        }
+    };
+    if let Some(u) = &raw.url {
+        check_url(errs, &u.value, &|e, m| e.at(u, m));
+        cfg.url = u.value.clone();
+    }
+    if let Some(c) = &raw.cluster {
+        if c.value.is_empty() {
+            errs.at(c, "redis.cluster: list at least one node");
+        }
+        for u in &c.value {
+            check_url(errs, u, &|e, m| e.at(c, m));
+        }
+        cfg.cluster = c.value.clone();
+    }
+    if let Some(t) = &raw.timeout
+        && let Some(d) = duration(errs, t, "redis.timeout", false)
+    {
+        cfg.timeout = d.into();
+    }
+    if let Some(p) = &raw.probe_interval
+        && let Some(d) = duration(errs, p, "redis.probe_interval", false)
+    {
+        cfg.probe_interval = d.into();
+    }
+    if let Some(b) = &raw.breaker_failures
+        && let Some(n) = count(errs, b, "redis.breaker_failures")
+    {
+        cfg.breaker_failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(b) = &raw.buckets
+        && let Some(n) = count(errs, b, "redis.buckets")
+    {
+        match u32::try_from(n) {
+            Ok(n) if n <= MAX_BUCKETS => cfg.buckets = n,
+            _ => errs.at(b, format!("redis.buckets: at most {MAX_BUCKETS}")),
+        }
+    }
+    if let Some(p) = &raw.prefix {
+        if p.value.len() > 64 || p.value.contains(['{', '}']) {
+            errs.at(p, "redis.prefix: at most 64 characters, without { or }");
+        }
+        cfg.prefix = p.value.clone();
+    }
+    StoreConfig::Redis(cfg)
+}
+
+fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::Settings {
+    let raw = &p.value;
+    let mut cfg = crate::proxy::Settings::default();
+    if let Some(u) = &raw.upstream {
+        match UpstreamUrl::parse(&u.value) {
+            Ok(url) => cfg.upstream = Some(url),
+            Err(e) => errs.at(u, format!("proxy.upstream: {e}")),
+        }
+    }
+    if let Some(u) = &raw.user {
+        match UserSource::parse(&u.value) {
+            Ok(src) => cfg.user = Some(src),
+            Err(e) => errs.at(u, format!("proxy.user: {e}")),
+        }
+    }
+    if let Some(t) = &raw.trusted_proxies {
+        for n in &t.value {
+            match IpNet::parse(n) {
+                Ok(net) => cfg.trusted_proxies.push(net),
+                Err(e) => errs.at(t, format!("proxy.trusted_proxies: {e}")),
+            }
+        }
+    }
+    if let Some(t) = &raw.timeout
+        && let Some(d) = duration(errs, t, "proxy.timeout", false)
+    {
+        cfg.timeout = d.into();
+    }
+    if let Some(u) = &raw.upgrades {
+        cfg.upgrades.clear();
+        for p in &u.value {
+            let p = p.trim().to_ascii_lowercase();
+            if p == "h2c" {
+                errs.at(
+                    u,
+                    "proxy.upgrades: h2c is never passed through (its requests would escape the limits)",
+                );
+            } else if p.is_empty() || !p.bytes().all(|b| b.is_ascii_graphic() && b != b',') {
+                errs.at(u, format!("proxy.upgrades: {p:?} is not a protocol name"));
+            } else {
+                cfg.upgrades.push(p);
+            }
+        }
+    }
+    cfg.listen = raw
+        .listen
+        .as_ref()
+        .and_then(|l| address(errs, l, "proxy.listen", 8080));
+    cfg.admin_listen = raw
+        .admin_listen
+        .as_ref()
+        .and_then(|l| address(errs, l, "proxy.admin_listen", 9090));
+    cfg
+}
+
+/// The `server:` section: connection bounds of every HTTP listener.
+fn server_limits(errs: &mut Errors<'_>, s: &Spanned<RawServer>) -> spillway_wire::Limits {
+    let raw = &s.value;
+    let mut l = spillway_wire::Limits {
+        max_connections: default_max_connections(),
+        ..spillway_wire::Limits::default()
+    };
+    for (field, what, slot) in [
+        (
+            &raw.head_timeout,
+            "server.head_timeout",
+            &mut l.head_timeout,
+        ),
+        (
+            &raw.idle_timeout,
+            "server.idle_timeout",
+            &mut l.idle_timeout,
+        ),
+        (
+            &raw.body_timeout,
+            "server.body_timeout",
+            &mut l.body_timeout,
+        ),
+        (
+            &raw.write_timeout,
+            "server.write_timeout",
+            &mut l.write_timeout,
+        ),
+    ] {
+        if let Some(t) = field
+            && let Some(d) = duration(errs, t, what, false)
+        {
+            *slot = d.into();
+        }
+    }
+    if let Some(n) = &raw.max_connections
+        && let Some(n) = count(errs, n, "server.max_connections")
+    {
+        l.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    l
+}
+
+/// The connection cap when the file sets none: half the process's
+/// descriptor limit (each proxied connection may hold an upstream one),
+/// less a reserve for listeners, Redis and files; at least 64.
+pub fn default_max_connections() -> usize {
+    let nofile = crate::descriptor_limit().unwrap_or(1024);
+    (nofile.saturating_sub(64) / 2).max(64)
+}
+
+/// A listening address (`ADDR:PORT`); `example_port` goes in the message.
+fn address(
+    errs: &mut Errors<'_>,
+    l: &Spanned<String>,
+    what: &str,
+    example_port: u16,
+) -> Option<SocketAddr> {
+    match l.value.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            errs.at(
+                l,
+                format!(
+                    "{what} {:?} is not an address like 127.0.0.1:{example_port}",
+                    l.value
+                ),
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_core::Nanos;
+
+    proptest::proptest! {
+        /// The example rules with a few edits anywhere (numbers, units,
+        /// brackets, anchors, odd characters): accepted or refused with
+        /// located errors, never a panic.
+        #[test]
+        fn edited_rules_files_are_accepted_or_refused_with_locations(
+            edits in proptest::collection::vec(
+                (
+                    0usize..4096,
+                    0usize..4,
+                    proptest::sample::select(vec![
+                        "", "0", "-1", "18446744073709551616", "99999999999d", "1e9", "/0s",
+                        "ms", "%", "soft 1001%", "{", "}", "[", "]", ":", "- ", "\n", "\t",
+                        "&a", "*a", "!!binary", "~", "\"", "'", "é", "\u{0}", "#",
+                        "user+ip+user", "header:", "queue: { max_wait: 0s }",
+                    ]),
+                ),
+                1..4,
+            ),
+        ) {
+            let mut text = EXAMPLE_RULES.to_string();
+            for (at, cut, insert) in edits {
+                let mut at = at % (text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let mut end = (at + cut).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                text.replace_range(at..end, insert);
+            }
+            if let Err(e) = parse("r.yaml", &text) {
+                let shown = e.to_string();
+                proptest::prop_assert!(!e.0.is_empty());
+                for line in shown.lines().filter(|l| !l.starts_with(' ')) {
+                    proptest::prop_assert!(line.starts_with("r.yaml:"), "{line}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parser_messages_lose_their_own_location_and_name_what_was_expected() {
+        for (value, want) in [
+            (
+                "1.5",
+                "r.yaml:4:32: expected a whole number (at most 9223372036854775807)",
+            ),
+            (
+                "99999999999999999999",
+                "r.yaml:4:32: expected a whole number",
+            ),
+        ] {
+            let text = format!(
+                "rules:\n  - name: a\n    limits:\n      - fixed_window: {{ limit: {value}, window: 1m }}\n"
+            );
+            let e = parse("r.yaml", &text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{value}: {e}");
+        }
+        let e = parse("r.yaml", "store: { memory: { max_keys: -1 } }\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("expected a whole number from 0 to 18446744073709551615"),
+            "{e}"
+        );
+        let e = parse("r.yaml", "colour: red\n").unwrap_err().to_string();
+        assert!(e.starts_with("r.yaml:1:1: unknown field `colour`"), "{e}");
+        // Structure the parser expected, in the user's words, and no parser
+        // options.
+        for (text, want) in [
+            ("rules: 5\n", "r.yaml:1:8: expected a list"),
+            ("rules: [1]\n", "r.yaml:1:9: expected a map"),
+            (
+                "rules:\n  - name: [a]\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+                "r.yaml:2:11: expected a string",
+            ),
+            (
+                "rules:\n  - name: a\n    name: b\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+                "r.yaml:3:5: duplicate key `name`",
+            ),
+        ] {
+            let e = parse("r.yaml", text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{text:?}: {e}");
+            assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_reload_names_the_settings_that_wait_for_a_restart() {
+        let rules = "rules:\n  - name: a\n    limits:\n      - gcra: { rate: 1/s, burst: 1 }\n";
+        let start = parse("a.yaml", rules).unwrap();
+        let same = parse("a.yaml", &rules.replace("1/s", "5/s")).unwrap();
+        assert!(start.start_only_changes(&same).is_empty());
+        let moved = format!(
+            "store: {{ redis: {{ url: redis://127.0.0.1:1 }} }}\nlisten: 127.0.0.1:9\nproxy: {{ upstream: http://127.0.0.1:2 }}\n{rules}"
+        );
+        let moved = parse("a.yaml", &moved).unwrap();
+        assert_eq!(
+            start.start_only_changes(&moved),
+            ["store", "listen", "proxy"]
+        );
+    }
+
+    #[test]
+    fn durations_and_rates() {
+        assert_eq!(parse_duration("500ms").unwrap(), Nanos::from_millis(500));
+        assert_eq!(parse_duration("1d").unwrap(), Nanos::from_secs(86_400));
+        assert_eq!(parse_duration("1.5s").unwrap(), Nanos::from_millis(1500));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("1y").is_err());
+        assert!(parse_duration("99999999999999999999d").is_err());
+        let r = parse_rate("100/1m").unwrap();
+        assert_eq!((r.count(), r.per()), (100, Nanos::from_secs(60)));
+        let r = parse_rate("5/s").unwrap();
+        assert_eq!((r.count(), r.per()), (5, Nanos::from_secs(1)));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("5").is_err());
+        assert!(parse_rate("x/s").is_err());
+    }
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let c = parse("example", EXAMPLE_RULES).unwrap();
+        assert!(c.rules.len() >= 4);
+    }
+
+    #[test]
+    fn errors_name_line_and_column() {
+        let text =
+            "rules:\n  - name: a\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n";
+        let e = parse("f.yaml", text).unwrap_err();
+        assert_eq!(e.0.len(), 1);
+        assert_eq!((e.0[0].line, e.0[0].column), (4, 32), "{e}");
+        let text = "rules:\n  - name: a\n    bogus: 1\n    limits: []\n";
+        let e = parse("f.yaml", text).unwrap_err();
+        assert_eq!(e.0[0].line, 3, "{e}");
+    }
+
+    #[test]
+    fn redis_buckets() {
+        let with = |b: &str| {
+            format!("store:\n  redis:\n    url: redis://h:1\n    buckets: {b}\nrules: []\n")
+        };
+        let c = parse("f.yaml", &with("1024")).unwrap();
+        assert!(matches!(c.store, StoreConfig::Redis(r) if r.buckets == 1024));
+        for bad in ["0", "-3", "99999999999"] {
+            let e = parse("f.yaml", &with(bad)).unwrap_err();
+            assert_eq!(e.0[0].line, 4, "{bad}: {e}");
+            assert!(e.0[0].message.contains("buckets"), "{bad}: {e}");
+        }
+    }
+}

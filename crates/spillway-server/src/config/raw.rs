@@ -1,0 +1,255 @@
+//! The rules file as serde reads it: every value with its line and column.
+
+#![allow(missing_docs)]
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub(crate) store: Option<Spanned<RawStore>>,
+    #[serde(default)]
+    pub(crate) on_store_error: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) proxy: Option<Spanned<RawProxy>>,
+    #[serde(default)]
+    pub(crate) grpc_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) grpc_response_headers: Option<bool>,
+    #[serde(default)]
+    pub(crate) admin_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) server: Option<Spanned<RawServer>>,
+    #[serde(default)]
+    pub(crate) domains: Vec<Spanned<RawDomain>>,
+    #[serde(default)]
+    pub(crate) rules: Vec<Spanned<RawRule>>,
+}
+
+/// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:` items.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDomain {
+    pub(crate) domain: Spanned<String>,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDescriptor {
+    pub(crate) key: Spanned<String>,
+    #[serde(default)]
+    pub(crate) value: Option<Spanned<String>>,
+    /// Envoy's own limit: a fixed window of `requests_per_unit` per `unit`.
+    #[serde(default)]
+    pub(crate) rate_limit: Option<Spanned<RawEnvoyRate>>,
+    /// spillway's: any algorithm.
+    #[serde(default)]
+    pub(crate) limit: Option<Spanned<RawLimit>>,
+    #[serde(default)]
+    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+    #[serde(default)]
+    pub(crate) shadow_mode: Option<bool>,
+    #[serde(default)]
+    pub(crate) replaces: Vec<RawReplace>,
+    #[serde(default)]
+    pub(crate) name: Option<Spanned<String>>,
+    /// Accepted for compatibility; spillway's metrics are per rule already.
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub(crate) detailed_metric: Option<bool>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub(crate) value_to_metric: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEnvoyRate {
+    #[serde(default)]
+    pub(crate) unit: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) requests_per_unit: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) unlimited: Option<bool>,
+    #[serde(default)]
+    pub(crate) name: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) replaces: Vec<RawReplace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReplace {
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProxy {
+    #[serde(default)]
+    pub(crate) upstream: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) user: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) trusted_proxies: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub(crate) timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) admin_listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) upgrades: Option<Spanned<Vec<String>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    #[serde(default)]
+    pub(crate) head_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) idle_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) body_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) write_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) max_connections: Option<Spanned<i64>>,
+}
+
+#[derive(Debug)]
+pub(crate) enum RawStore {
+    Name(String),
+    Map(Box<RawStoreMap>),
+}
+
+// By hand rather than `#[serde(untagged)]`: untagged enums buffer their
+// input, which loses the line and column of every value inside.
+impl<'de> Deserialize<'de> for RawStore {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawStore, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawStore;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`memory`, or a map with `memory:` or `redis:`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawStore, E> {
+                Ok(RawStore::Name(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RawStore, A::Error> {
+                RawStoreMap::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(|m| RawStore::Map(Box::new(m)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStoreMap {
+    #[serde(default)]
+    pub(crate) memory: Option<RawMemory>,
+    #[serde(default)]
+    pub(crate) redis: Option<Spanned<RawRedis>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedis {
+    #[serde(default)]
+    pub(crate) url: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) cluster: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub(crate) timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) prefix: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) breaker_failures: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) probe_interval: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) buckets: Option<Spanned<i64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMemory {
+    #[serde(default)]
+    pub(crate) max_keys: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRule {
+    pub(crate) name: Spanned<String>,
+    #[serde(default)]
+    pub(crate) api: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) by: Option<Spanned<String>>,
+    pub(crate) limits: Vec<Spanned<RawLimit>>,
+    #[serde(default)]
+    pub(crate) mode: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) on_store_error: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) queue: Option<Spanned<RawQueue>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub(crate) description: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawQueue {
+    pub(crate) max_wait: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum RawLimit {
+    TokenBucket(RawBucket),
+    LeakyBucket(RawLeaky),
+    FixedWindow(RawWindow),
+    SlidingWindowLog(RawWindow),
+    SlidingWindowCounter(RawWindow),
+    Gcra(RawGcra),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWindow {
+    pub(crate) limit: Spanned<i64>,
+    pub(crate) window: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawBucket {
+    pub(crate) capacity: Spanned<i64>,
+    pub(crate) refill: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLeaky {
+    pub(crate) capacity: Spanned<i64>,
+    pub(crate) leak: Spanned<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawGcra {
+    pub(crate) rate: Spanned<String>,
+    #[serde(default)]
+    pub(crate) burst: Option<Spanned<i64>>,
+}

@@ -1,0 +1,220 @@
+//! The proxy's direct transport: plain HTTP/1.1 requests on
+//! spillway-wire's direct path, forwarded on its pooled client. It calls
+//! [`Proxy`]'s phases and only moves bytes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::StatusCode;
+use spillway_store::Checked;
+use spillway_tower::{Admission, PROBLEM_JSON, Problem};
+use spillway_wire::client::{Outgoing, Upstream};
+use spillway_wire::head::RequestHead;
+use spillway_wire::{ClientConn, Handler, Message, write};
+
+use super::{Proxy, Refused, ours};
+use crate::Routed;
+
+/// Largest request body the direct path buffers (larger ones stream
+/// through hyper).
+const MAX_DIRECT_BODY: usize = 64 * 1024;
+
+/// The proxy on the direct path, with the hyper path's router for the
+/// rest.
+#[derive(Debug)]
+pub struct DirectProxy {
+    proxy: Arc<Proxy>,
+    client: Upstream,
+    router: axum::Router,
+}
+
+impl DirectProxy {
+    /// The direct transport of `proxy`; `router` serves what it does not take.
+    pub fn new(proxy: Arc<Proxy>, router: axum::Router) -> DirectProxy {
+        let up = proxy.upstream();
+        let client = Upstream::new(
+            up.authority().to_string(),
+            up.base().to_string(),
+            proxy.timeout(),
+        );
+        DirectProxy {
+            proxy,
+            client,
+            router,
+        }
+    }
+
+    /// Writes the proxy's own answer (a refusal, a denial, a failure).
+    fn own_answer(
+        out: &mut Vec<u8>,
+        problem: &Problem<'_>,
+        checked: Option<&Checked>,
+        close: bool,
+        head_request: bool,
+    ) {
+        let json = problem.to_json();
+        write::answer(
+            out,
+            problem.status,
+            PROBLEM_JSON,
+            json.as_bytes(),
+            close,
+            head_request,
+            |o| {
+                if let Some(c) = checked {
+                    spillway_tower::push_rate_limit_headers(c, o);
+                }
+                if problem.status == StatusCode::METHOD_NOT_ALLOWED {
+                    write::header(o, "allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+                }
+            },
+        );
+    }
+
+    async fn forward(
+        &self,
+        msg: Message<'_>,
+        conn: &mut ClientConn<'_>,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        let head = &msg.head;
+        let headers: &[httparse::Header<'_>] = head.headers;
+        let close = msg.close;
+        let is_head = msg.is_head();
+        let who = match self
+            .proxy
+            .check(head.method, head.target, headers, msg.peer.ip())
+        {
+            Ok(w) => w,
+            Err(Refused::Invalid(p)) => {
+                Self::own_answer(out, &p, None, true, is_head);
+                conn.write_all(out).await;
+                return false;
+            }
+        };
+        let (dropped, added) = self.proxy.forwarding(msg.peer.ip(), headers);
+        let mut add = Vec::with_capacity(128);
+        for (name, value) in &added {
+            write::header(&mut add, name, value.as_bytes());
+        }
+        let decide_and_send = async {
+            let checked = match self
+                .proxy
+                .admit(head.method, head.path(), &who, headers)
+                .await
+            {
+                Admission::Denied(c) => return (c, None),
+                Admission::Admitted(c) => c,
+            };
+            let outgoing = Outgoing {
+                method: head.method,
+                target: head.target,
+                headers,
+                drop: dropped,
+                add: &add,
+                body: msg.body,
+                drop_response: if ours(&checked) {
+                    &DECISION_HEADER_NAMES
+                } else {
+                    &[]
+                },
+            };
+            let _due = spillway_store::due::Awaiting::new();
+            let sent = self.client.send(&outgoing).await;
+            (checked, Some(sent))
+        };
+        // Watch for the client leaving while the request waits its turn or
+        // the upstream thinks: dropping the future leaves the queue.
+        tokio::pin!(decide_and_send);
+        let (checked, sent) = tokio::select! {
+            r = &mut decide_and_send => r,
+            gone = conn.gone() => {
+                if gone {
+                    return false;
+                }
+                // A pipelined request: nothing to watch for any more.
+                decide_and_send.await
+            }
+        };
+        let Some(sent) = sent else {
+            Self::own_answer(
+                out,
+                &Problem::too_many_requests(&checked),
+                Some(&checked),
+                close,
+                is_head,
+            );
+            return conn.write_all(out).await && !close;
+        };
+        match sent {
+            Ok(resp) => {
+                out.extend_from_slice(&resp.head);
+                spillway_tower::push_rate_limit_headers(&checked, out);
+                let close = close || resp.close_client;
+                if close {
+                    out.extend_from_slice(b"connection: close\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                self.client.relay(resp, conn, out).await && !close
+            }
+            Err(f) => {
+                let problem = self.proxy.failure(f.into());
+                Self::own_answer(out, &problem, Some(&checked), close, is_head);
+                conn.write_all(out).await && !close
+            }
+        }
+    }
+}
+
+/// The names of the headers a decision adds, which replace the upstream's.
+const DECISION_HEADER_NAMES: [&str; 5] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+impl Handler for DirectProxy {
+    type Route = ();
+    type Body = axum::body::Body;
+    type Fallback = Routed;
+
+    fn max_body(&self) -> usize {
+        MAX_DIRECT_BODY
+    }
+
+    fn route(&self, _head: &RequestHead<'_, '_>) -> Option<()> {
+        Some(())
+    }
+
+    fn serve<'a>(
+        &'a self,
+        (): (),
+        msg: Message<'a>,
+        conn: &'a mut ClientConn<'_>,
+        out: &'a mut Vec<u8>,
+    ) -> impl Future<Output = bool> + Send + 'a {
+        self.forward(msg, conn, out)
+    }
+
+    fn refuse(&self, status: StatusCode, detail: &str, out: &mut Vec<u8>) {
+        Self::own_answer(out, &Problem::new(status, detail), None, true, false);
+    }
+
+    fn fallback(&self, peer: SocketAddr) -> Routed {
+        Routed::new(self.router.clone(), peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replaced_headers_are_the_ones_a_decision_adds() {
+        let headers = spillway_tower::DECISION_HEADERS;
+        let names: Vec<&str> = headers.iter().map(|n| n.as_str()).collect();
+        assert_eq!(names, DECISION_HEADER_NAMES);
+    }
+}

@@ -1,0 +1,365 @@
+//! The proxy's hyper transport: everything the direct path does not take
+//! (HTTP/2, chunked and large bodies, upgrades), forwarded with hyper's
+//! client. It calls [`Proxy`]'s phases in the same order as the direct
+//! transport and only moves messages.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use spillway_store::Checked;
+use spillway_tower::{Admission, PROBLEM_JSON, Problem, insert_rate_limit_headers};
+use spillway_wire::HOP_BY_HOP;
+use spillway_wire::headers::{FRAMING, connection_tokens, named};
+
+use super::{Failure, Proxy, Refused};
+
+/// The hyper transport, as a tower service for axum's fallback.
+#[derive(Clone)]
+pub struct HyperProxy {
+    proxy: Arc<Proxy>,
+    client: Client<HttpConnector, Body>,
+}
+
+impl std::fmt::Debug for HyperProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HyperProxy").finish_non_exhaustive()
+    }
+}
+
+impl HyperProxy {
+    /// The hyper transport of `proxy`.
+    pub fn new(proxy: Arc<Proxy>) -> HyperProxy {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(proxy.timeout().min(Duration::from_secs(10))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        HyperProxy { proxy, client }
+    }
+
+    /// The router for the hyper path: every request goes to this service.
+    pub fn router(self) -> axum::Router {
+        axum::Router::new().fallback_service(self)
+    }
+
+    fn target(&self, uri: &Uri) -> Result<Uri, String> {
+        let up = self.proxy.upstream();
+        let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut parts = up.uri().clone().into_parts();
+        parts.path_and_query = Some(
+            format!("{}{path_and_query}", up.base())
+                .parse()
+                .map_err(|e| format!("bad path: {e}"))?,
+        );
+        Uri::from_parts(parts).map_err(|e| e.to_string())
+    }
+
+    async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+        let Some(peer) = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip())
+        else {
+            return problem(
+                &Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "no peer"),
+                None,
+            );
+        };
+        // HTTP/2 names the host in :authority, which hyper keeps in the URI.
+        if req.version() == http::Version::HTTP_2
+            && !req.headers().contains_key(header::HOST)
+            && let Some(a) = req
+                .uri()
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(header::HOST, a);
+        }
+        // Absolute-form on HTTP/1: a reverse proxy takes paths only.
+        let target = if req.version() != http::Version::HTTP_2 && req.uri().scheme().is_some() {
+            "*"
+        } else {
+            req.uri().path_and_query().map_or("/", |p| p.as_str())
+        };
+        let who = match self
+            .proxy
+            .check(req.method().as_str(), target, req.headers(), peer)
+        {
+            Ok(w) => w,
+            Err(Refused::Invalid(p)) => return problem(&p, None),
+        };
+        let checked = match self
+            .proxy
+            .admit(req.method().as_str(), req.uri().path(), &who, req.headers())
+            .await
+        {
+            Admission::Denied(c) => return problem(&Problem::too_many_requests(&c), Some(&c)),
+            Admission::Admitted(c) => c,
+        };
+        let target = match self.target(req.uri()) {
+            Ok(t) => t,
+            Err(e) => return problem(&Problem::new(StatusCode::BAD_REQUEST, e), Some(&checked)),
+        };
+        // An upgrade (a WebSocket, say) on the allow-list is asked for with
+        // hop-by-hop headers, which are passed on for it; on a 101 the two
+        // sides are joined (see `join_upgraded`). Any other upgrade (h2c
+        // among them) is served as a plain request.
+        let upgrade = upgrade_asked(req.headers()).filter(|u| {
+            u.to_str()
+                .is_ok_and(|u| u.split(',').all(|p| self.proxy.upgrade_allowed(p)))
+        });
+        let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+        let (dropped, added) = self.proxy.forwarding(peer, req.headers());
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        keep_upgrade(headers, upgrade);
+        headers.remove(header::HOST);
+        for name in dropped {
+            headers.remove(*name);
+        }
+        for (name, value) in added {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(HeaderName::from_static(name), v);
+            }
+        }
+        *req.uri_mut() = target;
+        *req.version_mut() = http::Version::HTTP_11;
+        // A body the client breaks (cut short, bad chunked coding) fails
+        // the upstream request too: it is the client's 400, not a 502.
+        let client_broke = Arc::new(AtomicBool::new(false));
+        let req = req.map(|b| {
+            Body::new(ClientBody {
+                inner: b,
+                broke: client_broke.clone(),
+            })
+        });
+        let timeout = self.proxy.timeout();
+        let failure = match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Ok(Ok(mut resp)) => {
+                if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                    let Some(client_side) = client_side else {
+                        return problem(
+                            &self
+                                .proxy
+                                .failure(Failure::Bad("101 to a request without Upgrade".into())),
+                            Some(&checked),
+                        );
+                    };
+                    let upstream_side = hyper::upgrade::on(&mut resp);
+                    tokio::spawn(join_upgraded(client_side, upstream_side));
+                    let (mut parts, _) = resp.into_parts();
+                    let switched = upgrade_asked(&parts.headers);
+                    strip_hop_by_hop(&mut parts.headers);
+                    keep_upgrade(&mut parts.headers, switched);
+                    insert_rate_limit_headers(&checked, &mut parts.headers);
+                    return Response::from_parts(parts, Body::empty());
+                }
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                insert_rate_limit_headers(&checked, &mut parts.headers);
+                return Response::from_parts(parts, Body::new(IdleTimeout::new(body, timeout)));
+            }
+            Ok(Err(e)) => Failure::Bad(e.to_string()),
+            Err(_) => Failure::Timeout,
+        };
+        if client_broke.load(Ordering::Relaxed) {
+            return problem(&self.proxy.bad_body(), Some(&checked));
+        }
+        problem(&self.proxy.failure(failure), Some(&checked))
+    }
+}
+
+/// The proxy's own answer, with the decision's headers when one was made.
+fn problem(p: &Problem<'_>, checked: Option<&Checked>) -> Response<Body> {
+    let mut resp = Response::new(Body::from(p.to_json()));
+    *resp.status_mut() = p.status;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    if p.status == StatusCode::METHOD_NOT_ALLOWED {
+        h.insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+    }
+    if let Some(c) = checked {
+        insert_rate_limit_headers(c, h);
+    }
+    resp
+}
+
+/// Removes hop-by-hop headers and those `Connection` names (never the
+/// framing ones: hyper writes its own framing, and a listed `Host` or
+/// length must not change what is forwarded).
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = connection_tokens(&*h)
+        .into_iter()
+        .filter(|n| !named(&FRAMING, n))
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+    h.remove(header::TRANSFER_ENCODING);
+}
+
+/// The `Upgrade` value of a message that asks for one (`Connection:
+/// upgrade` and an `Upgrade` header).
+fn upgrade_asked(h: &HeaderMap) -> Option<HeaderValue> {
+    let asked = connection_tokens(h)
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case("upgrade"));
+    asked.then(|| h.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// Puts back the upgrade headers that `strip_hop_by_hop` removed.
+fn keep_upgrade(h: &mut HeaderMap, upgrade: Option<HeaderValue>) {
+    if let Some(u) = upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u);
+    }
+}
+
+/// Once both sides have switched protocols, copies bytes both ways until
+/// either closes. The upgrade request was decided like any other; what
+/// flows afterwards is the client's and the upstream's.
+async fn join_upgraded(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    match tokio::try_join!(client, upstream) {
+        Ok((client, upstream)) => {
+            let mut client = hyper_util::rt::TokioIo::new(client);
+            let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        }
+        Err(e) => tracing::debug!("upgrade not completed: {e}"),
+    }
+}
+
+/// The client's request body, noting whether it broke.
+struct ClientBody {
+    inner: Body,
+    broke: Arc<AtomicBool>,
+}
+
+impl hyper::body::Body for ClientBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(_))) = &r {
+            self.broke.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An upstream's response body that must keep coming: no wait for its next
+/// frame may last longer than `timeout`, else the body ends in an error
+/// and the client's connection is cut (its framing cannot be finished), as
+/// the direct path's relay does. Only waits count: a slow client that
+/// leaves frames unread for a while is not the upstream's stall.
+struct IdleTimeout<B> {
+    inner: B,
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    /// A wait for the next frame is under way (the deadline is set).
+    waiting: bool,
+}
+
+impl<B> IdleTimeout<B> {
+    fn new(inner: B, timeout: Duration) -> IdleTimeout<B> {
+        IdleTimeout {
+            inner,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+            waiting: false,
+        }
+    }
+}
+
+impl<B> hyper::body::Body for IdleTimeout<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                this.waiting = false;
+                Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if !this.waiting {
+                    this.waiting = true;
+                    let deadline = tokio::time::Instant::now() + this.timeout;
+                    this.sleep.as_mut().reset(deadline);
+                }
+                match this.sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                        "the upstream's body stalled for {:?}",
+                        this.timeout
+                    )
+                    .into()))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl tower::Service<Request<Body>> for HyperProxy {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}

@@ -1,0 +1,512 @@
+//! `spillway proxy`: a reverse proxy that decides for every request and
+//! forwards the admitted ones to the upstream.
+//!
+//! The proxy's policy is written once, as the phases of [`Proxy`], and both
+//! transports call them in the same order:
+//!
+//! 1. [`Proxy::check`]: requests a reverse proxy refuses (CONNECT, a
+//!    missing, repeated or invalid `Host`, a target that is not a path, a
+//!    user field sent twice) get 400 / 405;
+//! 2. [`Proxy::admit`]: decide (spillway-tower's transport-neutral
+//!    [`admit`](spillway_tower::admit): deny, or wait a shaper's turn);
+//! 3. [`Proxy::forwarding`]: the forwarding headers sent upstream, and the
+//!    client headers that never go there;
+//! 4. response headers: the decision's rate limit headers replace the
+//!    upstream's ([`DECISION_HEADERS`](spillway_tower::DECISION_HEADERS));
+//! 5. [`Proxy::failure`]: an upstream that failed or timed out is a 502 /
+//!    504 with a generic detail; the address and OS error go to the log.
+//!
+//! The transports only move bytes: [`direct`] (plain HTTP/1.1 on
+//! spillway-wire's direct path and its pooled client) and [`hyper`]
+//! (everything else: HTTP/2, streaming and chunked bodies, upgrades).
+
+pub mod direct;
+pub mod hyper;
+pub mod identity;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::{StatusCode, Uri};
+use spillway_core::IpText;
+use spillway_store::{Checked, Request};
+use spillway_tower::{Admission, Problem};
+use spillway_wire::Headers;
+
+pub use identity::{IpNet, UserSource};
+
+use crate::Shared;
+
+/// The proxy's settings: the `proxy:` section, with flags over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Where admitted requests go.
+    pub upstream: Option<UpstreamUrl>,
+    /// Where the user identity comes from.
+    pub user: Option<UserSource>,
+    /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Longest wait for the upstream's response head, and for each part of
+    /// its body.
+    pub timeout: Duration,
+    /// Where `spillway proxy` listens (before the file's `listen`).
+    pub listen: Option<SocketAddr>,
+    /// Where `spillway proxy` serves the admin API (metrics, health,
+    /// status, rules), which its own address forwards upstream.
+    pub admin_listen: Option<SocketAddr>,
+    /// Upgrade protocols passed through (lower case); others are served as
+    /// plain requests. `h2c` is never among them.
+    pub upgrades: Vec<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            upstream: None,
+            user: None,
+            trusted_proxies: Vec::new(),
+            timeout: Duration::from_secs(30),
+            listen: None,
+            admin_listen: None,
+            upgrades: vec!["websocket".to_string()],
+        }
+    }
+}
+
+/// An upstream URL, checked once: `http://host[:port][/base]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    uri: Uri,
+    authority: String,
+    base: String,
+}
+
+impl UpstreamUrl {
+    /// Parses and checks an upstream URL.
+    ///
+    /// # Errors
+    /// Not an `http://` URL with a host, or one with a query.
+    pub fn parse(s: &str) -> Result<UpstreamUrl, String> {
+        let uri: Uri = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+        let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
+            return Err(format!("{s:?}: expected http://host[:port][/path]"));
+        };
+        if uri.scheme_str() != Some("http") || uri.query().is_some() {
+            return Err(format!("{s:?}: expected http://host[:port][/path]"));
+        }
+        let port = uri.port_u16().unwrap_or(80);
+        Ok(UpstreamUrl {
+            authority: format!("{host}:{port}"),
+            base: uri.path().trim_end_matches('/').to_string(),
+            uri,
+        })
+    }
+
+    /// `host:port`.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The path every target is put under (no trailing `/`; may be empty).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// As given.
+    pub fn uri(&self) -> &Uri {
+        &self.uri
+    }
+}
+
+impl std::fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.uri.fmt(f)
+    }
+}
+
+/// Request headers a client never passes to the upstream: the proxy
+/// writes its own forwarding headers, and only a trusted proxy's
+/// `Forwarded` and `X-Real-IP` are believed.
+const FROM_ANYONE: [&str; 5] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "forwarded",
+    "x-real-ip",
+];
+const FROM_TRUSTED: [&str; 3] = ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"];
+
+/// Why the proxy itself answered instead of forwarding.
+#[derive(Debug)]
+pub enum Refused {
+    /// 400, 405: see [`Proxy::check`].
+    Invalid(Problem<'static>),
+}
+
+/// Who a request comes from, for the rules.
+#[derive(Debug)]
+pub struct Who {
+    /// The user, if the settings name a source and the request has one.
+    pub user: Option<String>,
+    /// The client IP, as text.
+    pub ip: IpText,
+}
+
+/// The proxy's policy, shared by both transports.
+#[derive(Debug)]
+pub struct Proxy {
+    shared: Shared,
+    identify: identity::Identify,
+    upstream: UpstreamUrl,
+    timeout: Duration,
+    upgrades: Vec<String>,
+    failures: FailureLog,
+}
+
+/// An upstream failure, seen by either transport.
+#[derive(Debug)]
+pub enum Failure {
+    /// Could not connect, the connection broke, or the answer could not be
+    /// read (502); the text is for the log.
+    Bad(String),
+    /// No answer within the timeout (504).
+    Timeout,
+}
+
+impl From<spillway_wire::client::Failure> for Failure {
+    fn from(f: spillway_wire::client::Failure) -> Failure {
+        match f {
+            spillway_wire::client::Failure::Bad(e) => Failure::Bad(e),
+            spillway_wire::client::Failure::Timeout => Failure::Timeout,
+        }
+    }
+}
+
+impl Proxy {
+    /// The proxy for `settings`, whose upstream is `upstream`.
+    pub fn new(shared: Shared, settings: &Settings, upstream: UpstreamUrl) -> Proxy {
+        Proxy {
+            shared,
+            identify: identity::Identify {
+                user: settings.user.clone(),
+                trusted: settings.trusted_proxies.clone(),
+            },
+            upstream,
+            timeout: settings.timeout,
+            upgrades: settings
+                .upgrades
+                .iter()
+                .map(|u| u.to_ascii_lowercase())
+                .filter(|u| u != "h2c")
+                .collect(),
+            failures: FailureLog::default(),
+        }
+    }
+
+    /// The upstream.
+    pub fn upstream(&self) -> &UpstreamUrl {
+        &self.upstream
+    }
+
+    /// The upstream timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Phase 1: what a reverse proxy refuses, and who the client is.
+    ///
+    /// # Errors
+    /// CONNECT (405); a missing, repeated or invalid `Host`, a target that
+    /// is not a path (400); the user field sent twice (400).
+    pub fn check<H: Headers + ?Sized>(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &H,
+        peer: IpAddr,
+    ) -> Result<Who, Refused> {
+        let bad = |detail: String| {
+            self.shared.events.bad_request();
+            Refused::Invalid(Problem::new(StatusCode::BAD_REQUEST, detail))
+        };
+        if method.eq_ignore_ascii_case("CONNECT") {
+            return Err(Refused::Invalid(Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not proxied: this is a reverse proxy",
+            )));
+        }
+        if !target.starts_with('/') {
+            return Err(bad("the request target must be a path (origin-form)".into()));
+        }
+        match headers.count("host") {
+            1 => {}
+            0 => return Err(bad("a Host header is required".into())),
+            _ => return Err(bad("the Host header is sent more than once".into())),
+        }
+        if !headers.value("host").is_some_and(valid_host) {
+            return Err(bad("the Host header is not a valid host".into()));
+        }
+        let query = target.split_once('?').map(|(_, q)| q);
+        let user = self.identify.user(headers, query).map_err(|a| {
+            bad(format!(
+                "{}: the limit could not tell which one counts",
+                a.0
+            ))
+        })?;
+        let ip = IpText::new(self.identify.ip(peer, headers));
+        Ok(Who { user, ip })
+    }
+
+    /// Phase 2: decides the request (and waits a shaper's turn), counting
+    /// the decision in the metrics.
+    pub async fn admit<H: Headers + Sync + ?Sized>(
+        &self,
+        method: &str,
+        path: &str,
+        who: &Who,
+        headers: &H,
+    ) -> Admission {
+        let attrs = Attrs {
+            user: who.user.as_deref(),
+            ip: who.ip.as_str(),
+            headers,
+        };
+        let request = Request {
+            method: Some(method),
+            path: Some(path),
+            attrs: &attrs,
+            cost: 1,
+        };
+        let events = &self.shared.events;
+        spillway_tower::admit(&self.shared.limiter, &request, |c, took| {
+            events.decided(c, took);
+        })
+        .await
+    }
+
+    /// Phase 3: the client headers that never go upstream from `peer`, and
+    /// the forwarding headers the proxy sends instead, as `(name, value)`.
+    pub fn forwarding<H: Headers + ?Sized>(
+        &self,
+        peer: IpAddr,
+        headers: &H,
+    ) -> (&'static [&'static str], [(&'static str, String); 3]) {
+        let dropped: &'static [&'static str] = if self.identify.trusts(peer) {
+            &FROM_TRUSTED
+        } else {
+            &FROM_ANYONE
+        };
+        let chain = identity::forwarded_for(peer, headers, &self.identify.trusted);
+        let host = headers.value("host").unwrap_or("").to_string();
+        (
+            dropped,
+            [
+                ("x-forwarded-for", chain),
+                ("x-forwarded-host", host),
+                ("x-forwarded-proto", "http".to_string()),
+            ],
+        )
+    }
+
+    /// Whether an upgrade to `protocol` is passed through.
+    pub fn upgrade_allowed(&self, protocol: &str) -> bool {
+        let name = protocol.split('/').next().unwrap_or("").trim();
+        self.upgrades.iter().any(|u| u.eq_ignore_ascii_case(name))
+    }
+
+    /// Phase 5: the answer to an upstream failure, counted and logged.
+    pub fn failure(&self, f: Failure) -> Problem<'static> {
+        self.shared
+            .events
+            .upstream_failed(matches!(f, Failure::Timeout));
+        match f {
+            Failure::Bad(e) => {
+                self.failures
+                    .warn(format_args!("upstream {} failed: {e}", self.upstream));
+                Problem::new(StatusCode::BAD_GATEWAY, "the upstream failed to answer")
+            }
+            Failure::Timeout => {
+                self.failures.warn(format_args!(
+                    "upstream {} did not answer within {:?}",
+                    self.upstream, self.timeout
+                ));
+                Problem::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the upstream did not answer in time",
+                )
+            }
+        }
+    }
+
+    /// The client sent a body the proxy could not read (cut short, or
+    /// malformed chunked coding): its own fault, 400, not an upstream one.
+    pub fn bad_body(&self) -> Problem<'static> {
+        self.shared.events.bad_request();
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "the request body was malformed or cut short",
+        )
+    }
+}
+
+/// A host as `Host` may carry it: a reg-name or IPv4 address of RFC 3986
+/// characters, or a bracketed IPv6 literal, and an optional port.
+fn valid_host(h: &str) -> bool {
+    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
+        let Some((lit, after)) = rest.split_once(']') else {
+            return false;
+        };
+        if lit.parse::<std::net::Ipv6Addr>().is_err() {
+            return false;
+        }
+        match after.strip_prefix(':') {
+            Some(p) => ("x", Some(p)),
+            None if after.is_empty() => ("x", None),
+            None => return false,
+        }
+    } else {
+        match h.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (h, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host.bytes().all(|b| {
+            b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'.'
+                        | b'_'
+                        | b'~'
+                        | b'!'
+                        | b'$'
+                        | b'&'
+                        | b'\''
+                        | b'('
+                        | b')'
+                        | b'*'
+                        | b'+'
+                        | b','
+                        | b';'
+                        | b'='
+                        | b'%'
+                )
+        });
+    let port_ok = port.is_none_or(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    host_ok && port_ok
+}
+
+/// A request's identity and headers, for the rules' keys.
+struct Attrs<'a, H: ?Sized> {
+    user: Option<&'a str>,
+    ip: &'a str,
+    headers: &'a H,
+}
+
+impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
+    fn user(&self) -> Option<&str> {
+        self.user
+    }
+    fn ip(&self) -> Option<&str> {
+        Some(self.ip)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.value(name)
+    }
+    fn descriptor(&self, _name: &str) -> Option<&str> {
+        None
+    }
+}
+
+/// Whether the proxy's own rate limit headers go on the answer (a rule
+/// decided), replacing the upstream's of the same names.
+pub fn ours(checked: &Checked) -> bool {
+    checked.decision.deciding.is_some()
+}
+
+/// Upstream failures in the log: at most one warning every
+/// [`FailureLog::EVERY`], with the count of those not logged since (a down
+/// upstream under load fails every request, and one line per request would
+/// flood the log).
+#[derive(Debug)]
+struct FailureLog {
+    start: Instant,
+    next_ms: AtomicU64,
+    quiet: AtomicU64,
+}
+
+impl Default for FailureLog {
+    fn default() -> FailureLog {
+        FailureLog {
+            start: Instant::now(),
+            next_ms: AtomicU64::new(0),
+            quiet: AtomicU64::new(0),
+        }
+    }
+}
+
+impl FailureLog {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    fn warn(&self, detail: std::fmt::Arguments<'_>) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let next = self.next_ms.load(Ordering::Relaxed);
+        let every = u64::try_from(Self::EVERY.as_millis()).unwrap_or(u64::MAX);
+        if now >= next
+            && self
+                .next_ms
+                .compare_exchange(
+                    next,
+                    now.saturating_add(every),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            match self.quiet.swap(0, Ordering::Relaxed) {
+                0 => tracing::warn!("{detail}"),
+                n => tracing::warn!("{detail} ({n} more upstream failures since the last warning)"),
+            }
+        } else {
+            self.quiet.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_are_checked() {
+        for ok in [
+            "a",
+            "example.com",
+            "example.com:80",
+            "127.0.0.1:9",
+            "[::1]",
+            "[::1]:80",
+        ] {
+            assert!(valid_host(ok), "{ok}");
+        }
+        for bad in [
+            "", "a b", "a/b", "[::1", "[zz]", "a:b", "a:123456", "a@b", "[::1]x",
+        ] {
+            assert!(!valid_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn upstream_urls_are_parsed_once() {
+        let u = UpstreamUrl::parse("http://127.0.0.1:9000").unwrap();
+        assert_eq!((u.authority(), u.base()), ("127.0.0.1:9000", ""));
+        let u = UpstreamUrl::parse("http://example.com/api/").unwrap();
+        assert_eq!((u.authority(), u.base()), ("example.com:80", "/api"));
+        let u = UpstreamUrl::parse("http://[::1]:9000/x").unwrap();
+        assert_eq!((u.authority(), u.base()), ("[::1]:9000", "/x"));
+        for bad in ["https://x", "x:1", "http:///a", "http://x/?q=1", "ftp://x"] {
+            assert!(UpstreamUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! spillway-server's integration tests, one binary: the real `spillway`
+//! process on free loopback ports, real clients, real redis-server.
+
+mod api;
+mod grpc;
+mod http_wire;
+mod proxy;
+mod redis;
+mod util;

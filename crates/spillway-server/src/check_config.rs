@@ -76,12 +76,13 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
             }
             let l = &cfg.server;
             outln!(
-                "server: head_timeout {:?}, idle_timeout {:?}, body_timeout {:?}, write_timeout {:?}, max_connections {}",
+                "server: head_timeout {:?}, idle_timeout {:?}, body_timeout {:?}, write_timeout {:?}, max_connections {}, direct_path {}",
                 l.head_timeout,
                 l.idle_timeout,
                 l.body_timeout,
                 l.write_timeout,
-                l.max_connections
+                l.max_connections,
+                l.direct_path
             );
             if let Some(p) = &cfg.proxy {
                 print_proxy(p);

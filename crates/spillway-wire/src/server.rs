@@ -55,6 +55,10 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long shutdown waits for requests in flight.
     pub drain_timeout: Duration,
+    /// Whether plain requests take the direct path; `false` hands every
+    /// connection to hyper from its first byte (for operators who want one
+    /// HTTP implementation only, and for tests that compare the two).
+    pub direct_path: bool,
 }
 
 impl Default for Limits {
@@ -66,6 +70,7 @@ impl Default for Limits {
             write_timeout: Duration::from_secs(30),
             max_connections: 10_000,
             drain_timeout: Duration::from_secs(30),
+            direct_path: true,
         }
     }
 }
@@ -418,6 +423,9 @@ impl<H: Handler> Conn<H> {
         let mut buf = BytesMut::with_capacity(4096);
         let mut out = Vec::with_capacity(1024);
         let max_body = self.handler.max_body();
+        if !self.limits.direct_path {
+            return self.hand_off(tcp, buf).await;
+        }
         loop {
             // The head: within the idle timeout for its first byte, then
             // within the head timeout for all of it.

@@ -435,6 +435,9 @@ fn server_limits(errs: &mut Errors<'_>, s: &Spanned<RawServer>) -> spillway_wire
     {
         l.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
     }
+    if let Some(d) = raw.direct_path {
+        l.direct_path = d;
+    }
     l
 }
 

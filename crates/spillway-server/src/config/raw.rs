@@ -123,6 +123,8 @@ pub(crate) struct RawServer {
     pub(crate) write_timeout: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) max_connections: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) direct_path: Option<bool>,
 }
 
 #[derive(Debug)]

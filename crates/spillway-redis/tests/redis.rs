@@ -19,8 +19,14 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The timeout of every test that is not about timeouts: one no loaded
+/// machine misses (a 50 ms one failed the conformance tests on two busy CI
+/// cores, and a decision that times out after its call was sent is charged
+/// but not counted).
+const TIMEOUT: Duration = Duration::from_secs(5);
+
 fn config(url: String) -> RedisConfig {
-    config_with(url, Duration::from_millis(50))
+    config_with(url, TIMEOUT)
 }
 
 fn config_with(url: String, timeout: Duration) -> RedisConfig {
@@ -32,7 +38,7 @@ fn config_with(url: String, timeout: Duration) -> RedisConfig {
 }
 
 async fn connected(url: String) -> RedisStore {
-    connected_with(url, Duration::from_millis(50)).await
+    connected_with(url, TIMEOUT).await
 }
 
 async fn connected_with(url: String, timeout: Duration) -> RedisStore {
@@ -191,6 +197,8 @@ fn several_rules_are_charged_all_or_none_in_one_call() {
     let redis = rt.block_on(connected(server.url()));
     let wide = user_rule("wide", vec![fixed_window(100, 60)], Mode::Hard);
     let narrow = user_rule("narrow", vec![fixed_window(1, 60)], Mode::Hard);
+    // At one given time: a minute's window could turn on Redis's clock
+    // between two requests.
     let key = Key::from_parts(["bob"]);
     let both = [
         Charge {
@@ -202,17 +210,26 @@ fn several_rules_are_charged_all_or_none_in_one_call() {
             key: &key,
         },
     ];
-    assert!(rt.block_on(redis.decide(&both, 1)).unwrap().allowed);
+    assert!(
+        rt.block_on(redis.decide_at(&both, 1, T0_US))
+            .unwrap()
+            .allowed
+    );
     for _ in 0..20 {
-        assert!(!rt.block_on(redis.decide(&both, 1)).unwrap().allowed);
+        assert!(
+            !rt.block_on(redis.decide_at(&both, 1, T0_US))
+                .unwrap()
+                .allowed
+        );
     }
     let d = rt
-        .block_on(redis.decide(
+        .block_on(redis.decide_at(
             &[Charge {
                 rule: &wide,
                 key: &key,
             }],
             1,
+            T0_US,
         ))
         .unwrap();
     assert_eq!(d.deciding.unwrap().verdict.remaining, 98);
@@ -436,29 +453,41 @@ fn scripts(server: &RedisServer) -> u64 {
 fn killed_and_paused_redis_fail_fast_and_recover() {
     let mut server = RedisServer::start();
     let rt = rt();
-    let redis = rt.block_on(connected(server.url()));
+    // This test is about timeouts: a short one, so a hung server is seen
+    // quickly. Its bounds leave seconds of slack for a busy machine and
+    // still fail if calls wait for the hung server rather than the
+    // timeout, or keep waiting once the breaker is open.
+    let timeout = Duration::from_millis(250);
+    let redis = rt.block_on(connected_with(server.url(), timeout));
     let rule = &rules()[6];
     let key = Key::from_parts(["k"]);
     let charges = [Charge { rule, key: &key }];
     assert!(rt.block_on(redis.decide(&charges, 1)).is_ok());
 
-    // Paused: calls time out (50 ms), then the breaker answers at once.
+    // Paused: calls time out, then the breaker answers at once: 20 calls
+    // take about three timeouts (the breaker's threshold), not twenty.
     server.signal("STOP");
     let mut slowest = Duration::ZERO;
+    let all = Instant::now();
     for _ in 0..20 {
         let t = Instant::now();
         let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
         assert!(e.transient, "{e}");
         slowest = slowest.max(t.elapsed());
     }
+    let all = all.elapsed();
     assert!(
-        slowest < Duration::from_millis(150),
+        slowest < timeout + Duration::from_secs(2),
         "a call waited {slowest:?}"
     );
+    assert!(all < timeout * 12, "20 calls took {all:?}");
     assert_ne!(redis.breaker(), BreakerState::Closed);
+    let why = redis.last_error().expect("a reason");
+    assert!(why.contains("did not answer within"), "{why}");
+    assert_eq!(redis.outages(), 1);
     server.signal("CONT");
     assert!(
-        recovers(&rt, &redis, &charges, Duration::from_secs(2)),
+        recovers(&rt, &redis, &charges, Duration::from_secs(30)),
         "no recovery after SIGCONT"
     );
 
@@ -467,17 +496,11 @@ fn killed_and_paused_redis_fail_fast_and_recover() {
     let t = Instant::now();
     let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
     assert!(e.transient);
-    assert!(t.elapsed() < Duration::from_millis(150));
+    assert!(t.elapsed() < timeout + Duration::from_secs(2));
     server.restart();
-    let t = Instant::now();
     assert!(
-        recovers(&rt, &redis, &charges, Duration::from_secs(3)),
+        recovers(&rt, &redis, &charges, Duration::from_secs(30)),
         "no recovery after restart"
-    );
-    assert!(
-        t.elapsed() < Duration::from_millis(1500),
-        "recovered after {:?}",
-        t.elapsed()
     );
 }
 
@@ -514,14 +537,12 @@ fn a_store_started_before_redis_connects_when_it_appears() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(redis.last_error().is_some_and(|e| e.contains("redis")));
     let _server = RedisServer::start_on(port);
-    let t = Instant::now();
-    assert!(recovers(&rt, &redis, &charges, Duration::from_secs(3)));
-    assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "connected after {:?}",
-        t.elapsed()
-    );
+    // The connect loop retries every 500 ms at most; generous for a busy
+    // machine.
+    assert!(recovers(&rt, &redis, &charges, Duration::from_secs(30)));
+    assert_eq!(redis.last_error(), None);
 }
 
 #[test]
@@ -531,7 +552,7 @@ fn cluster_spreads_keys_over_every_master_and_keeps_multi_limit_rules_atomic() {
     let redis = rt.block_on(async {
         let s = RedisStore::new(RedisConfig {
             cluster: cluster.urls(),
-            timeout: Duration::from_millis(500),
+            timeout: TIMEOUT,
             ..RedisConfig::default()
         })
         .unwrap();
@@ -558,16 +579,23 @@ fn cluster_spreads_keys_over_every_master_and_keeps_multi_limit_rules_atomic() {
         let keys: u64 = n.cli(&["DBSIZE"]).trim().parse().unwrap();
         assert!(keys > 50, "node {} holds {keys} keys", n.port);
     }
-    // multi: sliding log 5 per 2 s and GCRA burst 3: the 4th request at once is denied.
-    let key = Key::from_parts(["c0"]);
+    // multi: sliding log 5 per 2 s and GCRA burst 3: the 4th request at
+    // once is denied. At one given time: on Redis's clock a busy machine
+    // may take long enough for the GCRA to refill (250 ms) or a window to
+    // turn between requests.
+    let key = Key::from_parts(["burst"]);
     let charges = [Charge {
         rule: multi,
         key: &key,
     }];
     let allowed = (0..5)
-        .filter(|_| rt.block_on(redis.decide(&charges, 1)).unwrap().allowed)
+        .filter(|_| {
+            rt.block_on(redis.decide_at(&charges, 1, T0_US))
+                .unwrap()
+                .allowed
+        })
         .count();
-    assert_eq!(allowed, 2, "3 allowed in all, one already used");
+    assert_eq!(allowed, 3);
     // Two rules in different slots: dry run then charge, still all-or-none.
     let a = Key::from_parts(["x1"]);
     let b = Key::from_parts(["x2"]);
@@ -582,7 +610,11 @@ fn cluster_spreads_keys_over_every_master_and_keeps_multi_limit_rules_atomic() {
         },
     ];
     let results: Vec<bool> = (0..8)
-        .map(|_| rt.block_on(redis.decide(&two, 1)).unwrap().allowed)
+        .map(|_| {
+            rt.block_on(redis.decide_at(&two, 1, T0_US))
+                .unwrap()
+                .allowed
+        })
         .collect();
     assert_eq!(results.iter().filter(|x| **x).count(), 5, "{results:?}");
 }

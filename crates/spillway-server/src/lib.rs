@@ -83,11 +83,32 @@ impl ServerStore {
         match self {
             ServerStore::Memory(_) => None,
             ServerStore::Redis(r) if !r.is_connected() => Some("redis: not connected".into()),
-            ServerStore::Redis(r) if !r.is_healthy() => {
-                Some(format!("redis: circuit breaker {:?}", r.breaker()))
-            }
+            ServerStore::Redis(r) if !r.is_healthy() => Some(match r.last_error() {
+                Some(why) => format!("redis: circuit breaker {:?}: {why}", r.breaker()),
+                None => format!("redis: circuit breaker {:?}", r.breaker()),
+            }),
             ServerStore::Redis(_) => None,
         }
+    }
+
+    /// The store's own counters, as Prometheus text: decisions made
+    /// against the memory store's shared overflow state (a full table whose
+    /// every candidate for eviction was limiting), and Redis outages (times
+    /// its circuit breaker opened).
+    pub fn metrics(&self) -> String {
+        let (name, help, value) = match self {
+            ServerStore::Memory(m) => (
+                "spillway_memory_overflow_decisions_total",
+                "Decisions made against a rule's shared overflow state because the key table was full of limiting clients.",
+                m.overflowed(),
+            ),
+            ServerStore::Redis(r) => (
+                "spillway_redis_outages_total",
+                "Times the Redis circuit breaker opened.",
+                r.outages(),
+            ),
+        };
+        format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n")
     }
 
     /// A name for logs.

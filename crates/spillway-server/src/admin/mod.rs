@@ -139,7 +139,9 @@ async fn status(State(state): State<Arc<AdminState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
     let keys = spillway_store::Store::keys(state.shared.limiter.store());
-    let mut resp = state.shared.events.render(keys).into_response();
+    let mut text = state.shared.events.render(keys);
+    text.push_str(&state.shared.limiter.store().metrics());
+    let mut resp = text.into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

@@ -3,6 +3,7 @@
 
 mod api;
 mod grpc;
+mod hardening;
 mod http_wire;
 mod proxy;
 mod redis;

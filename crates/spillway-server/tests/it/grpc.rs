@@ -244,6 +244,46 @@ async fn hits_addend_and_limit_overrides_are_honoured() {
     assert!(!ok(&call(&ch, r).await.unwrap()));
 }
 
+/// A descriptor's hits_addend past every limit is OVER_LIMIT on both
+/// stores, never a store error that fail-open would admit (on Redis a
+/// cost past 2^32 was one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_hits_addend_is_over_limit_on_both_stores() {
+    let redis = spillway_testkit::RedisServer::start();
+    for store in [
+        String::new(),
+        format!(
+            "store: {{ redis: {{ url: {}, timeout: 5s }} }}\n",
+            redis.url()
+        ),
+    ] {
+        let (_s, ch, _d) = start(&[], &format!("{store}on_store_error: allow\n{RULES}")).await;
+        for cost in [u64::from(u32::MAX), 1 << 32 | 1, u64::MAX] {
+            let mut d = desc(&[("path", "/bulk")]);
+            d.hits_addend = Some(UInt64Value { value: cost });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            let a = loop {
+                let a = call(&ch, req("edge", vec![d.clone()])).await.unwrap();
+                // Redis connects in the background: wait until it decides.
+                if a.statuses[0].code != Code::Ok as i32 || store.is_empty() {
+                    break a;
+                }
+                assert!(std::time::Instant::now() < deadline, "{store}: always OK");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            };
+            assert_eq!(
+                a.overall_code,
+                Code::OverLimit as i32,
+                "{store} cost {cost}: {a:?}"
+            );
+        }
+        let mut r = req("edge", vec![desc(&[("path", "/bulk")])]);
+        r.hits_addend = u32::MAX;
+        let a = call(&ch, r).await.unwrap();
+        assert_eq!(a.overall_code, Code::OverLimit as i32, "{store}: {a:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_are_invalid_argument() {
     let (_s, ch, _d) = start(&[], RULES).await;

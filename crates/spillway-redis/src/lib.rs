@@ -165,10 +165,24 @@ pub struct RedisStore {
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &redact(&self.inner.config.url))
-            .field("cluster", &self.inner.config.cluster.len())
+            .field("at", &self.describe())
             .field("connected", &self.is_connected())
             .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Where it connects, for logs: the URL (password hidden), or the
+    /// cluster's seed nodes. (A cluster has no `url`; naming the default
+    /// one sent operators looking for a server they never configured.)
+    pub fn describe(&self) -> String {
+        let c = &self.inner.config;
+        if c.cluster.is_empty() {
+            format!("redis {}", redact(&c.url))
+        } else {
+            let nodes: Vec<String> = c.cluster.iter().map(|u| redact(u)).collect();
+            format!("redis cluster [{}]", nodes.join(", "))
+        }
     }
 }
 

@@ -115,7 +115,7 @@ impl ServerStore {
     pub fn describe(&self) -> String {
         match self {
             ServerStore::Memory(_) => "memory".to_string(),
-            ServerStore::Redis(r) => format!("{r:?}"),
+            ServerStore::Redis(r) => r.describe(),
         }
     }
 }

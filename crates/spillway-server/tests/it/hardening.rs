@@ -326,3 +326,55 @@ async fn admin_endpoints_leave_the_decision_port_when_asked() {
     let (status, _, _) = check(&c, &s, json!({"user": "a"})).await;
     assert_eq!(status, 200);
 }
+
+/// A client's malformed chunked body is the client's 400, not a 502
+/// counted against the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_chunked_body_is_a_400_not_an_upstream_error() {
+    let app = axum::Router::new().fallback(|body: axum::body::Bytes| async move { body });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let dir = TempDir::new("bad-chunks");
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            "proxy: {{ upstream: http://{up}, admin_listen: 127.0.0.1:0 }}\nrules:\n  - name: all\n    limits: [ {{ fixed_window: {{ limit: 1000, window: 1h }} }} ]\n"
+        ),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    let line = s.wait_line("admin API");
+    let admin = line
+        .split("listening on http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    conn.write_all(
+        b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+    assert!(head.contains("application/problem+json"), "{head}");
+    let metrics = util::text(client().get(format!("http://{admin}/metrics"))).await;
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("spillway_upstream_errors_total{") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}

@@ -33,7 +33,9 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// The 429 for a denied decision.
+    /// The 429 for a denied decision. Its `detail` is written out when
+    /// rendered (`rate limit "NAME" exceeded; retry after N s`), without
+    /// building a string first: this is every denial's answer.
     pub fn too_many_requests(checked: &'a Checked) -> Problem<'a> {
         let (rule, retry) = checked
             .decision
@@ -46,25 +48,32 @@ impl<'a> Problem<'a> {
                 )
             })
             .unwrap_or_default();
-        let mut detail = String::with_capacity(48 + rule.len());
-        detail.push_str("rate limit \"");
-        detail.push_str(rule);
-        detail.push_str("\" exceeded; retry after ");
-        detail.push_str(itoa::Buffer::new().format(retry));
-        detail.push_str(" s");
         Problem {
             status: StatusCode::TOO_MANY_REQUESTS,
-            detail: detail.into(),
+            detail: std::borrow::Cow::Borrowed(""),
             limited: Some((rule, retry)),
         }
     }
 
     /// The title: the status's reason phrase in lower case.
-    pub fn title(&self) -> String {
-        self.status
-            .canonical_reason()
-            .unwrap_or("error")
-            .to_ascii_lowercase()
+    pub fn title(&self) -> std::borrow::Cow<'static, str> {
+        match self.status.as_u16() {
+            400 => "bad request".into(),
+            404 => "not found".into(),
+            405 => "method not allowed".into(),
+            413 => "payload too large".into(),
+            429 => "too many requests".into(),
+            431 => "request header fields too large".into(),
+            500 => "internal server error".into(),
+            502 => "bad gateway".into(),
+            504 => "gateway timeout".into(),
+            _ => self
+                .status
+                .canonical_reason()
+                .unwrap_or("error")
+                .to_ascii_lowercase()
+                .into(),
+        }
     }
 
     /// Appends the JSON document to `out`.
@@ -76,7 +85,16 @@ impl<'a> Problem<'a> {
         out.push_str(r#"","status":"#);
         out.push_str(num.format(self.status.as_u16()));
         out.push_str(r#","detail":""#);
-        push_json_escaped(out, &self.detail);
+        match self.limited {
+            Some((rule, retry)) if self.detail.is_empty() => {
+                out.push_str(r#"rate limit \""#);
+                push_json_escaped(out, rule);
+                out.push_str(r#"\" exceeded; retry after "#);
+                out.push_str(num.format(retry));
+                out.push_str(" s");
+            }
+            _ => push_json_escaped(out, &self.detail),
+        }
         out.push('"');
         if let Some((rule, retry)) = self.limited {
             out.push_str(r#","rule":""#);

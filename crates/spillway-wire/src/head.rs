@@ -13,7 +13,7 @@
 /// Largest request head read in full (larger ones get 431).
 pub const MAX_HEAD: usize = 16 * 1024;
 /// Headers parsed in place; a request with more goes to hyper.
-pub const MAX_HEADERS: usize = 48;
+pub const MAX_HEADERS: usize = 32;
 
 /// What the bytes of the next request say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

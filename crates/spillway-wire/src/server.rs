@@ -24,7 +24,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -187,7 +187,12 @@ pub async fn serve<H: Handler>(
         hyper: watch::Sender::new(false),
         conns: parking_lot::Mutex::new(HashMap::new()),
         ended: Notify::new(),
+        clock: Coarse {
+            start: Instant::now(),
+            now_ms: AtomicU64::new(0),
+        },
     });
+    let sweeper = tokio::spawn(sweep(drain.clone()));
     let mut next_id = 0u64;
     let date = tokio::spawn(crate::write::date_ticker());
     let mut accept = AcceptState::default();
@@ -203,7 +208,10 @@ pub async fn serve<H: Handler>(
             }
             tokio::select! {
                 biased;
-                () = &mut shutdown => return finish(drain, date, limits).await,
+                () = &mut shutdown => {
+                    sweeper.abort();
+                    return finish(drain, date, limits).await;
+                }
                 () = drain.ended.notified() => {}
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
@@ -235,22 +243,41 @@ pub async fn serve<H: Handler>(
         };
         let _ = tcp.set_nodelay(true);
         next_id += 1;
-        let idle = Arc::new(AtomicBool::new(true));
+        let state = Arc::new(ConnState {
+            idle: AtomicBool::new(true),
+            deadline: AtomicU64::new(u64::MAX),
+        });
+        state.waiting(&drain, limits.idle_timeout);
         let conn = Conn {
             handler: handler.clone(),
             drain: drain.clone(),
             limits,
             peer,
             id: next_id,
-            idle: idle.clone(),
+            state: state.clone(),
         };
         // Registered under the lock the task's exit also takes, so a
         // connection that ends at once is still removed after this insert.
         let mut conns = drain.conns.lock();
         let task = tokio::spawn(conn.run(tcp));
-        conns.insert(next_id, (idle, task.abort_handle()));
+        conns.insert(next_id, (state, task.abort_handle()));
     }
+    sweeper.abort();
     finish(drain, date, limits).await
+}
+
+/// Advances the coarse clock and ends the connections whose wait for
+/// their client has expired.
+async fn sweep(drain: Arc<Drain>) {
+    loop {
+        tokio::time::sleep(SWEEP).await;
+        let now = drain.clock.tick();
+        for (state, task) in drain.conns.lock().values() {
+            if state.deadline.load(Ordering::Relaxed) < now {
+                task.abort();
+            }
+        }
+    }
 }
 
 async fn finish(
@@ -262,8 +289,8 @@ async fn finish(
     // connections close now, hyper's shut down gracefully.
     drain.stopping.store(true, Ordering::SeqCst);
     drain.hyper.send_replace(true);
-    for (idle, task) in drain.conns.lock().values() {
-        if idle.load(Ordering::SeqCst) {
+    for (state, task) in drain.conns.lock().values() {
+        if state.idle.load(Ordering::SeqCst) {
             task.abort();
         }
     }
@@ -350,10 +377,58 @@ struct Drain {
     /// Connections handed to hyper hold a receiver and shut down gracefully
     /// when it turns true.
     hyper: watch::Sender<bool>,
-    /// Every open connection: whether it waits for a request, and its task.
-    conns: parking_lot::Mutex<HashMap<u64, (Arc<AtomicBool>, tokio::task::AbortHandle)>>,
+    /// Every open connection: its state, and its task.
+    conns: parking_lot::Mutex<HashMap<u64, (Arc<ConnState>, tokio::task::AbortHandle)>>,
     /// Signalled when a connection ends.
     ended: Notify,
+    /// The coarse clock deadlines are read against.
+    clock: Coarse,
+}
+
+/// A clock in milliseconds since the server started, advanced by the
+/// sweeper: reading it costs a load, where a timer per read cost a timer
+/// wheel registration (a lock) on every request.
+struct Coarse {
+    start: Instant,
+    now_ms: AtomicU64,
+}
+
+impl Coarse {
+    fn now(&self) -> u64 {
+        self.now_ms.load(Ordering::Relaxed)
+    }
+
+    fn tick(&self) -> u64 {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.now_ms.store(ms, Ordering::Relaxed);
+        ms
+    }
+}
+
+/// How often deadlines are checked: they are kept to within this.
+const SWEEP: Duration = Duration::from_millis(100);
+
+/// What the accept loop and the sweeper see of a connection.
+struct ConnState {
+    /// True while waiting for a request (between requests, or while its
+    /// head trickles in): such a connection may be closed to make room.
+    idle: AtomicBool,
+    /// When the current wait (for a head, or a body) expires, in coarse
+    /// milliseconds; `u64::MAX` while the connection is not waiting on its
+    /// client (a handler runs, or hyper has it: they keep their own time).
+    deadline: AtomicU64,
+}
+
+impl ConnState {
+    fn waiting(&self, drain: &Drain, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        self.deadline
+            .store(drain.clock.now().saturating_add(ms), Ordering::Relaxed);
+    }
+
+    fn busy(&self) {
+        self.deadline.store(u64::MAX, Ordering::Relaxed);
+    }
 }
 
 impl Drain {
@@ -363,7 +438,7 @@ impl Drain {
         let mut conns = self.conns.lock();
         let oldest = conns
             .iter()
-            .filter(|(_, (idle, _))| idle.load(Ordering::Relaxed))
+            .filter(|(_, (state, _))| state.idle.load(Ordering::Relaxed))
             .map(|(id, _)| *id)
             .min();
         match oldest.and_then(|id| conns.remove(&id)) {
@@ -399,9 +474,8 @@ struct Conn<H> {
     limits: Limits,
     peer: SocketAddr,
     id: u64,
-    /// True while waiting for a request (between requests, or while its
-    /// head trickles in): such a connection may be closed to make room.
-    idle: Arc<AtomicBool>,
+    /// What the accept loop and the sweeper see.
+    state: Arc<ConnState>,
 }
 
 impl<H> Drop for Conn<H> {
@@ -428,10 +502,15 @@ impl<H: Handler> Conn<H> {
         }
         loop {
             // The head: within the idle timeout for its first byte, then
-            // within the head timeout for all of it.
-            let mut head_deadline =
-                (!buf.is_empty()).then(|| Instant::now() + self.limits.head_timeout);
-            self.idle.store(true, Ordering::Relaxed);
+            // within the head timeout for all of it; the sweeper ends the
+            // connection when the wait expires.
+            let mut started = !buf.is_empty();
+            self.state.idle.store(true, Ordering::Relaxed);
+            if started {
+                self.state.waiting(&self.drain, self.limits.head_timeout);
+            } else {
+                self.state.waiting(&self.drain, self.limits.idle_timeout);
+            }
             let (head_len, body_len, close) = loop {
                 match head::classify(&buf, max_body) {
                     Head::Direct {
@@ -441,31 +520,33 @@ impl<H: Handler> Conn<H> {
                     } => break (head_len, body_len, close),
                     Head::Hyper => return self.hand_off(tcp, buf).await,
                     Head::Refuse(r) => {
+                        self.state.busy();
                         out.clear();
                         self.handler.refuse(r.status(), r.detail(), &mut out);
                         let mut conn = self.client(&mut tcp);
                         conn.write_all(&out).await;
-                        let _ = tcp.shutdown().await;
+                        let _ =
+                            tokio::time::timeout(self.limits.write_timeout, tcp.shutdown()).await;
                         return;
                     }
                     Head::Partial => {}
                 }
-                let deadline = match head_deadline {
-                    Some(d) => d,
-                    None => Instant::now() + self.limits.idle_timeout,
-                };
-                if let Read::Done = read_until(&mut tcp, &mut buf, deadline).await {
+                if let Read::Done = read_more(&mut tcp, &mut buf).await {
                     return;
                 }
-                head_deadline.get_or_insert_with(|| Instant::now() + self.limits.head_timeout);
+                if !started {
+                    started = true;
+                    self.state.waiting(&self.drain, self.limits.head_timeout);
+                }
             };
-            self.idle.store(false, Ordering::Relaxed);
+            self.state.idle.store(false, Ordering::Relaxed);
             while buf.len() < head_len + body_len {
-                let deadline = Instant::now() + self.limits.body_timeout;
-                if let Read::Done = read_until(&mut tcp, &mut buf, deadline).await {
+                self.state.waiting(&self.drain, self.limits.body_timeout);
+                if let Read::Done = read_more(&mut tcp, &mut buf).await {
                     return;
                 }
             }
+            self.state.busy();
             out.clear();
             let drain = self.drain.clone();
             let _busy = Busy::new(&drain.busy);
@@ -513,7 +594,8 @@ impl<H: Handler> Conn<H> {
     /// Serves the rest of the connection with hyper and the handler's
     /// fallback, starting with the bytes already read.
     async fn hand_off(self, tcp: TcpStream, buf: BytesMut) {
-        self.idle.store(false, Ordering::Relaxed);
+        self.state.idle.store(false, Ordering::Relaxed);
+        self.state.busy();
         let io = Rewind {
             pre: buf.freeze(),
             inner: tcp,
@@ -548,13 +630,13 @@ impl<H: Handler> Conn<H> {
     }
 }
 
-/// Reads more of a request before `deadline`.
-async fn read_until(tcp: &mut TcpStream, buf: &mut BytesMut, deadline: Instant) -> Read {
+/// Reads more of a request (its deadline is the sweeper's).
+async fn read_more(tcp: &mut TcpStream, buf: &mut BytesMut) -> Read {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(4096);
     }
-    match tokio::time::timeout_at(deadline, tcp.read_buf(buf)).await {
-        Ok(Ok(n)) if n > 0 => Read::More,
+    match tcp.read_buf(buf).await {
+        Ok(n) if n > 0 => Read::More,
         _ => Read::Done,
     }
 }

@@ -52,23 +52,30 @@ impl DirectProxy {
         close: bool,
         head_request: bool,
     ) {
-        let json = problem.to_json();
-        write::answer(
-            out,
-            problem.status,
-            PROBLEM_JSON,
-            json.as_bytes(),
-            close,
-            head_request,
-            |o| {
-                if let Some(c) = checked {
-                    spillway_tower::push_rate_limit_headers(c, o);
-                }
-                if problem.status == StatusCode::METHOD_NOT_ALLOWED {
-                    write::header(o, "allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
-                }
-            },
-        );
+        thread_local! {
+            /// The body, rendered once per answer into a reused buffer.
+            static JSON: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        JSON.with_borrow_mut(|json| {
+            json.clear();
+            problem.write_json(json);
+            write::answer(
+                out,
+                problem.status,
+                PROBLEM_JSON,
+                json.as_bytes(),
+                close,
+                head_request,
+                |o| {
+                    if let Some(c) = checked {
+                        spillway_tower::push_rate_limit_headers(c, o);
+                    }
+                    if problem.status == StatusCode::METHOD_NOT_ALLOWED {
+                        write::header(o, "allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+                    }
+                },
+            );
+        });
     }
 
     async fn forward(
@@ -92,11 +99,12 @@ impl DirectProxy {
                 return false;
             }
         };
-        let (dropped, added) = self.proxy.forwarding(msg.peer.ip(), headers);
         let mut add = Vec::with_capacity(128);
-        for (name, value) in &added {
-            write::header(&mut add, name, value.as_bytes());
-        }
+        let dropped = self
+            .proxy
+            .forwarding(msg.peer.ip(), headers, |name, value| {
+                write::header(&mut add, name, value.as_bytes());
+            });
         let decide_and_send = async {
             let checked = match self
                 .proxy

@@ -123,7 +123,12 @@ impl HyperProxy {
                 .is_ok_and(|u| u.split(',').all(|p| self.proxy.upgrade_allowed(p)))
         });
         let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-        let (dropped, added) = self.proxy.forwarding(peer, req.headers());
+        let mut added = Vec::with_capacity(3);
+        let dropped = self.proxy.forwarding(peer, req.headers(), |name, value| {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                added.push((HeaderName::from_static(name), v));
+            }
+        });
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         keep_upgrade(headers, upgrade);
@@ -132,9 +137,7 @@ impl HyperProxy {
             headers.remove(*name);
         }
         for (name, value) in added {
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert(HeaderName::from_static(name), v);
-            }
+            headers.insert(name, value);
         }
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;

@@ -285,28 +285,28 @@ impl Proxy {
         .await
     }
 
-    /// Phase 3: the client headers that never go upstream from `peer`, and
-    /// the forwarding headers the proxy sends instead, as `(name, value)`.
+    /// Phase 3: the forwarding headers the proxy sends instead of the
+    /// client's, each passed to `put` as a name and a value; returns the
+    /// client headers that never go upstream from `peer`.
     pub fn forwarding<H: Headers + ?Sized>(
         &self,
         peer: IpAddr,
         headers: &H,
-    ) -> (&'static [&'static str], [(&'static str, String); 3]) {
-        let dropped: &'static [&'static str] = if self.identify.trusts(peer) {
+        mut put: impl FnMut(&'static str, &str),
+    ) -> &'static [&'static str] {
+        put(
+            "x-forwarded-for",
+            &identity::forwarded_for(peer, headers, &self.identify.trusted),
+        );
+        if let Some(host) = headers.value("host") {
+            put("x-forwarded-host", host);
+        }
+        put("x-forwarded-proto", "http");
+        if self.identify.trusts(peer) {
             &FROM_TRUSTED
         } else {
             &FROM_ANYONE
-        };
-        let chain = identity::forwarded_for(peer, headers, &self.identify.trusted);
-        let host = headers.value("host").unwrap_or("").to_string();
-        (
-            dropped,
-            [
-                ("x-forwarded-for", chain),
-                ("x-forwarded-host", host),
-                ("x-forwarded-proto", "http".to_string()),
-            ],
-        )
+        }
     }
 
     /// Whether an upgrade to `protocol` is passed through.

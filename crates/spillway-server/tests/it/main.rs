@@ -7,4 +7,5 @@ mod hardening;
 mod http_wire;
 mod proxy;
 mod redis;
+mod smuggling;
 mod util;

@@ -57,14 +57,11 @@ pub fn response_head(
     if listed.iter().any(|t| named(&FRAMING, t)) {
         return Err("Connection names a framing header");
     }
-    let mut close = resp.version == Some(0);
-    for t in &listed {
-        if t.eq_ignore_ascii_case("close") {
-            close = true;
-        } else if t.eq_ignore_ascii_case("keep-alive") && resp.version == Some(0) {
-            close = false;
-        }
-    }
+    // `close` wins wherever it stands; HTTP/1.0 keeps the connection only
+    // when asked to with `keep-alive`.
+    let said_close = listed.iter().any(|t| t.eq_ignore_ascii_case("close"));
+    let said_keep = listed.iter().any(|t| t.eq_ignore_ascii_case("keep-alive"));
+    let mut close = said_close || (resp.version == Some(0) && !said_keep);
     let mut length: Option<u64> = None;
     let mut codings: Vec<&[u8]> = Vec::new();
     let mut te = false;
@@ -142,12 +139,10 @@ pub fn response_head(
 
 /// Most bytes of trailer fields after a chunked body.
 const MAX_TRAILERS: usize = 16 * 1024;
-/// Most hex digits in a chunk size (a u64).
-const MAX_SIZE_DIGITS: u8 = 16;
 
 /// Finds where a chunked body ends, fed the bytes as they arrive, and
 /// refuses anything that is not RFC 9112 chunked coding: sizes that are
-/// not 1 to 16 hex digits, bare CR or LF, data not followed by CRLF,
+/// not hex digits or do not fit 64 bits, bare CR or LF, data not followed by CRLF,
 /// control characters in extensions, oversized trailers.
 #[derive(Debug, Default)]
 pub struct Chunks {
@@ -201,12 +196,14 @@ impl Chunks {
             match self.state {
                 S::Size => match b {
                     b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        if self.digits == MAX_SIZE_DIGITS {
+                        // Leading zeros are digits too (RFC 9112 sets no
+                        // width), but only significant ones can overflow.
+                        if self.size >> 60 != 0 {
                             return Err(ChunkError("chunk size too long"));
                         }
                         let d = u64::from((b as char).to_digit(16).unwrap_or(0));
                         self.size = (self.size << 4) | d;
-                        self.digits += 1;
+                        self.digits = self.digits.saturating_add(1);
                     }
                     _ if self.digits == 0 => return Err(ChunkError("chunk size missing")),
                     b'\r' => self.state = S::SizeLf,

@@ -31,6 +31,8 @@ pub trait Headers {
     }
     /// How many times `name` occurs (whatever its bytes).
     fn count(&self, name: &str) -> usize;
+    /// Every value of `name`, as bytes (text or not), in order.
+    fn all_raw(&self, name: &str) -> Vec<&[u8]>;
 }
 
 impl Headers for HeaderMap {
@@ -45,6 +47,9 @@ impl Headers for HeaderMap {
     }
     fn count(&self, name: &str) -> usize {
         self.get_all(name).iter().count()
+    }
+    fn all_raw(&self, name: &str) -> Vec<&[u8]> {
+        self.get_all(name).iter().map(|v| v.as_bytes()).collect()
     }
 }
 
@@ -65,15 +70,25 @@ impl Headers for [httparse::Header<'_>] {
             .filter(|h| h.name.eq_ignore_ascii_case(name))
             .count()
     }
+    fn all_raw(&self, name: &str) -> Vec<&[u8]> {
+        self.iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| h.value)
+            .collect()
+    }
 }
 
-/// The comma-separated tokens of every `Connection` header, trimmed.
+/// The comma-separated tokens of every `Connection` header, trimmed. A
+/// value with bytes that are not text still gives its text tokens (a
+/// `close` beside an odd byte must not be missed); a token that is not
+/// text names no header, so it is left out.
 pub fn connection_tokens<H: Headers + ?Sized>(h: &H) -> Vec<&str> {
-    h.all("connection")
+    h.all_raw("connection")
         .into_iter()
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|t| !t.is_empty())
+        .filter_map(|t| std::str::from_utf8(t).ok())
         .collect()
 }
 

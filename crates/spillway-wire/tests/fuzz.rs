@@ -517,72 +517,6 @@ fn check_chunks(data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-// -------------------------------------------------------- known failures
-
-/// Differences found by these tests and reported, not yet fixed. An input
-/// that shows one fails its corpus test (labelled with the entry); the
-/// proptest properties skip such inputs, so that they keep looking for
-/// other differences instead of finding these again.
-fn known_failure(kind: &str, input: &[u8]) -> Option<&'static str> {
-    match kind {
-        "chunks" => {
-            // A run of more than 16 hex digits at a chunk-size position
-            // whose value still fits a u64 (leading zeros).
-            let mut at_size = true;
-            let mut run = 0usize;
-            let mut value_digits = 0usize;
-            for &b in input {
-                if at_size && b.is_ascii_hexdigit() {
-                    run += 1;
-                    if value_digits > 0 || b != b'0' {
-                        value_digits += 1;
-                    }
-                    continue;
-                }
-                if run > 16 && value_digits <= 16 {
-                    return Some(
-                        "KF-1: Chunks refuses a chunk size of more than 16 digits with leading \
-                         zeros (RFC 9112 7.1 and hyper accept it; the proxy answers 502)",
-                    );
-                }
-                at_size = b == b'\n';
-                run = 0;
-                value_digits = 0;
-            }
-            None
-        }
-        "response" => {
-            let text = String::from_utf8_lossy(input).to_ascii_lowercase();
-            let connection: Vec<&str> = text
-                .lines()
-                .filter_map(|l| l.strip_prefix("connection:"))
-                .collect();
-            if connection.iter().any(|v| v.contains('\u{fffd}')) {
-                return Some(
-                    "KF-3: a Connection header whose value is not UTF-8 is ignored whole \
-                     (its close token and the headers it names are missed)",
-                );
-            }
-            let tokens: Vec<&str> = connection
-                .iter()
-                .flat_map(|v| v.split(','))
-                .map(str::trim)
-                .collect();
-            let close = tokens.iter().position(|t| *t == "close");
-            let keep = tokens.iter().rposition(|t| *t == "keep-alive");
-            if text.starts_with("http/1.0") && matches!((close, keep), (Some(c), Some(k)) if k > c)
-            {
-                return Some(
-                    "KF-2: on an HTTP/1.0 response, keep-alive after close in Connection \
-                     makes the connection reusable",
-                );
-            }
-            None
-        }
-        _ => None,
-    }
-}
-
 // ---------------------------------------------------------------- corpus
 
 fn corpus(kind: &str) -> Vec<(String, Vec<u8>)> {
@@ -610,11 +544,8 @@ fn replay(kind: &str, check: impl Fn(&[u8]) -> Result<(), String>) {
         .iter()
         .filter_map(|(name, bytes)| {
             check(bytes).err().map(|e| {
-                let known = known_failure(kind, bytes)
-                    .map(|k| format!("\n    known failure {k}"))
-                    .unwrap_or_default();
                 format!(
-                    "  {kind}/{name}: {e}\n    input: {:?}{known}",
+                    "  {kind}/{name}: {e}\n    input: {:?}",
                     String::from_utf8_lossy(bytes)
                 )
             })
@@ -896,12 +827,8 @@ fn chunked_bodies() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// A failure with its input as text (proptest shows bytes as numbers); an
-/// input that shows a known failure is skipped (the corpus fails on it).
-fn failed(kind: &str, e: String, input: &[u8]) -> TestCaseError {
-    if let Some(k) = known_failure(kind, input) {
-        return TestCaseError::reject(k);
-    }
+/// A failure with its input as text (proptest shows bytes as numbers).
+fn failed(_kind: &str, e: String, input: &[u8]) -> TestCaseError {
     TestCaseError::fail(format!(
         "{e}\n    input: {:?}",
         String::from_utf8_lossy(input)

@@ -89,11 +89,16 @@ impl HyperProxy {
         {
             req.headers_mut().insert(header::HOST, a);
         }
-        // Absolute-form on HTTP/1: a reverse proxy takes paths only.
-        let target = if req.version() != http::Version::HTTP_2 && req.uri().scheme().is_some() {
-            "*"
+        // Absolute-form and authority-form on HTTP/1 (`GET x:80`, whose
+        // path is empty): a reverse proxy takes paths only. The target
+        // checked is the path the rules will see, never a default.
+        let uri = req.uri();
+        let target = if req.version() != http::Version::HTTP_2
+            && (uri.scheme().is_some() || uri.authority().is_some())
+        {
+            ""
         } else {
-            req.uri().path_and_query().map_or("/", |p| p.as_str())
+            uri.path_and_query().map_or("", |p| p.as_str())
         };
         let who = match self
             .proxy

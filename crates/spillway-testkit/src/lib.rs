@@ -1,5 +1,6 @@
 //! Test fixtures: real `redis-server` processes on free loopback ports,
-//! stopped when dropped, and a three-master Redis Cluster.
+//! stopped when dropped, a three-master Redis Cluster, and fake HTTP
+//! upstreams for the proxy's tests ([`upstream`]).
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -9,6 +10,8 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub mod upstream;
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {

@@ -1,100 +1,134 @@
-//! End-to-end: `spillway proxy` (the real binary) in front of a real
-//! upstream HTTP server started by the test.
+//! End-to-end: `spillway proxy` (the real binary) in front of a fake
+//! upstream from `spillway_testkit::upstream`, on both of its transports.
+//!
+//! Every test that sends requests through the proxy runs twice, as
+//! `<test>::direct` (the default: plain HTTP/1.1 on the direct path) and
+//! `<test>::hyper` (the same rules with `server: { direct_path: false }`:
+//! every connection goes to hyper from its first byte), by
+//! [`on_both_paths!`]. A test that is about one transport only says why and
+//! runs once. Regression tests are named after the bug they pin.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+use spillway_testkit::upstream::{HttpUpstream, Seen, raw_upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use crate::util::{self as util};
 use crate::util::{Server, TempDir, client, header};
-use axum::Router;
-use axum::body::Body;
-use axum::http::HeaderMap;
-use axum::routing::{get, post};
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+/// Which of the proxy's transports a test's requests take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// The default: plain HTTP/1.1 on the direct path (anything it does not
+    /// take, such as HTTP/2 clients, still goes to hyper).
+    Direct,
+    /// `server: { direct_path: false }`: hyper from the first byte.
+    Hyper,
+}
 
-/// An upstream on a free port: `/hello`, `/stream` (a body of unknown
-/// length, in three pieces), `/empty` (204), `/echo` (streams the body back),
-/// `/headers` (what it was sent), `/slow` (3 s), `/v1/export` (counted),
-/// anything else "ok".
-async fn upstream() -> (SocketAddr, Arc<AtomicUsize>) {
-    let exports = Arc::new(AtomicUsize::new(0));
-    let counter = exports.clone();
-    let app = Router::new()
-        .route(
-            "/v1/export",
-            post(move || {
-                counter.fetch_add(1, Ordering::SeqCst);
-                async { "exported" }
-            }),
-        )
-        .route("/hello", get(|| async { "hello" }))
-        .route(
-            "/stream",
-            get(|| async {
-                // No length: the proxy must frame it (chunked).
-                let parts =
-                    ["one,", "two,", "three"].map(|p| Ok::<_, std::io::Error>(p.to_string()));
-                Body::from_stream(futures_util::stream::iter(parts))
-            }),
-        )
-        .route(
-            "/empty",
-            get(|| async { axum::http::StatusCode::NO_CONTENT }),
-        )
-        .route("/echo", post(|body: Body| async move { body }))
-        .route(
-            "/headers",
-            get(|h: HeaderMap| async move {
-                let get = |n: &str| {
-                    h.get(n)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_string()
-                };
-                axum::Json(serde_json::json!({
-                    "x-forwarded-for": get("x-forwarded-for"),
-                    "x-forwarded-host": get("x-forwarded-host"),
-                    "x-api-key": get("x-api-key"),
-                }))
-            }),
-        )
-        .route(
-            "/slow",
-            get(|| async {
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                "late"
-            }),
-        )
-        .route("/ip/own-headers", get(own_headers))
-        .route("/free/own-headers", get(own_headers))
-        .route(
-            "/stall",
-            get(|| async {
-                // A head and a first piece, then nothing, ever.
-                let first = futures_util::stream::iter([Ok::<_, std::io::Error>("first,")]);
-                Body::from_stream(futures_util::StreamExt::chain(
-                    first,
-                    futures_util::stream::pending(),
-                ))
-            }),
-        )
-        .fallback(|| async { "ok" });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, exports)
+impl Path {
+    /// The rules file `yaml` for this path: as it is for the direct path;
+    /// for hyper with `direct_path: false` in its `server:` section, which
+    /// is added when the file has none.
+    fn rules(self, yaml: &str) -> String {
+        assert!(!yaml.contains("direct_path"), "chosen by the test: {yaml}");
+        if self == Path::Direct {
+            return yaml.to_string();
+        }
+        let lines: Vec<&str> = yaml.lines().collect();
+        let mut out = String::with_capacity(yaml.len() + 32);
+        let mut merged = false;
+        for (i, line) in lines.iter().enumerate() {
+            match line.strip_prefix("server:").map(str::trim) {
+                // A flow mapping: `server: { head_timeout: 1s }`.
+                Some(rest) if !merged && rest.starts_with('{') => {
+                    let inner = rest[1..].trim_start();
+                    let sep = if inner.starts_with('}') { " " } else { ", " };
+                    out.push_str(&format!("server: {{ direct_path: false{sep}{inner}\n"));
+                    merged = true;
+                }
+                // A block mapping: a first line indented as the next one.
+                Some("") if !merged => {
+                    let next = lines.get(i + 1).copied().unwrap_or("");
+                    let indent = &next[..next.len() - next.trim_start().len()];
+                    let indent = if indent.is_empty() { "  " } else { indent };
+                    out.push_str(&format!("server:\n{indent}direct_path: false\n"));
+                    merged = true;
+                }
+                Some(other) if !merged => panic!("a server section this cannot merge: {other}"),
+                _ => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+        if !merged {
+            out.insert_str(0, "server: { direct_path: false }\n");
+        }
+        out
+    }
+}
+
+/// Runs each named `async fn(Path)` as two tests, `<name>::direct` and
+/// `<name>::hyper`, so a failure says which transport it was. The bodies
+/// stay ordinary functions (rustfmt and the compiler see them as such).
+macro_rules! on_both_paths {
+    ($($name:ident),+ $(,)?) => {$(
+        mod $name {
+            use super::Path;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn direct() {
+                super::$name(Path::Direct).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hyper() {
+                super::$name(Path::Hyper).await;
+            }
+        }
+    )+};
+}
+
+/// The merge keeps every layout a valid file that says which path it
+/// takes.
+#[test]
+fn the_hyper_variant_turns_the_direct_path_off_in_every_layout() {
+    let dir = TempDir::new("proxy-paths");
+    for yaml in [
+        "rules: []\n",
+        "\nproxy:\n  upstream: http://127.0.0.1:1\nrules: []\n",
+        "server: {}\nrules: []\n",
+        "server: { head_timeout: 2s }\nrules: []\n",
+        "server:\n    idle_timeout: 3s\nrules: []\n",
+    ] {
+        for (path, want) in [(Path::Direct, "true"), (Path::Hyper, "false")] {
+            let file = dir.write("rules.yaml", &path.rules(yaml));
+            let out = util::spillway(&["check-config", file.to_str().unwrap()]);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains(&format!("direct_path {want}")),
+                "{path:?} of {yaml:?}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
 
 fn rules(upstream: &str, trusted: &str) -> String {
+    rules_timed(upstream, trusted, "500ms")
+}
+
+/// The proxy's test rules, with the upstream `timeout`.
+fn rules_timed(upstream: &str, trusted: &str, timeout: &str) -> String {
     format!(
         r#"
 proxy:
   upstream: {upstream}
   user: header:X-Api-Key
   trusted_proxies: [{trusted}]
-  timeout: 500ms
+  timeout: {timeout}
 rules:
   - name: per-user
     api: /hello
@@ -121,26 +155,58 @@ rules:
     )
 }
 
-async fn start(trusted: &str) -> (Server, TempDir) {
-    let (s, d, _) = start_counting(trusted).await;
-    (s, d)
+/// `spillway proxy` on `path`, with the test rules (500 ms timeout), in
+/// front of a new [`HttpUpstream`].
+async fn start(path: Path, trusted: &str) -> (Server, HttpUpstream, TempDir) {
+    start_timed(path, trusted, "500ms").await
 }
 
-async fn start_counting(trusted: &str) -> (Server, TempDir, Arc<AtomicUsize>) {
-    let (up, exports) = upstream().await;
+async fn start_timed(path: Path, trusted: &str, timeout: &str) -> (Server, HttpUpstream, TempDir) {
+    let up = HttpUpstream::start().await;
+    let (s, dir) = proxy_with(path, &rules_timed(&up.url(), trusted, timeout), &[]);
+    (s, up, dir)
+}
+
+/// `spillway proxy --config FILE --threads 1 ARGS...` on `path`, where
+/// FILE holds `yaml` (one worker thread, a current-thread runtime, as
+/// benchmarked).
+fn proxy_with(path: Path, yaml: &str, args: &[&str]) -> (Server, TempDir) {
     let dir = TempDir::new("proxy");
-    let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), trusted));
-    // One worker thread (a current-thread runtime), as benchmarked.
-    let s = Server::start_cmd(
-        "proxy",
-        &["--config", file.to_str().unwrap(), "--threads", "1"],
-    );
-    (s, dir, exports)
+    let file = dir.write("rules.yaml", &path.rules(yaml));
+    let mut all = vec!["--config", file.to_str().unwrap(), "--threads", "1"];
+    all.extend_from_slice(args);
+    (Server::start_cmd("proxy", &all), dir)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer() {
-    let (s, _dir) = start("10.0.0.0/8").await;
+/// The address `--admin-listen 127.0.0.1:0` took, from the log.
+fn admin_address(s: &Server) -> String {
+    let line = s.wait_line("admin API");
+    line.split("listening on http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string()
+}
+
+/// The one request the upstream received for `path`.
+fn only(up: &HttpUpstream, path: &str) -> Seen {
+    let seen = up.requests_to(path);
+    assert_eq!(seen.len(), 1, "requests to {path}: {seen:#?}");
+    seen.into_iter().next().unwrap()
+}
+
+/// A client that speaks HTTP/2 without asking (h2c): always the hyper
+/// transport.
+fn h2_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
     let c = client();
     for i in 0..3 {
         let r = c
@@ -193,20 +259,18 @@ async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer() {
         assert_eq!(r.status(), if i < 2 { 200 } else { 429 }, "{spoof}");
     }
     // The upstream sees the real peer, not the spoofed chain.
-    let j: serde_json::Value = util::json(
-        c.get(s.url("/headers"))
-            .header("x-forwarded-for", "6.6.6.6")
-            .header("x-api-key", "k"),
-    )
-    .await;
-    assert_eq!(j["x-forwarded-for"], "127.0.0.1");
-    assert_eq!(j["x-api-key"], "k");
-    assert!(
-        j["x-forwarded-host"]
-            .as_str()
-            .unwrap()
-            .starts_with("127.0.0.1:")
-    );
+    let r = c
+        .get(s.url("/headers"))
+        .header("x-forwarded-for", "6.6.6.6")
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = only(&up, "/headers");
+    assert_eq!(seen.all("x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(seen.header("x-api-key"), Some("k"));
+    assert_eq!(seen.header("x-forwarded-host"), Some(s.addr.as_str()));
     // user+ip on a parameterised route.
     let get = |user: &'static str| c.get(s.url("/users/42")).header("x-api-key", user).send();
     assert_eq!(get("carol").await.unwrap().status(), 200);
@@ -215,27 +279,65 @@ async fn limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer() {
     // No identity for a user rule: the rule does not apply.
     assert_eq!(c.get(s.url("/hello")).send().await.unwrap().status(), 200);
 }
+on_both_paths!(limits_by_user_ip_and_user_plus_ip_with_headers_on_every_answer);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn behind_a_trusted_proxy_the_forwarded_address_is_the_client() {
-    let (s, _dir) = start("127.0.0.1/32").await;
+/// From a trusted peer, the forwarded chain is believed and extended, and
+/// its `Forwarded` and `X-Real-IP` pass.
+async fn behind_a_trusted_proxy_the_forwarded_address_is_the_client(path: Path) {
+    let (s, up, _dir) = start(path, "127.0.0.1/32").await;
     let c = client();
     let hit = |ip: &'static str| c.get(s.url("/ip/y")).header("x-forwarded-for", ip).send();
     assert_eq!(hit("203.0.113.1").await.unwrap().status(), 200);
     assert_eq!(hit("203.0.113.1").await.unwrap().status(), 200);
     assert_eq!(hit("203.0.113.1").await.unwrap().status(), 429);
     assert_eq!(hit("203.0.113.2").await.unwrap().status(), 200);
-    let j: serde_json::Value = util::json(
-        c.get(s.url("/headers"))
-            .header("x-forwarded-for", "203.0.113.7"),
-    )
-    .await;
-    assert_eq!(j["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    let r = c
+        .get(s.url("/headers"))
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("forwarded", "for=203.0.113.7")
+        .header("x-real-ip", "203.0.113.7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seen = only(&up, "/headers");
+    assert_eq!(seen.all("x-forwarded-for"), ["203.0.113.7, 127.0.0.1"]);
+    assert_eq!(seen.all("forwarded"), ["for=203.0.113.7"]);
+    assert_eq!(seen.all("x-real-ip"), ["203.0.113.7"]);
 }
+on_both_paths!(behind_a_trusted_proxy_the_forwarded_address_is_the_client);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order() {
-    let (s, _dir) = start("10.0.0.0/8").await;
+/// A client's own `Forwarded` and `X-Real-IP` never reach the upstream
+/// from an untrusted peer (an upstream that believed them would take the
+/// client's word for its address), and the `X-Forwarded-*` headers it
+/// sees are the proxy's own, on HTTP/1.1 and HTTP/2 alike.
+async fn a_clients_own_forwarded_and_x_real_ip_do_not_reach_the_upstream(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
+    for (i, c) in [client(), h2_client()].into_iter().enumerate() {
+        let at = format!("/spoof/{i}");
+        let r = c
+            .get(s.url(&at))
+            .header("forwarded", "for=6.6.6.6;proto=https;host=evil.example")
+            .header("x-real-ip", "6.6.6.6")
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("x-forwarded-host", "evil.example")
+            .header("x-forwarded-proto", "https")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{at}");
+        let seen = only(&up, &at);
+        assert_eq!(seen.all("forwarded"), Vec::<&str>::new(), "{seen:#?}");
+        assert_eq!(seen.all("x-real-ip"), Vec::<&str>::new(), "{seen:#?}");
+        assert_eq!(seen.all("x-forwarded-for"), ["127.0.0.1"], "{seen:#?}");
+        assert_eq!(seen.all("x-forwarded-proto"), ["http"], "{seen:#?}");
+        assert_eq!(seen.all("x-forwarded-host"), [s.addr.as_str()], "{seen:#?}");
+    }
+}
+on_both_paths!(a_clients_own_forwarded_and_x_real_ip_do_not_reach_the_upstream);
+
+async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
     let c = client();
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -276,10 +378,10 @@ async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order() {
         "{span:?}"
     );
 }
+on_both_paths!(excess_requests_queue_and_leave_at_the_leak_rate_in_order);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_client_that_disconnects_leaves_the_queue() {
-    let (s, _dir, exports) = start_counting("10.0.0.0/8").await;
+async fn a_waiting_client_that_disconnects_leaves_the_queue(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
     // Fill the bucket so the next requests wait 200, 400, 600 ms...
     let c = client();
     assert_eq!(
@@ -306,12 +408,12 @@ async fn a_waiting_client_that_disconnects_leaves_the_queue() {
     }
     tokio::time::sleep(Duration::from_millis(1200)).await;
     // Only the first one reached the upstream.
-    assert_eq!(exports.load(Ordering::SeqCst), 1);
+    assert_eq!(up.count("/v1/export"), 1);
 }
+on_both_paths!(a_waiting_client_that_disconnects_leaves_the_queue);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
-    let (s, _dir) = start("10.0.0.0/8").await;
+async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
     let c = client();
     let t = Instant::now();
     let r = c.get(s.url("/slow")).send().await.unwrap();
@@ -343,13 +445,12 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
         "body changed"
     );
     // An upstream that is not there.
-    let dir = TempDir::new("down");
     let port = spillway_testkit::free_port();
-    let file = dir.write(
-        "rules.yaml",
+    let (down, _down_dir) = proxy_with(
+        path,
         &rules(&format!("http://127.0.0.1:{port}"), "10.0.0.0/8"),
+        &[],
     );
-    let down = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
     for _ in 0..20 {
         let r = c.get(down.url("/anything")).send().await.unwrap();
         assert_eq!(r.status(), 502);
@@ -363,25 +464,19 @@ async fn upstream_failures_are_502_and_504_and_bodies_stream_unchanged() {
         "one warning per 10 s at most: {more:#?}"
     );
 }
+on_both_paths!(upstream_failures_are_502_and_504_and_bodies_stream_unchanged);
 
-/// An answer carrying an upstream's own rate limit headers.
-async fn own_headers() -> impl axum::response::IntoResponse {
-    (
-        [
-            ("x-ratelimit-limit", "999"),
-            ("ratelimit", "\"upstream\";r=5;t=9"),
-        ],
-        "own",
-    )
-}
+// ------------------------------------------------- parity regressions
+//
+// Five commits re-aligned the proxy's two copies after differences had
+// shipped; each fix has a test here named after the bug, on both paths.
 
-/// Where a rule decided, the answer carries one value of each rate limit
-/// header, the proxy's, on both paths; where none did, the upstream's
-/// pass through.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_proxys_rate_limit_headers_replace_the_upstreams() {
-    let (s, _dir) = start("10.0.0.0/8").await;
-    let h2 = h2_client();
+/// 9664377: on the direct path an upstream's own `RateLimit` /
+/// `X-RateLimit-*` headers were relayed beside the proxy's (two values
+/// each). Where a rule decided, the answer carries one value of each, the
+/// proxy's; where none did, the upstream's pass through.
+async fn regression_upstream_ratelimit_headers_are_replaced_not_doubled(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
     let values = |r: &reqwest::Response, name: &str| -> Vec<String> {
         r.headers()
             .get_all(name)
@@ -389,26 +484,30 @@ async fn the_proxys_rate_limit_headers_replace_the_upstreams() {
             .map(|v| v.to_str().unwrap().to_string())
             .collect()
     };
-    for c in [client(), h2] {
-        let r = c.get(s.url("/ip/own-headers")).send().await.unwrap();
+    for c in [client(), h2_client()] {
+        let r = c.get(s.url("/ip/ratelimit-headers")).send().await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(values(&r, "x-ratelimit-limit"), ["2"]);
         let rl = values(&r, "ratelimit");
         assert!(rl.len() == 1 && rl[0].starts_with("\"per-ip\";"), "{rl:?}");
-        let r = c.get(s.url("/free/own-headers")).send().await.unwrap();
+        let r = c
+            .get(s.url("/free/ratelimit-headers"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(values(&r, "x-ratelimit-limit"), ["999"]);
         assert_eq!(values(&r, "ratelimit"), ["\"upstream\";r=5;t=9"]);
     }
 }
+on_both_paths!(regression_upstream_ratelimit_headers_are_replaced_not_doubled);
 
-/// An upstream that sends its head and then stalls does not hold the
-/// client: after the timeout without a byte the connection is cut, on the
-/// direct path (HTTP/1.1) and through hyper (HTTP/2).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_stalled_midway_does_not_hold_the_client() {
-    let (s, _dir) = start("10.0.0.0/8").await;
-    let h2 = h2_client();
-    for c in [client(), h2] {
+/// 67f600c: an upstream that sent its head and then stalled held an
+/// HTTP/2 client forever on the hyper path (the direct path's relay
+/// already cut it). After the timeout without a byte the client's
+/// connection is cut, on HTTP/1.1 and HTTP/2.
+async fn regression_a_stalled_upstream_body_cuts_the_client_instead_of_holding_it(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
+    for c in [client(), h2_client()] {
         let t = Instant::now();
         let r = c.get(s.url("/stall")).send().await.unwrap();
         assert_eq!(r.status(), 200);
@@ -422,10 +521,158 @@ async fn an_upstream_stalled_midway_does_not_hold_the_client() {
         );
     }
 }
+on_both_paths!(regression_a_stalled_upstream_body_cuts_the_client_instead_of_holding_it);
 
+/// 62aa3d9: the proxy's decisions, queued admissions and 502/504s were
+/// not all counted on both paths. `--admin-listen` serves the HTTP API
+/// beside the proxy, whose own address forwards everything, and its
+/// metrics count what either transport did (HTTP/1.1 and HTTP/2 here).
+async fn regression_decisions_and_upstream_errors_are_counted_on_both_paths(path: Path) {
+    let up = HttpUpstream::start().await;
+    let (s, _dir) = proxy_with(
+        path,
+        &rules(&up.url(), "10.0.0.0/8"),
+        &["--admin-listen", "127.0.0.1:0"],
+    );
+    let admin = admin_address(&s);
+    let c = client();
+    let h2 = h2_client();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let r = c.get(s.url("/hello")).header("x-api-key", "u1");
+        statuses.push(r.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    let r = h2
+        .get(s.url("/hello"))
+        .header("x-api-key", "u2")
+        .send()
+        .await;
+    assert_eq!(r.unwrap().status(), 200);
+    // The second export waits its turn (5 per second).
+    for _ in 0..2 {
+        let r = c.post(s.url("/v1/export")).header("x-api-key", "u3");
+        assert_eq!(r.send().await.unwrap().status(), 200);
+    }
+    // Too slow for the 500 ms timeout, on each client.
+    assert_eq!(c.get(s.url("/slow")).send().await.unwrap().status(), 504);
+    assert_eq!(h2.get(s.url("/slow")).send().await.unwrap().status(), 504);
+
+    let metrics = util::text(c.get(format!("http://{admin}/metrics"))).await;
+    for want in [
+        "spillway_decisions_total{rule=\"per-user\",outcome=\"allowed\"} 4",
+        "spillway_decisions_total{rule=\"per-user\",outcome=\"denied\"} 1",
+        "spillway_decisions_total{rule=\"export\",outcome=\"allowed\"} 2",
+        "spillway_delayed_total 1",
+        "spillway_upstream_errors_total{status=\"504\"} 2",
+        "spillway_upstream_errors_total{status=\"502\"} 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == want),
+            "no {want:?} in\n{metrics}"
+        );
+    }
+    for at in ["/healthz", "/readyz", "/v1/status", "/v1/rules"] {
+        let r = c.get(format!("http://{admin}{at}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{at}");
+    }
+    // The proxy's own address still forwards those paths upstream.
+    let r = c.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "ok");
+    assert_eq!(up.count("/metrics"), 1);
+}
+on_both_paths!(regression_decisions_and_upstream_errors_are_counted_on_both_paths);
+
+/// d0fc424: the proxy built its identity (user source, trusted proxies),
+/// limiter handle and upstream client twice, once per transport. One
+/// client's requests count on one counter whichever transport carries
+/// them, and a trusted peer's forwarded address is the same client on
+/// both.
+async fn regression_one_identity_and_limiter_for_both_transports(path: Path) {
+    let (s, up, _dir) = start(path, "127.0.0.1/32").await;
+    let (h1, h2) = (client(), h2_client());
+    // /hello: 3 per user per hour, shared by HTTP/1.1 and HTTP/2.
+    let mut statuses = Vec::new();
+    for c in [&h1, &h2, &h1, &h2] {
+        let r = c.get(s.url("/hello")).header("x-api-key", "shared");
+        statuses.push(r.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // /ip/*: 2 per client address, the forwarded one from a trusted peer.
+    let mut statuses = Vec::new();
+    for c in [&h2, &h1, &h2] {
+        let r = c
+            .get(s.url("/ip/both"))
+            .header("x-forwarded-for", "203.0.113.50");
+        statuses.push(r.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429]);
+    let chains: Vec<String> = up
+        .requests_to("/ip/both")
+        .iter()
+        .map(|seen| seen.all("x-forwarded-for").join(" | "))
+        .collect();
+    assert_eq!(
+        chains,
+        ["203.0.113.50, 127.0.0.1", "203.0.113.50, 127.0.0.1"]
+    );
+}
+on_both_paths!(regression_one_identity_and_limiter_for_both_transports);
+
+/// 5f100cf: each transport made its own answer to an upstream failure.
+/// Now there is one: the same status, problem body and count whichever
+/// transport carried the request (HTTP/1.1 and HTTP/2 here), and the
+/// body is generic (the upstream's address and the OS error go to the
+/// log, not to the client).
+async fn regression_an_upstream_failure_gets_one_answer_on_every_transport(path: Path) {
+    let (slow, _up, _dir) = start(path, "10.0.0.0/8").await;
+    let port = spillway_testkit::free_port();
+    let (down, _down_dir) = proxy_with(
+        path,
+        &rules(&format!("http://127.0.0.1:{port}"), "10.0.0.0/8"),
+        &[],
+    );
+    for (url, status) in [(slow.url("/slow"), 504), (down.url("/anything"), 502)] {
+        let mut answers = Vec::new();
+        for c in [client(), h2_client()] {
+            let r = c.get(&url).send().await.unwrap();
+            assert_eq!(r.status(), status, "{url}");
+            assert_eq!(
+                header(r.headers(), "content-type"),
+                "application/problem+json"
+            );
+            let body = r.text().await.unwrap();
+            let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(j["status"], status, "{body}");
+            assert!(!body.contains("127.0.0.1"), "an address in {body}");
+            answers.push(body);
+        }
+        assert_eq!(answers[0], answers[1], "{url}");
+    }
+}
+on_both_paths!(regression_an_upstream_failure_gets_one_answer_on_every_transport);
+
+/// 5f100cf also moved the empty-user check into the limiter alone (the
+/// proxy had its own copy): an empty `X-Api-Key` is no user, so the
+/// per-user rule does not apply, whichever transport carries it.
+async fn regression_an_empty_user_is_no_user_on_every_transport(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
+    for c in [client(), h2_client()] {
+        for i in 0..5 {
+            let r = c.get(s.url("/hello")).header("x-api-key", "");
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 200, "{i}");
+            assert!(r.headers().get("ratelimit-policy").is_none(), "{i}");
+        }
+    }
+}
+on_both_paths!(regression_an_empty_user_is_no_user_on_every_transport);
+
+// Once: an HTTP/2 client always takes the hyper transport, whatever
+// `direct_path` says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_served_and_limited_too() {
-    let (s, _dir) = start("10.0.0.0/8").await;
+    let (s, _up, _dir) = start(Path::Direct, "10.0.0.0/8").await;
     let h2 = h2_client();
     for i in 0..3 {
         let r = h2
@@ -449,9 +696,8 @@ async fn http2_clients_are_served_and_limited_too() {
 
 /// `proxy.listen` in the file says where the proxy listens, before the
 /// file's `listen` (which `serve` uses), and `check-config` shows both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_proxy_listens_where_its_section_says() {
-    let (up, _) = upstream().await;
+async fn the_proxy_listens_where_its_section_says(path: Path) {
+    let up = HttpUpstream::start().await;
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -462,7 +708,10 @@ async fn the_proxy_listens_where_its_section_says() {
     let dir = TempDir::new("proxy-listen");
     let file = dir.write(
         "rules.yaml",
-        &format!("listen: {serve_at}\nproxy:\n  upstream: http://{up}\n  listen: {proxy_at}\n"),
+        &path.rules(&format!(
+            "listen: {serve_at}\nproxy:\n  upstream: {}\n  listen: {proxy_at}\n",
+            up.url()
+        )),
     );
     let out = util::spillway(&["check-config", file.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -474,77 +723,7 @@ async fn the_proxy_listens_where_its_section_says() {
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "hello");
 }
-
-/// `--admin-listen`: the HTTP API beside the proxy, whose own address
-/// forwards everything. Its metrics count the proxy's decisions on both
-/// paths (HTTP/1.1 direct, HTTP/2 through hyper), its queued requests and
-/// its 504s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_api_counts_what_the_proxy_does() {
-    let (up, _) = upstream().await;
-    let dir = TempDir::new("proxy-admin");
-    let file = dir.write("rules.yaml", &rules(&format!("http://{up}"), "10.0.0.0/8"));
-    let s = Server::start_cmd(
-        "proxy",
-        &[
-            "--config",
-            file.to_str().unwrap(),
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    let line = s.wait_line("admin API");
-    let admin = line
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    let c = client();
-    let h2 = h2_client();
-    let mut statuses = Vec::new();
-    for _ in 0..4 {
-        let r = c.get(s.url("/hello")).header("x-api-key", "u1");
-        statuses.push(r.send().await.unwrap().status().as_u16());
-    }
-    assert_eq!(statuses, [200, 200, 200, 429]);
-    let r = h2
-        .get(s.url("/hello"))
-        .header("x-api-key", "u2")
-        .send()
-        .await;
-    assert_eq!(r.unwrap().status(), 200);
-    // The second export waits its turn (5 per second).
-    for _ in 0..2 {
-        let r = c.post(s.url("/v1/export")).header("x-api-key", "u3");
-        assert_eq!(r.send().await.unwrap().status(), 200);
-    }
-    // Too slow for the 500 ms timeout, on each path.
-    assert_eq!(c.get(s.url("/slow")).send().await.unwrap().status(), 504);
-    assert_eq!(h2.get(s.url("/slow")).send().await.unwrap().status(), 504);
-
-    let metrics = util::text(c.get(format!("http://{admin}/metrics"))).await;
-    for want in [
-        "spillway_decisions_total{rule=\"per-user\",outcome=\"allowed\"} 4",
-        "spillway_decisions_total{rule=\"per-user\",outcome=\"denied\"} 1",
-        "spillway_decisions_total{rule=\"export\",outcome=\"allowed\"} 2",
-        "spillway_delayed_total 1",
-        "spillway_upstream_errors_total{status=\"504\"} 2",
-        "spillway_upstream_errors_total{status=\"502\"} 0",
-    ] {
-        assert!(
-            metrics.lines().any(|l| l == want),
-            "no {want:?} in\n{metrics}"
-        );
-    }
-    for path in ["/healthz", "/readyz", "/v1/status", "/v1/rules"] {
-        let r = c.get(format!("http://{admin}{path}")).send().await.unwrap();
-        assert_eq!(r.status(), 200, "{path}");
-    }
-    // The proxy's own address still forwards those paths upstream.
-    let r = c.get(s.url("/metrics")).send().await.unwrap();
-    assert_eq!(r.text().await.unwrap(), "ok");
-}
+on_both_paths!(the_proxy_listens_where_its_section_says);
 
 /// The shipped `examples/proxy.yaml` stays valid and means what its
 /// comments say.
@@ -598,23 +777,18 @@ fn proxy_flags_are_checked() {
     assert!(!err.contains("listening on"), "{err}");
 }
 
-/// A client that speaks HTTP/2 without asking (h2c).
-fn h2_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .http2_prior_knowledge()
-        .build()
-        .unwrap()
-}
+// ------------------------------------------------------------ the wire
 
 /// One response read off a raw connection: status, headers, body (from
-/// `Content-Length` or chunked framing; none for HEAD and 204).
+/// `Content-Length` or chunked framing; none for HEAD and 204). Bytes
+/// that do not start an answer (a body after an answer to HEAD, say) fail
+/// the test.
 async fn read_response(
-    conn: &mut tokio::net::TcpStream,
+    conn: &mut TcpStream,
     buf: &mut Vec<u8>,
     head_request: bool,
 ) -> (u16, std::collections::HashMap<String, String>, String) {
-    use tokio::io::AsyncReadExt;
-    async fn more(conn: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) {
+    async fn more(conn: &mut TcpStream, buf: &mut Vec<u8>) {
         let mut chunk = [0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut chunk))
             .await
@@ -626,7 +800,13 @@ async fn read_response(
     let (status, headers, head) = loop {
         let mut hs = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut hs);
-        if let httparse::Status::Complete(n) = resp.parse(buf).unwrap() {
+        let parsed = resp.parse(buf).unwrap_or_else(|e| {
+            panic!(
+                "not an answer ({e}): {:?}",
+                String::from_utf8_lossy(&buf[..buf.len().min(200)])
+            )
+        });
+        if let httparse::Status::Complete(n) = parsed {
             let headers: std::collections::HashMap<String, String> = resp
                 .headers
                 .iter()
@@ -678,46 +858,53 @@ async fn read_response(
     (status, headers, String::from_utf8(body).unwrap())
 }
 
+/// Sends `bytes` on a new connection and reads one answer.
+async fn exchange(
+    addr: &str,
+    bytes: &[u8],
+) -> (u16, std::collections::HashMap<String, String>, String) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(bytes).await.unwrap();
+    read_response(&mut conn, &mut Vec::new(), false).await
+}
+
 /// A path respelled on the wire (dot segments, doubled slashes, an
 /// escaped letter) is still the rule's route: the client cannot step
 /// around `/hello`'s limit of 3 by writing it another way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_respelled_path_is_limited_as_its_route() {
-    use tokio::io::AsyncWriteExt;
-    let (s, _dir) = start("127.0.0.1/32").await;
-    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+async fn a_respelled_path_is_limited_as_its_route(path: Path) {
+    let (s, _up, _dir) = start(path, "127.0.0.1/32").await;
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
     let mut buf = Vec::new();
     let mut statuses = Vec::new();
-    for path in ["/hello", "/x/../hello", "//hello", "/%68ello", "/./hello"] {
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: respell\r\n\r\n");
+    for target in ["/hello", "/x/../hello", "//hello", "/%68ello", "/./hello"] {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: x\r\nX-Api-Key: respell\r\n\r\n");
         conn.write_all(req.as_bytes()).await.unwrap();
         statuses.push(read_response(&mut conn, &mut buf, false).await.0);
     }
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
 }
+on_both_paths!(a_respelled_path_is_limited_as_its_route);
 
 /// A tunnel is not the upstream's business: the proxy refuses CONNECT.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connect_is_refused_not_forwarded() {
-    use tokio::io::AsyncWriteExt;
-    let (s, _dir) = start("127.0.0.1/32").await;
-    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
-    conn.write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
-        .await
-        .unwrap();
-    let (status, headers, _) = read_response(&mut conn, &mut Vec::new(), false).await;
+async fn connect_is_refused_not_forwarded(path: Path) {
+    let (s, up, _dir) = start(path, "127.0.0.1/32").await;
+    let (status, headers, _) = exchange(
+        &s.addr,
+        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+    )
+    .await;
     assert_eq!(status, 405);
     assert!(headers.contains_key("allow"), "{headers:?}");
+    assert!(up.requests().is_empty(), "{:#?}", up.requests());
 }
+on_both_paths!(connect_is_refused_not_forwarded);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
-    use tokio::io::AsyncWriteExt;
-    let (s, _dir) = start("127.0.0.1/32").await;
-    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+async fn framing_on_the_wire_chunked_head_204_and_pipelining(path: Path) {
+    let (s, _up, _dir) = start(path, "127.0.0.1/32").await;
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
     let mut buf = Vec::new();
-    let get = |path: &str, method: &str| {
-        format!("{method} {path} HTTP/1.1\r\nHost: x\r\nX-Api-Key: wire\r\n\r\n")
+    let get = |target: &str, method: &str| {
+        format!("{method} {target} HTTP/1.1\r\nHost: x\r\nX-Api-Key: wire\r\n\r\n")
     };
     // A body of unknown length comes back chunked, whole.
     conn.write_all(get("/stream", "GET").as_bytes())
@@ -733,7 +920,7 @@ async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
     let (status, headers, body) = read_response(&mut conn, &mut buf, true).await;
     assert_eq!((status, body.as_str()), (200, ""));
     assert_eq!(headers.get("content-length").map(String::as_str), Some("2"));
-    conn.write_all(get("/empty", "GET").as_bytes())
+    conn.write_all(get("/no-content", "GET").as_bytes())
         .await
         .unwrap();
     let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
@@ -771,140 +958,111 @@ async fn framing_on_the_wire_chunked_head_204_and_pipelining() {
         String::from_utf8_lossy(&buf)
     );
 }
+on_both_paths!(framing_on_the_wire_chunked_head_204_and_pipelining);
 
-/// An upstream written by hand, for what a framework would not send: a
-/// body that ends when the connection closes, an interim 103 before the
-/// answer, and keep-alive connections it closes after 50 ms idle.
-async fn raw_upstream() -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    // Read one request head (these requests have no body),
-                    // giving up after 50 ms idle: the connection is closed.
-                    let end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 1024];
-                        match tokio::time::timeout(Duration::from_millis(50), conn.read(&mut chunk))
-                            .await
-                        {
-                            Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                            _ => return,
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                    buf.drain(..end);
-                    if head.starts_with("GET /upgrade") {
-                        // Switch to an echo protocol: every byte comes back.
-                        let switched = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n";
-                        if conn.write_all(switched).await.is_err() {
-                            return;
-                        }
-                        let mut chunk = [0u8; 1024];
-                        while let Ok(n) = conn.read(&mut chunk).await {
-                            if n == 0 || conn.write_all(&chunk[..n]).await.is_err() {
-                                return;
-                            }
-                        }
-                        return;
-                    }
-                    let answer: &[u8] = if head.starts_with("GET /until-close") {
-                        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil-close"
-                    } else if head.starts_with("GET /interim") {
-                        b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal"
-                    } else {
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-                    };
-                    if conn.write_all(answer).await.is_err() {
-                        return;
-                    }
-                    if head.starts_with("GET /until-close") {
-                        let _ = conn.shutdown().await;
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// `spillway proxy` (2 s timeout) in front of a new [`raw_upstream`],
-/// with `rules` (YAML from `rules:` on).
-async fn proxy_on_raw_upstream(rules: &str) -> (Server, TempDir) {
+/// `spillway proxy` (2 s timeout) on `path` in front of a new
+/// [`raw_upstream`], with `upgrades` (the default if `None`) and `rules`
+/// (YAML from `rules:` on).
+async fn proxy_on_raw_upstream(
+    path: Path,
+    upgrades: Option<&str>,
+    rules: &str,
+) -> (Server, TempDir) {
     let up = raw_upstream().await;
-    let dir = TempDir::new("proxy-raw");
-    let file = dir.write(
-        "rules.yaml",
-        &format!(
-            "proxy:\n  upstream: http://{up}\n  timeout: 2s\n  upgrades: [websocket, echo]\n{rules}"
-        ),
-    );
-    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
-    (s, dir)
+    let upgrades = upgrades.map_or(String::new(), |u| format!("  upgrades: {u}\n"));
+    proxy_with(
+        path,
+        &format!("proxy:\n  upstream: http://{up}\n  timeout: 2s\n{upgrades}{rules}"),
+        &[],
+    )
 }
 
-/// An upgrade (WebSocket and the like) goes through: the handshake is
-/// decided and forwarded with its hop-by-hop headers, and after the 101
-/// the bytes flow both ways, in several exchanges.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgrade_is_joined_through_to_the_upstream() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (s, _dir) = proxy_on_raw_upstream(
-        "rules:\n  - name: ws\n    api: GET /upgrade\n    limits: [ { fixed_window: { limit: 1, window: 1h } } ]\n",
-    )
-    .await;
-    let handshake =
-        b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
-    let mut conn = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
-    conn.write_all(handshake).await.unwrap();
+/// Reads an answer's head byte by byte (nothing after it), in lower case.
+async fn read_head(conn: &mut TcpStream) -> String {
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
         let mut byte = [0u8; 1];
         let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut byte))
             .await
-            .expect("a 101 in time")
+            .expect("an answer in time")
             .unwrap();
         assert_eq!(
             n,
             1,
-            "closed during the handshake: {:?}",
+            "closed during the head: {:?}",
             String::from_utf8_lossy(&head)
         );
         head.push(byte[0]);
     }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    assert!(head.starts_with("http/1.1 101"), "{head}");
-    assert!(head.contains("upgrade: echo"), "{head}");
-    assert!(head.contains("ratelimit-policy:"), "{head}");
-    for word in ["ping", "a longer second message"] {
-        conn.write_all(word.as_bytes()).await.unwrap();
-        let mut back = vec![0u8; word.len()];
+    String::from_utf8_lossy(&head).to_ascii_lowercase()
+}
+
+/// Writes each message and reads it back whole (an echo behind a 101).
+async fn echoes(conn: &mut TcpStream, messages: &[&[u8]]) {
+    for message in messages {
+        conn.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
         tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut back))
             .await
             .expect("the echo in time")
             .unwrap();
-        assert_eq!(back, word.as_bytes());
+        assert_eq!(back, *message);
     }
-    // The handshake was decided like any request: a second is over the limit.
-    let mut again = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
-    again.write_all(handshake).await.unwrap();
-    let (status, _, _) = read_response(&mut again, &mut Vec::new(), false).await;
-    assert_eq!(status, 429);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unusual_upstream_answers_and_connections_it_closed() {
-    let (s, _dir) = proxy_on_raw_upstream("rules: []\n").await;
+/// An upgrade (WebSocket and the like) goes through: the handshake is
+/// decided and forwarded with its hop-by-hop headers, and after the 101
+/// the bytes flow both ways, in several exchanges.
+async fn an_upgrade_is_joined_through_to_the_upstream(path: Path) {
+    let (s, _dir) = proxy_on_raw_upstream(
+        path,
+        Some("[websocket, echo]"),
+        "rules:\n  - name: ws\n    api: GET /upgrade\n    limits: [ { fixed_window: { limit: 1, window: 1h } } ]\n",
+    )
+    .await;
+    let handshake =
+        b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    conn.write_all(handshake).await.unwrap();
+    let head = read_head(&mut conn).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    assert!(head.contains("ratelimit-policy:"), "{head}");
+    echoes(&mut conn, &[b"ping", b"a longer second message"]).await;
+    // The handshake was decided like any request: a second is over the limit.
+    let (status, _, _) = exchange(&s.addr, handshake).await;
+    assert_eq!(status, 429);
+}
+on_both_paths!(an_upgrade_is_joined_through_to_the_upstream);
+
+/// A WebSocket handshake is passed through with the default settings (no
+/// `upgrades:`), and the frames after the 101 flow both ways.
+async fn a_websocket_upgrade_still_works(path: Path) {
+    let (s, _dir) = proxy_on_raw_upstream(path, None, "rules: []\n").await;
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    conn.write_all(
+        b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut conn).await;
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    // A masked text frame "hi", then a longer one: opaque bytes to the proxy.
+    echoes(
+        &mut conn,
+        &[
+            &[0x81, 0x82, 1, 2, 3, 4, b'h' ^ 1, b'i' ^ 2],
+            &[0x81, 0x85, 0, 0, 0, 0, b'h', b'e', b'l', b'l', b'o'],
+        ],
+    )
+    .await;
+}
+on_both_paths!(a_websocket_upgrade_still_works);
+
+async fn unusual_upstream_answers_and_connections_it_closed(path: Path) {
+    let (s, _dir) = proxy_on_raw_upstream(path, None, "rules: []\n").await;
     let c = client();
     // An interim 103 is skipped; the final answer comes through.
     let r = c.get(s.url("/interim")).send().await.unwrap();
@@ -927,3 +1085,205 @@ async fn unusual_upstream_answers_and_connections_it_closed() {
         assert_eq!(c.get(s.url("/ok")).send().await.unwrap().status(), 200);
     }
 }
+on_both_paths!(unusual_upstream_answers_and_connections_it_closed);
+
+// ------------------------------------------- what the proxy refuses
+
+/// A request without `Host`, with two, or with one that is not a host is
+/// the client's 400 (problem+json), answered by the proxy: it never
+/// reaches the upstream, which would pick a host of its own.
+async fn requests_without_one_valid_host_are_refused_before_the_upstream(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
+    for (target, host_lines) in [
+        ("/no-host", ""),
+        ("/two-hosts", "Host: a.example\r\nHost: b.example\r\n"),
+        ("/bad-host-space", "Host: a b.example\r\n"),
+        ("/bad-host-at", "Host: user@a.example\r\n"),
+        ("/bad-host-port", "Host: a.example:port\r\n"),
+    ] {
+        let req = format!("GET {target} HTTP/1.1\r\n{host_lines}X-Api-Key: h\r\n\r\n");
+        let (status, headers, body) = exchange(&s.addr, req.as_bytes()).await;
+        assert_eq!(status, 400, "{target}: {body}");
+        assert_eq!(
+            headers.get("content-type").map(String::as_str),
+            Some("application/problem+json"),
+            "{target}"
+        );
+        let j: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(j["status"], 400, "{target}: {body}");
+        assert_eq!(up.count(target), 0, "{target} reached the upstream");
+    }
+    // The same request with one good Host goes through.
+    let (status, _, body) = exchange(
+        &s.addr,
+        b"GET /one-host HTTP/1.1\r\nHost: a.example\r\n\r\n",
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(up.count("/one-host"), 1);
+}
+on_both_paths!(requests_without_one_valid_host_are_refused_before_the_upstream);
+
+/// The proxy's own 429 and 502 answers to HEAD carry no body (a body
+/// would be read as the start of the next answer on the connection).
+async fn the_proxys_own_429_and_502_answers_to_head_have_no_body(path: Path) {
+    let (s, _up, _dir) = start(path, "10.0.0.0/8").await;
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let req = |method: &str, target: &str| {
+        format!("{method} {target} HTTP/1.1\r\nHost: x\r\nX-Api-Key: head\r\n\r\n")
+    };
+    for want in [200, 200, 200, 429] {
+        conn.write_all(req("HEAD", "/hello").as_bytes())
+            .await
+            .unwrap();
+        let (status, headers, _) = read_response(&mut conn, &mut buf, true).await;
+        assert_eq!(status, want);
+        if want == 429 {
+            assert_eq!(
+                headers.get("content-type").map(String::as_str),
+                Some("application/problem+json")
+            );
+        }
+    }
+    // The next answer on the connection starts right after that head.
+    conn.write_all(req("GET", "/other").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+
+    let port = spillway_testkit::free_port();
+    let (down, _down_dir) = proxy_with(
+        path,
+        &rules(&format!("http://127.0.0.1:{port}"), "10.0.0.0/8"),
+        &[],
+    );
+    let mut conn = TcpStream::connect(&down.addr).await.unwrap();
+    let mut buf = Vec::new();
+    conn.write_all(req("HEAD", "/anything").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, _) = read_response(&mut conn, &mut buf, true).await;
+    assert_eq!(status, 502);
+    conn.write_all(req("GET", "/anything").as_bytes())
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("\"status\":502"), "{body}");
+    assert!(
+        buf.is_empty(),
+        "stray bytes: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+}
+on_both_paths!(the_proxys_own_429_and_502_answers_to_head_have_no_body);
+
+/// `Upgrade: h2c` is never passed through: the request is served as a
+/// plain HTTP/1.1 request (no 101, no tunnel), the upstream sees no
+/// `Upgrade` or `HTTP2-Settings`, and the connection carries the next
+/// request as usual.
+async fn an_h2c_upgrade_is_served_as_a_plain_request(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    let mut buf = Vec::new();
+    conn.write_all(
+        b"GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+          Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let (status, headers, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "ok"), "{headers:?}");
+    assert!(!headers.contains_key("upgrade"), "{headers:?}");
+    let seen = only(&up, "/h2c");
+    assert_eq!(seen.header("upgrade"), None, "{seen:#?}");
+    assert_eq!(seen.header("http2-settings"), None, "{seen:#?}");
+    assert!(
+        !seen
+            .all("connection")
+            .iter()
+            .any(|v| v.to_ascii_lowercase().contains("upgrade")),
+        "{seen:#?}"
+    );
+    conn.write_all(b"GET /after-h2c HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, body) = read_response(&mut conn, &mut buf, false).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(up.count("/after-h2c"), 1);
+}
+on_both_paths!(an_h2c_upgrade_is_served_as_a_plain_request);
+
+/// A user field sent twice is the client's 400: the limit could not tell
+/// which one counts ("count when in doubt" would pick one the client
+/// chose). Two `X-Api-Key` headers with `user: header:X-Api-Key`, and
+/// `?key=a&key=b` with `user: query:key`; neither reaches the upstream.
+async fn a_user_field_sent_twice_is_refused(path: Path) {
+    let (s, up, _dir) = start(path, "10.0.0.0/8").await;
+    let (status, _, body) = exchange(
+        &s.addr,
+        b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Api-Key: a\r\nX-Api-Key: b\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"status\":400"), "{body}");
+    assert_eq!(up.count("/hello"), 0);
+
+    let up = HttpUpstream::start().await;
+    let (q, _q_dir) = proxy_with(
+        path,
+        &format!(
+            "proxy:\n  upstream: {}\n  user: query:key\nrules:\n  - name: by-key\n    api: /q\n    by: user\n    limits: [ {{ fixed_window: {{ limit: 5, window: 1h }} }} ]\n",
+            up.url()
+        ),
+        &[],
+    );
+    let (status, _, body) =
+        exchange(&q.addr, b"GET /q?key=a&key=b HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(up.count("/q"), 0);
+    let (status, headers, _) = exchange(&q.addr, b"GET /q?key=a HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers.get("x-ratelimit-remaining").map(String::as_str),
+        Some("4")
+    );
+    assert_eq!(up.count("/q"), 1);
+}
+on_both_paths!(a_user_field_sent_twice_is_refused);
+
+/// A streamed answer (server-sent events) reaches the client as it is
+/// written: the upstream holds its second event until the client has the
+/// first, so a proxy that waited for the end would never deliver it.
+/// Ordering, not timing: the deadlines are generous (the proxy's timeout
+/// here is 5 s).
+async fn a_streamed_answer_reaches_the_client_as_it_is_written(path: Path) {
+    let (s, up, _dir) = start_timed(path, "10.0.0.0/8", "5s").await;
+    for c in [client(), h2_client()] {
+        let mut r = c.get(s.url("/events")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(r.headers(), "content-type"), "text/event-stream");
+        let mut got = Vec::new();
+        while !got.ends_with(b"data: first\n\n") {
+            let chunk = tokio::time::timeout(Duration::from_secs(10), r.chunk())
+                .await
+                .expect("the first event while the upstream holds the rest")
+                .expect("a readable body")
+                .expect("the body goes on after the first event");
+            got.extend_from_slice(&chunk);
+        }
+        up.release();
+        let rest = tokio::time::timeout(Duration::from_secs(10), r.bytes())
+            .await
+            .expect("the rest once the upstream sends it")
+            .unwrap();
+        got.extend_from_slice(&rest);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "data: first\n\ndata: second\n\n"
+        );
+    }
+}
+on_both_paths!(a_streamed_answer_reaches_the_client_as_it_is_written);

@@ -89,18 +89,45 @@ impl<'b> RequestHead<'_, 'b> {
 /// body the direct path buffers (larger ones stream through hyper).
 pub fn classify(buf: &[u8], max_body: usize) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+    read(buf, &mut headers, max_body).0
+}
+
+/// [`classify`], and for a direct-path request its parsed head, so the
+/// direct path parses each request once.
+pub fn read<'h, 'b>(
+    buf: &'b [u8],
+    headers: &'h mut [httparse::Header<'b>; MAX_HEADERS],
+    max_body: usize,
+) -> (Head, Option<RequestHead<'h, 'b>>) {
+    let mut req = httparse::Request::new(headers);
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Head::Partial,
-        Ok(httparse::Status::Partial) => return Head::Refuse(Refusal::HeadTooLarge),
+        Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return (Head::Partial, None),
+        Ok(httparse::Status::Partial) => return (Head::Refuse(Refusal::HeadTooLarge), None),
         // More headers than parsed in place: hyper reads up to 100.
-        Err(httparse::Error::TooManyHeaders) => return Head::Hyper,
+        Err(httparse::Error::TooManyHeaders) => return (Head::Hyper, None),
         // The HTTP/2 connection preface (prior knowledge h2c) is hyper's.
-        Err(_) if buf.starts_with(b"PRI * HTTP/2.0") => return Head::Hyper,
-        Err(_) if b"PRI * HTTP/2.0".starts_with(buf) => return Head::Partial,
-        Err(_) => return Head::Refuse(Refusal::Malformed),
+        Err(_) if buf.starts_with(b"PRI * HTTP/2.0") => return (Head::Hyper, None),
+        Err(_) if b"PRI * HTTP/2.0".starts_with(buf) => return (Head::Partial, None),
+        Err(_) => return (Head::Refuse(Refusal::Malformed), None),
     };
+    let head = judge(&req, head_len, max_body);
+    if !matches!(head, Head::Direct { .. }) {
+        return (head, None);
+    }
+    let (Some(method), Some(target)) = (req.method, req.path) else {
+        return (Head::Refuse(Refusal::Malformed), None);
+    };
+    let parsed = RequestHead {
+        method,
+        target,
+        headers: req.headers,
+    };
+    (head, Some(parsed))
+}
+
+/// Whether a complete head is the direct path's, hyper's or refused.
+fn judge(req: &httparse::Request<'_, '_>, head_len: usize, max_body: usize) -> Head {
     if head_len > MAX_HEAD {
         return Head::Refuse(Refusal::HeadTooLarge);
     }

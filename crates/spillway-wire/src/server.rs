@@ -485,6 +485,33 @@ impl<H> Drop for Conn<H> {
     }
 }
 
+/// What a connection waits for from its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The first byte of a request.
+    Idle,
+    /// The rest of a request head.
+    Head,
+    /// The rest of a request body.
+    Body,
+}
+
+/// What one look at the buffer did.
+enum Step {
+    /// A request was answered; `consumed` bytes of the buffer were it.
+    Served { consumed: usize, keep: bool },
+    /// The head is not all there.
+    NeedHead,
+    /// The head is, the body is not.
+    NeedBody,
+    /// The connection goes to hyper.
+    Hyper,
+    /// A refusal was written: close.
+    Refused,
+    /// Nothing more to do.
+    Closed,
+}
+
 /// How a read went.
 enum Read {
     More,
@@ -500,87 +527,115 @@ impl<H: Handler> Conn<H> {
         if !self.limits.direct_path {
             return self.hand_off(tcp, buf).await;
         }
+        // What the connection waits for: the first byte of a request (idle),
+        // the rest of its head, or the rest of its body.
+        let mut waiting_for = Wait::Idle;
+        self.state.idle.store(true, Ordering::Relaxed);
         loop {
-            // The head: within the idle timeout for its first byte, then
-            // within the head timeout for all of it; the sweeper ends the
-            // connection when the wait expires.
-            let mut started = !buf.is_empty();
-            self.state.idle.store(true, Ordering::Relaxed);
-            if started {
-                self.state.waiting(&self.drain, self.limits.head_timeout);
-            } else {
-                self.state.waiting(&self.drain, self.limits.idle_timeout);
-            }
-            let (head_len, body_len, close) = loop {
-                match head::classify(&buf, max_body) {
-                    Head::Direct {
-                        head_len,
-                        body_len,
-                        close,
-                    } => break (head_len, body_len, close),
-                    Head::Hyper => return self.hand_off(tcp, buf).await,
-                    Head::Refuse(r) => {
-                        self.state.busy();
-                        out.clear();
-                        self.handler.refuse(r.status(), r.detail(), &mut out);
-                        let mut conn = self.client(&mut tcp);
-                        conn.write_all(&out).await;
+            let step = self.step(&buf, max_body, &mut tcp, &mut out).await;
+            match step {
+                Step::Served { consumed, keep } => {
+                    buf.advance(consumed);
+                    if !keep || self.drain.stopping.load(Ordering::Relaxed) {
                         let _ =
                             tokio::time::timeout(self.limits.write_timeout, tcp.shutdown()).await;
                         return;
                     }
-                    Head::Partial => {}
+                    waiting_for = Wait::Idle;
+                    self.state.idle.store(true, Ordering::Relaxed);
+                    if buf.is_empty() {
+                        self.state.waiting(&self.drain, self.limits.idle_timeout);
+                    } else {
+                        // A pipelined request has started.
+                        waiting_for = Wait::Head;
+                        self.state.waiting(&self.drain, self.limits.head_timeout);
+                    }
+                    continue;
                 }
-                if let Read::Done = read_more(&mut tcp, &mut buf).await {
+                Step::Hyper => return self.hand_off(tcp, buf).await,
+                Step::Refused => {
+                    let _ = tokio::time::timeout(self.limits.write_timeout, tcp.shutdown()).await;
                     return;
                 }
-                if !started {
-                    started = true;
-                    self.state.waiting(&self.drain, self.limits.head_timeout);
-                }
-            };
-            self.state.idle.store(false, Ordering::Relaxed);
-            while buf.len() < head_len + body_len {
-                self.state.waiting(&self.drain, self.limits.body_timeout);
-                if let Read::Done = read_more(&mut tcp, &mut buf).await {
-                    return;
-                }
-            }
-            self.state.busy();
-            out.clear();
-            let drain = self.drain.clone();
-            let _busy = Busy::new(&drain.busy);
-            let keep = {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                let (head_bytes, rest) = buf[..head_len + body_len].split_at(head_len);
-                let Some(parsed) = head::parse(head_bytes, &mut headers) else {
-                    return;
-                };
-                match self.handler.route(&parsed) {
-                    None => None,
-                    Some(route) => {
-                        let msg = Message {
-                            head: parsed,
-                            body: rest,
-                            close,
-                            peer: self.peer,
-                        };
-                        let mut conn = ClientConn {
-                            tcp: &mut tcp,
-                            write_timeout: self.limits.write_timeout,
-                        };
-                        Some(self.handler.serve(route, msg, &mut conn, &mut out).await)
+                Step::Closed => return,
+                Step::NeedHead => {
+                    if waiting_for == Wait::Idle && !buf.is_empty() {
+                        waiting_for = Wait::Head;
+                        self.state.waiting(&self.drain, self.limits.head_timeout);
                     }
                 }
-            };
-            let Some(keep) = keep else {
-                return self.hand_off(tcp, buf).await;
-            };
-            buf.advance(head_len + body_len);
-            if !keep || close || self.drain.stopping.load(Ordering::Relaxed) {
-                let _ = tokio::time::timeout(self.limits.write_timeout, tcp.shutdown()).await;
+                Step::NeedBody => {
+                    self.state.idle.store(false, Ordering::Relaxed);
+                    // Each read of the body has its own time.
+                    waiting_for = Wait::Body;
+                    self.state.waiting(&self.drain, self.limits.body_timeout);
+                }
+            }
+            if let Read::Done = read_more(&mut tcp, &mut buf).await {
                 return;
             }
+            if waiting_for == Wait::Idle {
+                waiting_for = Wait::Head;
+                self.state.waiting(&self.drain, self.limits.head_timeout);
+            }
+        }
+    }
+
+    /// Parses what `buf` holds (once) and, when a whole direct-path
+    /// request is there, serves it.
+    async fn step(
+        &self,
+        buf: &[u8],
+        max_body: usize,
+        tcp: &mut TcpStream,
+        out: &mut Vec<u8>,
+    ) -> Step {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let (head, parsed) = head::read(buf, &mut headers, max_body);
+        let (head_len, body_len, close) = match head {
+            Head::Direct {
+                head_len,
+                body_len,
+                close,
+            } => (head_len, body_len, close),
+            Head::Partial => return Step::NeedHead,
+            Head::Hyper => return Step::Hyper,
+            Head::Refuse(r) => {
+                self.state.busy();
+                out.clear();
+                self.handler.refuse(r.status(), r.detail(), out);
+                let mut conn = self.client(tcp);
+                conn.write_all(out).await;
+                return Step::Refused;
+            }
+        };
+        let Some(parsed) = parsed else {
+            return Step::Closed;
+        };
+        if buf.len() < head_len + body_len {
+            return Step::NeedBody;
+        }
+        let Some(route) = self.handler.route(&parsed) else {
+            return Step::Hyper;
+        };
+        self.state.idle.store(false, Ordering::Relaxed);
+        self.state.busy();
+        out.clear();
+        let _busy = Busy::new(&self.drain.busy);
+        let msg = Message {
+            head: parsed,
+            body: &buf[head_len..head_len + body_len],
+            close,
+            peer: self.peer,
+        };
+        let mut conn = ClientConn {
+            tcp,
+            write_timeout: self.limits.write_timeout,
+        };
+        let keep = self.handler.serve(route, msg, &mut conn, out).await;
+        Step::Served {
+            consumed: head_len + body_len,
+            keep: keep && !close,
         }
     }
 

@@ -63,8 +63,9 @@ pub fn response_head(
     let said_keep = listed.iter().any(|t| t.eq_ignore_ascii_case("keep-alive"));
     let mut close = said_close || (resp.version == Some(0) && !said_keep);
     let mut length: Option<u64> = None;
-    let mut codings: Vec<&[u8]> = Vec::new();
-    let mut te = false;
+    // The transfer codings, counted as they are read (no list is kept):
+    // how many, how many are `chunked`, and whether the last one is.
+    let (mut te, mut chunked_count, mut last_chunked) = (false, 0usize, false);
     for h in headers {
         if h.name.eq_ignore_ascii_case("content-length") {
             let n = parse_length(h.value).ok_or("bad Content-Length")? as u64;
@@ -79,23 +80,18 @@ pub fn response_head(
                 if c.is_empty() {
                     return Err("empty transfer coding");
                 }
-                codings.push(c);
+                last_chunked = c.eq_ignore_ascii_case(b"chunked");
+                chunked_count += usize::from(last_chunked);
             }
         }
     }
-    let chunked_at: Vec<usize> = codings
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.eq_ignore_ascii_case(b"chunked"))
-        .map(|(i, _)| i)
-        .collect();
-    if chunked_at.len() > 1 {
+    if chunked_count > 1 {
         return Err("chunked applied twice");
     }
     if te && length.is_some() {
         return Err("both Transfer-Encoding and Content-Length");
     }
-    let chunked = te && chunked_at.first() == Some(&(codings.len() - 1));
+    let chunked = te && last_chunked;
     let mut head = Vec::with_capacity(512);
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(itoa::Buffer::new().format(code).as_bytes());

@@ -31,13 +31,13 @@ use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::head::{self, Head, MAX_HEADERS, RequestHead};
-use crate::io::{Rewind, Timed};
+use crate::io::Rewind;
 
 /// Time and connection bounds of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -650,16 +650,19 @@ impl<H: Handler> Conn<H> {
     /// fallback, starting with the bytes already read.
     async fn hand_off(self, tcp: TcpStream, buf: BytesMut) {
         self.state.idle.store(false, Ordering::Relaxed);
-        self.state.busy();
         let io = Rewind {
             pre: buf.freeze(),
             inner: tcp,
         };
-        let io = TokioIo::new(Timed::new(
-            io,
-            self.limits.idle_timeout,
-            self.limits.write_timeout,
-        ));
+        self.state.waiting(&self.drain, self.limits.idle_timeout);
+        let io = TokioIo::new(Timed {
+            inner: io,
+            state: self.state.clone(),
+            drain: self.drain.clone(),
+            idle: self.limits.idle_timeout,
+            write: self.limits.write_timeout,
+            write_blocked: false,
+        });
         let svc = self.handler.fallback(self.peer);
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
@@ -682,6 +685,100 @@ impl<H: Handler> Conn<H> {
                 let _ = conn.await;
             }
         }
+    }
+}
+
+/// A connection handed to hyper, on the same coarse deadlines as the
+/// direct path: every read or write that moves bytes pushes its deadline
+/// `idle` ahead, and a write the client does not take within `write` ends
+/// it. (A tokio timer reset on every pending read cost a timer-wheel
+/// registration per request.)
+struct Timed<T> {
+    inner: T,
+    state: Arc<ConnState>,
+    drain: Arc<Drain>,
+    idle: Duration,
+    write: Duration,
+    /// A write is waiting for the client (its deadline is set).
+    write_blocked: bool,
+}
+
+impl<T> Timed<T> {
+    fn moved(&mut self) {
+        self.write_blocked = false;
+        self.state.waiting(&self.drain, self.idle);
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Timed<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if r.is_ready() && buf.filled().len() > before {
+            self.moved();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Timed<T> {
+    fn after_write(
+        &mut self,
+        r: std::task::Poll<io::Result<usize>>,
+    ) -> std::task::Poll<io::Result<usize>> {
+        match &r {
+            std::task::Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
+            std::task::Poll::Pending if !self.write_blocked => {
+                self.write_blocked = true;
+                let ms = u64::try_from(self.write.as_millis()).unwrap_or(u64::MAX);
+                let at = self.drain.clock.now().saturating_add(ms);
+                self.state.deadline.fetch_min(at, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.after_write(r)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.after_write(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -99,12 +99,6 @@ impl DirectProxy {
                 return false;
             }
         };
-        let mut add = Vec::with_capacity(128);
-        let dropped = self
-            .proxy
-            .forwarding(msg.peer.ip(), headers, |name, value| {
-                write::header(&mut add, name, value.as_bytes());
-            });
         let decide_and_send = async {
             let checked = match self
                 .proxy
@@ -114,6 +108,13 @@ impl DirectProxy {
                 Admission::Denied(c) => return (c, None),
                 Admission::Admitted(c) => c,
             };
+            // Only an admitted request needs its forwarding headers.
+            let mut add = Vec::with_capacity(128);
+            let dropped = self
+                .proxy
+                .forwarding(msg.peer.ip(), headers, |name, value| {
+                    write::header(&mut add, name, value.as_bytes());
+                });
             let outgoing = Outgoing {
                 method: head.method,
                 target: head.target,

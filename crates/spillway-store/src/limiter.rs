@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use spillway_core::{
-    Attributes, Decision, FailPolicy, KeyPart, Mode, Nanos, Outcome, Rule, RuleDecision,
-    RuleDecisions, canonical_ip,
+    Attributes, Decision, FailPolicy, KeyPart, Mode, Nanos, Outcome, PathMatching, RequestPath,
+    Rule, RuleDecision, RuleDecisions, canonical_ip,
 };
 
 use crate::{Charge, Key, Store};
@@ -16,6 +16,12 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     /// Built for many rules: which rules a path may match.
     index: Option<RouteIndex>,
+    /// Which respellings of a path (and `HEAD` for `GET`) count as the
+    /// path, for rules that set none of their own: request paths are
+    /// canonicalised once with it. Lenient by default ("count when in
+    /// doubt"); set with [`RuleSet::with_path_matching`], which files the
+    /// rules in the index again.
+    path_matching: PathMatching,
     /// Policy for rules that set none, when the store fails.
     pub on_store_error: FailPolicy,
     /// Increases with every reload; shown on the status endpoint.
@@ -30,15 +36,19 @@ const INDEX_FROM: usize = 16;
 /// The rules by their routes' literal prefixes, in a tree of path
 /// segments: a rule whose route starts `/v1/users/{id}` sits at the node
 /// `v1` -> `users`. A path's candidates are the rules met walking down the
-/// tree along its segments, plus the rules without a route: every rule
-/// that matches is among them (its literal prefix is a prefix of the
-/// path), and `Rule::applies_to` then decides as for a scan. With a
-/// thousand routes a scan cost about 4 µs a request.
+/// tree along its segments (the path canonicalised with the rule set's
+/// [`PathMatching`]), plus the rules without a route and those whose own
+/// path matching canonicalises paths differently (their literal prefix
+/// need not start the path as canonicalised for everyone): every rule
+/// that matches is among them, and `Rule::applies_to_path` then decides
+/// as for a scan. With a thousand routes a scan cost about 4 µs a request.
 #[derive(Debug, Clone, Default)]
 struct RouteIndex {
     /// Node 0 is the root.
     nodes: Vec<IndexNode>,
-    /// Rules without a route (they apply to every request).
+    /// Rules without a route (they apply to every request), and rules
+    /// whose own path matching differs from the global one in how it
+    /// spells paths (tried on every request).
     everywhere: Vec<usize>,
 }
 
@@ -50,13 +60,14 @@ struct IndexNode {
 }
 
 impl RouteIndex {
-    fn new(rules: &[Rule]) -> RouteIndex {
+    fn new(rules: &[Rule], global: PathMatching) -> RouteIndex {
         let mut index = RouteIndex {
             nodes: vec![IndexNode::default()],
             everywhere: Vec::new(),
         };
         for (i, rule) in rules.iter().enumerate() {
-            let Some(route) = rule.route() else {
+            let own_paths = rule.path_matching().is_some_and(|m| !m.same_paths(&global));
+            let Some(route) = rule.route().filter(|_| !own_paths) else {
                 index.everywhere.push(i);
                 continue;
             };
@@ -97,14 +108,35 @@ impl RouteIndex {
 }
 
 impl RuleSet {
-    /// A rule set; names are expected to be unique (the config layer checks).
+    /// A rule set with the default (lenient) [`PathMatching`]; names are
+    /// expected to be unique (the config layer checks).
     pub fn new(rules: Vec<Rule>) -> RuleSet {
+        RuleSet::with_path_matching(rules, PathMatching::default())
+    }
+
+    /// A rule set whose rules that set no [`PathMatching`] of their own
+    /// use `global`.
+    ///
+    /// ```
+    /// use spillway_core::PathMatching;
+    /// use spillway_store::RuleSet;
+    /// let strict = RuleSet::with_path_matching(Vec::new(), PathMatching::STRICT);
+    /// assert_eq!(strict.path_matching(), PathMatching::STRICT);
+    /// assert_eq!(RuleSet::new(Vec::new()).path_matching(), PathMatching::default());
+    /// ```
+    pub fn with_path_matching(rules: Vec<Rule>, global: PathMatching) -> RuleSet {
         RuleSet {
-            index: (rules.len() >= INDEX_FROM).then(|| RouteIndex::new(&rules)),
+            index: (rules.len() >= INDEX_FROM).then(|| RouteIndex::new(&rules, global)),
             rules,
+            path_matching: global,
             on_store_error: FailPolicy::Allow,
             version: 1,
         }
+    }
+
+    /// The path matching of rules that set none.
+    pub fn path_matching(&self) -> PathMatching {
+        self.path_matching
     }
 
     /// The rules, in file order.
@@ -249,9 +281,13 @@ impl<S: Store> Limiter<S> {
         let mut more: Vec<(usize, Key<'_>)> = Vec::new();
         let mut skipped = Vec::new();
         // Routes match the path in its one spelling (`/v1/../admin` is
-        // `/admin`), so a respelled path does not step around a rule.
-        let path = req.path.map(spillway_core::canonical_path);
-        let path = path.as_deref();
+        // `/admin`; `/admin/` and `/admin;x=1` too unless the global path
+        // matching says otherwise), so a respelled path does not step
+        // around a rule. Made once; a rule with its own path matching
+        // gets it respelled for itself (`applies_to_path`).
+        let global = rules.path_matching;
+        let path = req.path.map(|p| RequestPath::new(p, global));
+        let canonical = path.as_ref().map(RequestPath::canonical);
         // The client IP in its one spelling, and the request's API, for the
         // rules keyed by them (each made at most once, only if needed).
         let ip = std::cell::OnceCell::new();
@@ -263,9 +299,14 @@ impl<S: Store> Limiter<S> {
         let value = |p: &KeyPart| -> Option<&str> {
             match p {
                 KeyPart::Ip => ip.get_or_init(|| given(p).map(canonical_ip)).as_deref(),
+                // `HEAD /a` is named `GET /a` (with `head_as_get`), so
+                // it shares the counter of the requests it respells.
                 KeyPart::Route => given(p).or_else(|| {
                     route
-                        .get_or_init(|| path.map(|path| api_name(req.method, path)))
+                        .get_or_init(|| {
+                            canonical
+                                .map(|path| api_name(req.method.map(|m| global.method(m)), path))
+                        })
                         .as_deref()
                 }),
                 _ => given(p),
@@ -273,7 +314,7 @@ impl<S: Store> Limiter<S> {
         };
         // Every rule in turn, or with many rules those the index offers
         // (the same ones that apply, found without trying each).
-        let indexed = rules.index.as_ref().map(|ix| ix.candidates(path));
+        let indexed = rules.index.as_ref().map(|ix| ix.candidates(canonical));
         let every = indexed.is_none().then(|| 0..rules.rules().len());
         for i in indexed
             .iter()
@@ -282,7 +323,7 @@ impl<S: Store> Limiter<S> {
             .chain(every.into_iter().flatten())
         {
             let rule = &rules.rules()[i];
-            if !rule.applies_to(req.method, path) {
+            if !rule.applies_to_path(req.method, path.as_ref()) {
                 continue;
             }
             let parts = rule.by().parts().iter().map(value);
@@ -581,26 +622,58 @@ mod tests {
         .unwrap()
     }
 
+    /// Path matchings for rules and rule sets: the extremes and one switch off each.
+    fn matchings() -> Vec<PathMatching> {
+        let l = PathMatching::LENIENT;
+        vec![
+            l,
+            PathMatching::STRICT,
+            PathMatching {
+                trailing_slash: false,
+                ..l
+            },
+            PathMatching {
+                path_params: false,
+                ..l
+            },
+            PathMatching {
+                encoded_slash: false,
+                ..l
+            },
+            PathMatching {
+                head_as_get: false,
+                ..l
+            },
+        ]
+    }
+
     proptest::proptest! {
-        /// With many rules the index offers exactly the rules a scan finds.
+        /// With many rules the index offers exactly the rules a scan finds,
+        /// whatever the global path matching and the rules' own.
         #[test]
         fn the_route_index_finds_what_a_scan_finds(
             routes in proptest::collection::vec(
-                proptest::option::weighted(0.9, (
-                    proptest::sample::select(vec!["", "GET ", "POST "]),
-                    proptest::collection::vec(
-                        proptest::sample::select(vec!["v1", "v2", "users", "{id}", "x"]),
-                        0..4,
-                    ),
-                    proptest::bool::ANY,
-                )),
+                (
+                    proptest::option::weighted(0.9, (
+                        proptest::sample::select(vec!["", "GET ", "POST "]),
+                        proptest::collection::vec(
+                            proptest::sample::select(vec!["v1", "v2", "users", "{id}", "x", "a;b"]),
+                            0..4,
+                        ),
+                        proptest::bool::ANY,
+                    )),
+                    proptest::option::weighted(0.3, proptest::sample::select(matchings())),
+                ),
                 INDEX_FROM..40,
             ),
+            global in proptest::sample::select(matchings()),
             paths in proptest::collection::vec(
                 (
-                    proptest::option::of(proptest::sample::select(vec!["GET", "post", "PUT"])),
+                    proptest::option::of(proptest::sample::select(vec!["GET", "post", "PUT", "HEAD"])),
                     proptest::collection::vec(
-                        proptest::sample::select(vec!["v1", "v2", "users", "7", "x", ""]),
+                        proptest::sample::select(vec![
+                            "v1", "v2", "users", "7", "x", "", "v1;p=1", "..;", "v1%2Fusers", "a;b",
+                        ]),
                         0..5,
                     ),
                     proptest::sample::select(vec!["", "?q=1", "#f", "/"]),
@@ -612,7 +685,7 @@ mod tests {
             let rules: Vec<Rule> = routes
                 .iter()
                 .enumerate()
-                .map(|(i, r)| {
+                .map(|(i, (r, own))| {
                     let text = r.as_ref().map(|(m, segs, prefix)| {
                         let mut t = format!("{m}/{}", segs.join("/"));
                         if *prefix {
@@ -620,20 +693,25 @@ mod tests {
                         }
                         t
                     });
-                    routed(i, text.as_deref())
+                    let rule = routed(i, text.as_deref());
+                    match own {
+                        Some(m) => rule.with_path_matching(*m),
+                        None => rule,
+                    }
                 })
                 .collect();
-            let index = RouteIndex::new(&rules);
+            let index = RouteIndex::new(&rules, global);
             for (method, segs, tail, rooted) in &paths {
                 let path = format!("{}{}{tail}", if *rooted { "/" } else { "" }, segs.join("/"));
                 for path in [Some(path.as_str()), None] {
                     let m = method.as_deref();
-                    let scan: Vec<usize> =
-                        (0..rules.len()).filter(|&i| rules[i].applies_to(m, path)).collect();
+                    let path = path.map(|p| RequestPath::new(p, global));
+                    let applies = |i: &usize| rules[*i].applies_to_path(m, path.as_ref());
+                    let scan: Vec<usize> = (0..rules.len()).filter(applies).collect();
                     let found: Vec<usize> = index
-                        .candidates(path)
+                        .candidates(path.as_ref().map(RequestPath::canonical))
                         .into_iter()
-                        .filter(|&i| rules[i].applies_to(m, path))
+                        .filter(applies)
                         .collect();
                     proptest::prop_assert_eq!(&found, &scan, "{:?} {:?}", m, path);
                 }

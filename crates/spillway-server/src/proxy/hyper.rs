@@ -8,7 +8,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -146,15 +145,6 @@ impl HyperProxy {
         }
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;
-        // A body the client breaks (cut short, bad chunked coding) fails
-        // the upstream request too: it is the client's 400, not a 502.
-        let client_broke = Arc::new(AtomicBool::new(false));
-        let req = req.map(|b| {
-            Body::new(ClientBody {
-                inner: b,
-                broke: client_broke.clone(),
-            })
-        });
         let timeout = self.proxy.timeout();
         let failure = match tokio::time::timeout(timeout, self.client.request(req)).await {
             Ok(Ok(mut resp)) => {
@@ -181,12 +171,15 @@ impl HyperProxy {
                 insert_rate_limit_headers(&checked, &mut parts.headers);
                 return Response::from_parts(parts, Body::new(IdleTimeout::new(body, timeout)));
             }
+            // A body the client broke (cut short, bad chunked coding)
+            // fails the upstream request too: it is the client's 400, not
+            // a 502. hyper calls a failing request body a user error.
+            Ok(Err(e)) if client_body_failed(&e) => {
+                return problem(&self.proxy.bad_body(), Some(&checked));
+            }
             Ok(Err(e)) => Failure::Bad(e.to_string()),
             Err(_) => Failure::Timeout,
         };
-        if client_broke.load(Ordering::Relaxed) {
-            return problem(&self.proxy.bad_body(), Some(&checked));
-        }
         problem(&self.proxy.failure(failure), Some(&checked))
     }
 }
@@ -258,34 +251,21 @@ async fn join_upgraded(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgra
     }
 }
 
-/// The client's request body, noting whether it broke.
-struct ClientBody {
-    inner: Body,
-    broke: Arc<AtomicBool>,
-}
-
-impl hyper::body::Body for ClientBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Err(_))) = &r {
-            self.broke.store(true, Ordering::Relaxed);
+/// Whether the upstream request failed because the client's body did.
+fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && h.is_user()
+        {
+            return true;
         }
-        r
+        if err.downcast_ref::<axum::Error>().is_some() {
+            return true;
+        }
+        source = err.source();
     }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
+    false
 }
 
 /// An upstream's response body that must keep coming: no wait for its next

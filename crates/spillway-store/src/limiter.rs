@@ -291,21 +291,28 @@ impl<S: Store> Limiter<S> {
         // The client IP in its one spelling, and the request's API, for the
         // rules keyed by them (each made at most once, only if needed).
         let ip = std::cell::OnceCell::new();
-        let route = std::cell::OnceCell::new();
+        // The API's name under each path matching a rule may use (one
+        // cell per combination of the four switches; most requests fill
+        // only the global one's).
+        let routes: [std::cell::OnceCell<Option<String>>; 16] =
+            [const { std::cell::OnceCell::new() }; 16];
         // An empty value is no value: `"user": ""`, `?key=` or an empty
         // header skip the rule as a missing one does, on every way in,
         // rather than putting every such caller on one shared counter.
         let given = |p: &KeyPart| req.attrs.part(p).filter(|v| !v.is_empty());
-        let value = |p: &KeyPart| -> Option<&str> {
+        let value = |p: &KeyPart, matching: PathMatching| -> Option<&str> {
             match p {
                 KeyPart::Ip => ip.get_or_init(|| given(p).map(canonical_ip)).as_deref(),
-                // `HEAD /a` is named `GET /a` (with `head_as_get`), so
-                // it shares the counter of the requests it respells.
+                // Named as the rule matches paths: with `head_as_get`,
+                // `HEAD /a/` is `GET /a`, sharing the counter of the
+                // requests it respells.
                 KeyPart::Route => given(p).or_else(|| {
-                    route
+                    routes[matching_bits(matching)]
                         .get_or_init(|| {
-                            canonical
-                                .map(|path| api_name(req.method.map(|m| global.method(m)), path))
+                            path.as_ref().map(|path| {
+                                let method = req.method.map(|m| matching.method(m));
+                                api_name(method, &path.canonical_for(matching))
+                            })
                         })
                         .as_deref()
                 }),
@@ -326,7 +333,8 @@ impl<S: Store> Limiter<S> {
             if !rule.applies_to_path(req.method, path.as_ref()) {
                 continue;
             }
-            let parts = rule.by().parts().iter().map(value);
+            let matching = rule.path_matching().unwrap_or(global);
+            let parts = rule.by().parts().iter().map(|p| value(p, matching));
             match Key::try_from_parts(parts) {
                 Some(key) if first.is_none() => first = Some((i, key)),
                 Some(key) => more.push((i, key)),
@@ -548,6 +556,14 @@ fn by_policy<'a>(default: FailPolicy, rules: impl Iterator<Item = &'a Rule>) -> 
         out.deciding = out.rules.first().copied();
     }
     out
+}
+
+/// The four switches of `m` as a number below 16.
+fn matching_bits(m: PathMatching) -> usize {
+    usize::from(m.trailing_slash)
+        | usize::from(m.path_params) << 1
+        | usize::from(m.encoded_slash) << 2
+        | usize::from(m.head_as_get) << 3
 }
 
 /// A request's API as a `route` key sees it: `METHOD /path`, the method

@@ -163,5 +163,10 @@ fn head_shares_the_route_key_of_get_unless_head_as_get_is_off() {
         let l = limiter(rule("per-endpoint", "/v1/*", "user+route"), global, 0);
         assert!(admitted(&l, "GET", "/v1/a/"));
         assert_eq!(!admitted(&l, "head", "/v1/a"), shared, "{global:?}");
+        // The rule's own switch names the endpoint, whatever the global one.
+        let own = rule("per-endpoint", "/v1/*", "user+route").with_path_matching(global);
+        let l = limiter(own, PathMatching::STRICT, INDEX_FILLER);
+        assert!(admitted(&l, "GET", "/v1/a"));
+        assert_eq!(!admitted(&l, "HEAD", "/v1/a"), shared, "own {global:?}");
     }
 }

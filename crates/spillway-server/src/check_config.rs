@@ -87,6 +87,14 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
             if let Some(p) = &cfg.proxy {
                 print_proxy(p);
             }
+            if !cfg.descriptors.is_empty() {
+                outln!("descriptors: {}", cfg.descriptors.join(", "));
+            }
+            outln!("path_matching: {}", describe_matching(cfg.path_matching));
+            outln!(
+                "reload: a changed file applies after {:?} unchanged (SIGHUP: at once)",
+                cfg.reload_quiet
+            );
             for r in &cfg.rules {
                 outln!(
                     "- {} (api: {}, by: {}, mode: {})",
@@ -99,6 +107,9 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
                     },
                     r.mode()
                 );
+                if let Some(m) = r.path_matching().filter(|m| *m != cfg.path_matching) {
+                    outln!("    path_matching: {}", describe_matching(m));
+                }
                 for l in r.limits() {
                     outln!("    {}", describe_limit(l));
                 }
@@ -111,6 +122,23 @@ pub fn check_config(file: &std::path::Path) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The switches as the file writes them, and what they mean.
+fn describe_matching(m: spillway_core::PathMatching) -> String {
+    let lenient = m == spillway_core::PathMatching::LENIENT;
+    format!(
+        "trailing_slash {}, path_params {}, encoded_slash {}, head_as_get {}{}",
+        m.trailing_slash,
+        m.path_params,
+        m.encoded_slash,
+        m.head_as_get,
+        if lenient {
+            " (every respelling counts as its path)"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Prints the `proxy:` section as understood.

@@ -296,49 +296,53 @@ impl<S: Store> Limiter<S> {
         // only the global one's).
         let routes: [std::cell::OnceCell<Option<String>>; 16] =
             [const { std::cell::OnceCell::new() }; 16];
-        // An empty value is no value: `"user": ""`, `?key=` or an empty
-        // header skip the rule as a missing one does, on every way in,
-        // rather than putting every such caller on one shared counter.
-        let given = |p: &KeyPart| req.attrs.part(p).filter(|v| !v.is_empty());
-        let value = |p: &KeyPart, matching: PathMatching| -> Option<&str> {
-            match p {
-                KeyPart::Ip => ip.get_or_init(|| given(p).map(canonical_ip)).as_deref(),
-                // Named as the rule matches paths: with `head_as_get`,
-                // `HEAD /a/` is `GET /a`, sharing the counter of the
-                // requests it respells.
-                KeyPart::Route => given(p).or_else(|| {
-                    routes[matching_bits(matching)]
-                        .get_or_init(|| {
-                            path.as_ref().map(|path| {
-                                let method = req.method.map(|m| matching.method(m));
-                                api_name(method, &path.canonical_for(matching))
-                            })
-                        })
-                        .as_deref()
-                }),
-                _ => given(p),
-            }
-        };
-        // Every rule in turn, or with many rules those the index offers
-        // (the same ones that apply, found without trying each).
-        let indexed = rules.index.as_ref().map(|ix| ix.candidates(canonical));
-        let every = indexed.is_none().then(|| 0..rules.rules().len());
-        for i in indexed
-            .iter()
-            .flatten()
-            .copied()
-            .chain(every.into_iter().flatten())
+        // In a block: the closures borrow the cells, and must not be
+        // held across the store's await (the future would not be Send).
         {
-            let rule = &rules.rules()[i];
-            if !rule.applies_to_path(req.method, path.as_ref()) {
-                continue;
-            }
-            let matching = rule.path_matching().unwrap_or(global);
-            let parts = rule.by().parts().iter().map(|p| value(p, matching));
-            match Key::try_from_parts(parts) {
-                Some(key) if first.is_none() => first = Some((i, key)),
-                Some(key) => more.push((i, key)),
-                None => skipped.push(i),
+            // An empty value is no value: `"user": ""`, `?key=` or an empty
+            // header skip the rule as a missing one does, on every way in,
+            // rather than putting every such caller on one shared counter.
+            let given = |p: &KeyPart| req.attrs.part(p).filter(|v| !v.is_empty());
+            let value = |p: &KeyPart, matching: PathMatching| -> Option<&str> {
+                match p {
+                    KeyPart::Ip => ip.get_or_init(|| given(p).map(canonical_ip)).as_deref(),
+                    // Named as the rule matches paths: with `head_as_get`,
+                    // `HEAD /a/` is `GET /a`, sharing the counter of the
+                    // requests it respells.
+                    KeyPart::Route => given(p).or_else(|| {
+                        routes[matching_bits(matching)]
+                            .get_or_init(|| {
+                                path.as_ref().map(|path| {
+                                    let method = req.method.map(|m| matching.method(m));
+                                    api_name(method, &path.canonical_for(matching))
+                                })
+                            })
+                            .as_deref()
+                    }),
+                    _ => given(p),
+                }
+            };
+            // Every rule in turn, or with many rules those the index offers
+            // (the same ones that apply, found without trying each).
+            let indexed = rules.index.as_ref().map(|ix| ix.candidates(canonical));
+            let every = indexed.is_none().then(|| 0..rules.rules().len());
+            for i in indexed
+                .iter()
+                .flatten()
+                .copied()
+                .chain(every.into_iter().flatten())
+            {
+                let rule = &rules.rules()[i];
+                if !rule.applies_to_path(req.method, path.as_ref()) {
+                    continue;
+                }
+                let matching = rule.path_matching().unwrap_or(global);
+                let parts = rule.by().parts().iter().map(|p| value(p, matching));
+                match Key::try_from_parts(parts) {
+                    Some(key) if first.is_none() => first = Some((i, key)),
+                    Some(key) => more.push((i, key)),
+                    None => skipped.push(i),
+                }
             }
         }
         let matched = |j: usize| -> usize {

@@ -8,25 +8,36 @@
 mod envoy;
 mod errors;
 mod raw;
+mod recover;
 mod rules;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_saphyr::Spanned;
-use spillway_core::{FailPolicy, Rule};
+use spillway_core::{FailPolicy, PathMatching, Rule};
 
 pub use envoy::{load_envoy, parse_envoy};
 pub use errors::{ConfigError, ConfigErrors};
 pub use rules::{DEFAULT_MAX_KEYS, parse_duration, parse_rate};
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
-use errors::{Errors, first_line};
+use errors::Errors;
 use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};
-use rules::{count, duration, policy, rule};
+use rules::{RuleContext, count, descriptor_names, duration, path_matching, policy, rule};
 
 /// The rules file compiled into the binary, used when no `--config` is given.
 pub const EXAMPLE_RULES: &str = include_str!("../../../../examples/rules.yaml");
+
+/// How long a changed rules file must stay unchanged before a reload
+/// applies it, unless `reload.quiet` says otherwise: long enough for a
+/// writer that truncates, then writes in pieces, to finish.
+pub const DEFAULT_RELOAD_QUIET: Duration = Duration::from_secs(2);
+
+/// The shortest `reload.quiet` accepted: shorter, a file still being
+/// written would apply half-written (for tests and atomic writers).
+pub const MIN_RELOAD_QUIET: Duration = Duration::from_millis(100);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -52,6 +63,21 @@ pub struct Config {
     pub grpc_response_headers: bool,
     /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config` files).
     pub domains: Vec<crate::grpc::Domain>,
+    /// Descriptor names rules may key by bare (`descriptors:`).
+    pub descriptors: Vec<String>,
+    /// Which respellings of a path count as the path for rules that set
+    /// none (`path_matching:`). Every rule also carries it when it is not
+    /// the default (see [`Rule::path_matching`]), so a rule set built with
+    /// the default one matches the same requests; a rule set built with
+    /// this one files the rules in its index as usual.
+    pub path_matching: PathMatching,
+    /// How long a changed file must stay unchanged before a reload
+    /// applies it (`reload.quiet`, default [`DEFAULT_RELOAD_QUIET`]).
+    pub reload_quiet: Duration,
+    /// The file has a `rules:` key (`rules: []` included). A reload
+    /// refuses a file without one: an empty or truncated file is not a
+    /// request to drop every limit.
+    pub has_rules: bool,
 }
 
 impl Config {
@@ -147,19 +173,29 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             message: "file larger than 16 MiB".to_string(),
         }]));
     }
-    let raw: RawConfig = serde_saphyr::from_str(text).map_err(|e| {
-        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-        ConfigErrors(vec![ConfigError {
-            file: file.to_string(),
-            line,
-            column,
-            message: first_line(&e.to_string()),
-        }])
-    })?;
-    validate(file, raw)
+    match serde_saphyr::from_str::<RawConfig>(text) {
+        Ok(raw) => validate(file, raw, false),
+        // serde stopped at the first structural error: read the file again
+        // piece by piece for the others, and validate what parsed.
+        Err(e) => {
+            let first = recover::located(file, &e);
+            let Some(found) = recover::recover(file, text).filter(|r| !r.errors.is_empty()) else {
+                return Err(ConfigErrors(vec![first]));
+            };
+            let mut list = found.errors;
+            if let Err(more) = validate(file, found.raw, found.descriptors_broken) {
+                list.extend(more.0);
+            }
+            list.sort_by_key(|e| (e.line, e.column));
+            list.dedup();
+            Err(ConfigErrors(list))
+        }
+    }
 }
 
-fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
+/// `raw` checked and built; `any_descriptor` accepts every bare name in
+/// `by:` (when the `descriptors:` list could not be read).
+fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, ConfigErrors> {
     let mut errs = Errors {
         file,
         list: Vec::new(),
@@ -237,9 +273,43 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
         .iter()
         .map(|d| envoy::domain(&mut errs, &d.value))
         .collect();
+    let descriptors = raw
+        .descriptors
+        .as_ref()
+        .map(|d| descriptor_names(&mut errs, &d.value))
+        .unwrap_or_default();
+    let global_matching = raw
+        .path_matching
+        .as_ref()
+        .map_or_else(PathMatching::default, |m| {
+            path_matching(&m.value, PathMatching::default())
+        });
+    let reload_quiet = raw
+        .reload
+        .as_ref()
+        .and_then(|r| r.value.quiet.as_ref())
+        .and_then(|q| {
+            let d: Duration = duration(&mut errs, q, "reload.quiet", false)?.into();
+            if d < MIN_RELOAD_QUIET {
+                errs.at(
+                    q,
+                    format!(
+                        "reload.quiet: at least {}ms (shorter, a file still being written could apply)",
+                        MIN_RELOAD_QUIET.as_millis()
+                    ),
+                );
+            }
+            Some(d)
+        })
+        .unwrap_or(DEFAULT_RELOAD_QUIET);
+    let ctx = RuleContext {
+        descriptors: &descriptors,
+        any_descriptor,
+        path_matching: global_matching,
+    };
     let mut rules = Vec::new();
     let mut names: Vec<&Spanned<String>> = Vec::new();
-    for r in &raw.rules {
+    for r in raw.rules.iter().flatten() {
         if let Some(prev) = names.iter().find(|n| n.value == r.value.name.value) {
             errs.at(
                 &r.value.name,
@@ -251,7 +321,7 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             );
         }
         names.push(&r.value.name);
-        if let Some(rule) = rule(&mut errs, r) {
+        if let Some(rule) = rule(&mut errs, r, &ctx) {
             rules.push(rule);
         }
     }
@@ -267,6 +337,10 @@ fn validate(file: &str, raw: RawConfig) -> Result<Config, ConfigErrors> {
             grpc_listen,
             grpc_response_headers: raw.grpc_response_headers.unwrap_or(false),
             domains,
+            descriptors,
+            path_matching: global_matching,
+            reload_quiet,
+            has_rules: raw.rules.is_some(),
         })
     } else {
         Err(ConfigErrors(errs.list))

@@ -7,7 +7,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
     #[serde(default)]
@@ -28,8 +28,84 @@ pub(crate) struct RawConfig {
     pub(crate) server: Option<Spanned<RawServer>>,
     #[serde(default)]
     pub(crate) domains: Vec<Spanned<RawDomain>>,
+    /// Descriptor names a rule's `by:` may use bare (`by: tenant`).
     #[serde(default)]
-    pub(crate) rules: Vec<Spanned<RawRule>>,
+    pub(crate) descriptors: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Which respellings of a path count as the path, for every rule.
+    #[serde(default)]
+    pub(crate) path_matching: Option<Spanned<RawPathMatching>>,
+    #[serde(default)]
+    pub(crate) reload: Option<Spanned<RawReload>>,
+    /// `None` when the file has no `rules:` key (a reload refuses it).
+    #[serde(default)]
+    pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
+}
+
+impl RawConfig {
+    /// Takes every section `part` has and `self` lacks; rules are
+    /// appended. For a file read section by section (see `recover`).
+    pub(crate) fn merge(&mut self, part: RawConfig) {
+        // Destructured, so a new field cannot be forgotten here.
+        let RawConfig {
+            store,
+            on_store_error,
+            listen,
+            proxy,
+            grpc_listen,
+            grpc_response_headers,
+            admin_listen,
+            server,
+            domains,
+            descriptors,
+            path_matching,
+            reload,
+            rules,
+        } = part;
+        fn take<T>(slot: &mut Option<T>, v: Option<T>) {
+            if slot.is_none() {
+                *slot = v;
+            }
+        }
+        take(&mut self.store, store);
+        take(&mut self.on_store_error, on_store_error);
+        take(&mut self.listen, listen);
+        take(&mut self.proxy, proxy);
+        take(&mut self.grpc_listen, grpc_listen);
+        take(&mut self.grpc_response_headers, grpc_response_headers);
+        take(&mut self.admin_listen, admin_listen);
+        take(&mut self.server, server);
+        self.domains.extend(domains);
+        take(&mut self.descriptors, descriptors);
+        take(&mut self.path_matching, path_matching);
+        take(&mut self.reload, reload);
+        if let Some(rules) = rules {
+            self.rules.get_or_insert_with(Vec::new).extend(rules);
+        }
+    }
+}
+
+/// `path_matching:`, at the top or in a rule: each switch on (true)
+/// counts a respelled request as the path it respells.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPathMatching {
+    #[serde(default)]
+    pub(crate) trailing_slash: Option<bool>,
+    #[serde(default)]
+    pub(crate) path_params: Option<bool>,
+    #[serde(default)]
+    pub(crate) encoded_slash: Option<bool>,
+    #[serde(default)]
+    pub(crate) head_as_get: Option<bool>,
+}
+
+/// `reload:`: how a changed file is taken up.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawReload {
+    /// How long a changed file must stay unchanged before it applies.
+    #[serde(default)]
+    pub(crate) quiet: Option<Spanned<String>>,
 }
 
 /// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:` items.
@@ -205,6 +281,9 @@ pub(crate) struct RawRule {
     pub(crate) on_store_error: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) queue: Option<Spanned<RawQueue>>,
+    /// This rule's own switches (unset ones are the file's).
+    #[serde(default)]
+    pub(crate) path_matching: Option<Spanned<RawPathMatching>>,
     #[serde(default)]
     #[allow(dead_code)]
     pub(crate) description: Option<String>,

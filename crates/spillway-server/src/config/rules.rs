@@ -2,14 +2,139 @@
 
 use serde_saphyr::Spanned;
 use spillway_core::{
-    FailPolicy, FixedWindow, Gcra, KeySpec, LeakyBucket, Limit, Mode, Nanos, Rate, Route, Rule,
-    Shaper, SlidingCounter, SlidingLog, TokenBucket,
+    FailPolicy, FixedWindow, Gcra, KeyPart, KeySpec, LeakyBucket, Limit, Mode, Nanos, PathMatching,
+    Rate, Route, Rule, Shaper, SlidingCounter, SlidingLog, TokenBucket,
 };
 
 use super::errors::Errors;
-use super::raw::{RawLimit, RawRule};
+use super::raw::{RawLimit, RawPathMatching, RawRule};
 
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+/// The key parts spillway knows by name, in the order suggestions prefer.
+const BUILT_IN_PARTS: [&str; 3] = ["user", "ip", "route"];
+
+/// What every rule of a file is checked and built against.
+#[derive(Debug)]
+pub(super) struct RuleContext<'a> {
+    /// Names declared in `descriptors:`, which `by:` may use bare.
+    pub(super) descriptors: &'a [String],
+    /// Accept any bare name: set only when the `descriptors:` list itself
+    /// could not be read, so its error is not repeated for every rule.
+    pub(super) any_descriptor: bool,
+    /// The file's `path_matching:` (every switch on when absent).
+    pub(super) path_matching: PathMatching,
+}
+
+/// The file's `descriptors:` list: names that are not built in, each once.
+pub(super) fn descriptor_names(errs: &mut Errors<'_>, list: &[Spanned<String>]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for d in list {
+        let name = d.value.trim();
+        if name.is_empty() || name.contains(['+', ':']) || name.chars().any(char::is_whitespace) {
+            errs.at(
+                d,
+                format!("descriptors: {name:?} is not a name (no spaces, `+` or `:`)"),
+            );
+        } else if BUILT_IN_PARTS.contains(&name) {
+            errs.at(
+                d,
+                format!("descriptors: `{name}` is built in; use it in `by:` without declaring it"),
+            );
+        } else if out.iter().any(|o| o == name) {
+            errs.at(d, format!("descriptors: `{name}` is listed twice"));
+        } else {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+/// `path_matching:` over `base`: the switches it sets replace base's.
+pub(super) fn path_matching(raw: &RawPathMatching, base: PathMatching) -> PathMatching {
+    PathMatching {
+        trailing_slash: raw.trailing_slash.unwrap_or(base.trailing_slash),
+        path_params: raw.path_params.unwrap_or(base.path_params),
+        encoded_slash: raw.encoded_slash.unwrap_or(base.encoded_slash),
+        head_as_get: raw.head_as_get.unwrap_or(base.head_as_get),
+    }
+}
+
+/// A rule's `by:`. A bare name that is neither built in nor declared in
+/// `descriptors:` is an error: read as a descriptor no request carries,
+/// a typo (`usr`, `IP`) would skip the rule for every request.
+fn key_spec(errs: &mut Errors<'_>, b: &Spanned<String>, ctx: &RuleContext<'_>) -> KeySpec {
+    let k = match KeySpec::parse(&b.value) {
+        Ok(k) => k,
+        Err(e) => {
+            errs.at(b, format!("by: {e}"));
+            return KeySpec::from_parts(Vec::new());
+        }
+    };
+    if k.parts().len() > spillway_store::MAX_KEY_PARTS {
+        errs.at(
+            b,
+            format!("by: at most {} parts", spillway_store::MAX_KEY_PARTS),
+        );
+    }
+    for part in k.parts() {
+        if let KeyPart::Descriptor(d) = part
+            && !ctx.any_descriptor
+            && !ctx.descriptors.iter().any(|n| n == d)
+        {
+            let hint = match suggest(d, ctx.descriptors) {
+                Some(s) => format!(" (did you mean `{s}`?)"),
+                None => String::new(),
+            };
+            errs.at(
+                b,
+                format!(
+                    "by: unknown key part `{d}`{hint}: expected user, ip, route, header:<Name>, or a descriptor name listed in `descriptors:`"
+                ),
+            );
+        }
+    }
+    k
+}
+
+/// The known key part closest to `part` (case-insensitive edit distance
+/// at most 2, and something in common), if any: built-in names first,
+/// then declared ones; `header:<name>` for a misspelt `header` prefix.
+pub(super) fn suggest(part: &str, declared: &[String]) -> Option<String> {
+    let lower = part.to_ascii_lowercase();
+    if let Some((prefix, rest)) = part.split_once(':')
+        && edit_distance(&prefix.to_ascii_lowercase(), "header") <= 2
+        && !rest.trim().is_empty()
+    {
+        return Some(format!("header:{}", rest.trim()));
+    }
+    BUILT_IN_PARTS
+        .iter()
+        .copied()
+        .chain(declared.iter().map(String::as_str))
+        .map(|c| (edit_distance(&lower, &c.to_ascii_lowercase()), c))
+        .filter(|&(d, c)| d <= 2 && d < lower.chars().count().max(c.chars().count()))
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c.to_string())
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
 
 pub(super) fn policy(errs: &mut Errors<'_>, p: &Spanned<String>) -> FailPolicy {
     match p.value.as_str() {
@@ -25,7 +150,11 @@ pub(super) fn policy(errs: &mut Errors<'_>, p: &Spanned<String>) -> FailPolicy {
     }
 }
 
-pub(super) fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> {
+pub(super) fn rule(
+    errs: &mut Errors<'_>,
+    r: &Spanned<RawRule>,
+    ctx: &RuleContext<'_>,
+) -> Option<Rule> {
     let raw = &r.value;
     let before = errs.list.len();
     let name = raw.name.value.trim();
@@ -41,20 +170,7 @@ pub(super) fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> 
     });
     let by = match &raw.by {
         None => KeySpec::from_parts(Vec::new()),
-        Some(b) => match KeySpec::parse(&b.value) {
-            Ok(k) if k.parts().len() > spillway_store::MAX_KEY_PARTS => {
-                errs.at(
-                    b,
-                    format!("by: at most {} parts", spillway_store::MAX_KEY_PARTS),
-                );
-                k
-            }
-            Ok(k) => k,
-            Err(e) => {
-                errs.at(b, format!("by: {e}"));
-                KeySpec::from_parts(Vec::new())
-            }
-        },
+        Some(b) => key_spec(errs, b, ctx),
     };
     let mode = raw.mode.as_ref().map_or(Mode::Hard, |m| mode(errs, m));
     let max_wait = raw.queue.as_ref().and_then(|q| {
@@ -82,11 +198,26 @@ pub(super) fn rule(errs: &mut Errors<'_>, r: &Spanned<RawRule>) -> Option<Rule> 
     if errs.list.len() != before {
         return None;
     }
+    // A rule carries its path matching when it sets one, and when the
+    // file's differs from the default: so it holds whatever rule set the
+    // rule is put in (a rule set with the same global one files it as
+    // any other).
+    let matching = raw
+        .path_matching
+        .as_ref()
+        .map(|m| path_matching(&m.value, ctx.path_matching))
+        .or((ctx.path_matching != PathMatching::default()).then_some(ctx.path_matching));
     match Rule::new(name, route, by, limits, mode) {
-        Ok(rule) => Some(match policy {
-            Some(p) => rule.with_fail_policy(p),
-            None => rule,
-        }),
+        Ok(rule) => {
+            let rule = match policy {
+                Some(p) => rule.with_fail_policy(p),
+                None => rule,
+            };
+            Some(match matching {
+                Some(m) => rule.with_path_matching(m),
+                None => rule,
+            })
+        }
         Err(e) => {
             errs.at(r, e.to_string());
             None
@@ -221,6 +352,130 @@ pub(super) fn rate(errs: &mut Errors<'_>, r: &Spanned<String>, what: &str) -> Op
         Err(e) => {
             errs.at(r, format!("{what}: {e}"));
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parse;
+    use super::*;
+
+    fn by(by: &str, head: &str) -> String {
+        format!(
+            "{head}rules:\n  - name: r\n    by: {by}\n    limits: [ {{ gcra: {{ rate: 1/s }} }} ]\n"
+        )
+    }
+
+    /// The issue "No way past a limit": `by: usr` passed and turned the
+    /// rule off (read as a descriptor no request carries).
+    #[test]
+    fn a_misspelt_key_part_is_an_error_with_a_suggestion() {
+        for (typo, want) in [
+            ("usr", "`user`"),
+            ("IP", "`ip`"),
+            ("User+ip", "`user`"),
+            ("rout", "`route`"),
+            ("Header:X-Api-Key", "`header:X-Api-Key`"),
+            ("heder:x", "`header:x`"),
+            ("tenat", "`tenant`"),
+        ] {
+            let e = parse("r.yaml", &by(typo, "descriptors: [tenant]\n")).unwrap_err();
+            assert_eq!(e.0.len(), 1, "{typo}: {e}");
+            let shown = e.to_string();
+            assert!(
+                shown.starts_with("r.yaml:4:9: by: unknown key part"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains(&format!("did you mean {want}?")),
+                "{typo}: {shown}"
+            );
+        }
+        let e = parse("r.yaml", &by("customer", "")).unwrap_err();
+        assert!(!e.to_string().contains("did you mean"), "{e}");
+    }
+
+    #[test]
+    fn a_declared_descriptor_may_be_used_bare() {
+        for (spec, want) in [("tenant", "tenant"), ("user+plan", "user+plan")] {
+            let c = parse("r.yaml", &by(spec, "descriptors: [tenant, plan]\n")).unwrap();
+            assert_eq!(c.rules[0].by().to_string(), want);
+            assert_eq!(c.descriptors, ["tenant", "plan"]);
+        }
+        for spec in ["user", "ip", "route", "header:X-Key", "user+ip+route"] {
+            parse("r.yaml", &by(spec, "")).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_descriptor_names_are_errors() {
+        for list in ["[user]", "[a, a]", "['a b']", "[a+b]", "['']"] {
+            let e = parse("r.yaml", &format!("descriptors: {list}\nrules: []\n")).unwrap_err();
+            assert_eq!(e.0[0].line, 1, "{list}: {e}");
+        }
+    }
+
+    #[test]
+    fn suggestions_need_something_in_common() {
+        assert_eq!(suggest("ab", &[]), None);
+        assert_eq!(suggest("iP", &[]).as_deref(), Some("ip"));
+        assert_eq!(suggest("users", &[]).as_deref(), Some("user"));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn path_matching_at_the_top_and_per_rule() {
+        let text = "\
+path_matching: { trailing_slash: false }
+rules:
+  - name: plain
+    api: GET /a
+    limits: [ { gcra: { rate: 1/s } } ]
+  - name: own
+    api: GET /b
+    path_matching: { head_as_get: false }
+    limits: [ { gcra: { rate: 1/s } } ]
+";
+        let c = parse("r.yaml", text).unwrap();
+        let global = PathMatching {
+            trailing_slash: false,
+            ..PathMatching::LENIENT
+        };
+        assert_eq!(c.path_matching, global);
+        assert_eq!(c.rules[0].path_matching(), Some(global));
+        assert_eq!(
+            c.rules[1].path_matching(),
+            Some(PathMatching {
+                head_as_get: false,
+                ..global
+            })
+        );
+        // The default sets nothing on rules.
+        let c = parse("r.yaml", &by("user", "")).unwrap();
+        assert_eq!(c.path_matching, PathMatching::default());
+        assert_eq!(c.rules[0].path_matching(), None);
+        let e = parse("r.yaml", "path_matching: { trailing_slashes: false }\n").unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `trailing_slashes`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn reload_quiet() {
+        let c = parse("r.yaml", "rules: []\n").unwrap();
+        assert_eq!(c.reload_quiet, super::super::DEFAULT_RELOAD_QUIET);
+        assert!(c.has_rules);
+        let c = parse("r.yaml", "reload: { quiet: 300ms }\n").unwrap();
+        assert_eq!(c.reload_quiet, std::time::Duration::from_millis(300));
+        assert!(!c.has_rules);
+        for bad in ["50ms", "0s", "soon"] {
+            let e = parse("r.yaml", &format!("reload: {{ quiet: {bad} }}\n")).unwrap_err();
+            assert!(
+                e.to_string().starts_with("r.yaml:1:18: reload.quiet"),
+                "{bad}: {e}"
+            );
         }
     }
 }

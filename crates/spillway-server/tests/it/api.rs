@@ -120,6 +120,7 @@ async fn user_plus_ip_keys_and_soft_mode() {
 }
 
 const EVERY_ALGORITHM: &str = r#"
+descriptors: [tenant]
 rules:
   - name: tb
     api: /tb

@@ -5,6 +5,13 @@
 //! mtime alone miss an edit that keeps the size within the filesystem's
 //! timestamp tick), and reload at once on SIGHUP. A file that fails
 //! validation is rejected whole; the last good rules stay in force.
+//!
+//! A changed file applies only once it has stayed unchanged for the quiet
+//! period (`reload.quiet`, 2 s by default): a writer that truncates the
+//! file, then writes it in pieces, shows every prefix of it on the way,
+//! and a prefix cut between two rules is a valid file with fewer limits.
+//! A file without a `rules:` key (an empty one, a truncated one) never
+//! replaces the rules: `rules: []` says "no rules" explicitly.
 
 use std::sync::Arc;
 
@@ -37,7 +44,13 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
             .map(|p| std::fs::read_to_string(p).ok())
             .collect()
     };
-    let mut last_text = read_all(&paths);
+    // The files as last considered (applied or rejected): a change is
+    // measured from them.
+    let mut considered = read_all(&paths);
+    // A changed text waiting for its quiet period, and when it was first
+    // seen as it is.
+    let mut pending: Option<(Vec<Option<String>>, tokio::time::Instant)> = None;
+    let mut quiet = opts.config.reload_quiet;
     let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
@@ -54,9 +67,18 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
         };
         #[cfg(not(unix))]
         let sighup = std::future::pending::<()>();
+        // Wakes when the pending text has been quiet long enough (then it
+        // is read once more: it applies only if still the same).
+        let settled = async {
+            match &pending {
+                Some((_, since)) => tokio::time::sleep_until(*since + quiet).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
         let forced = tokio::select! {
             _ = tick.tick() => false,
             () = watcher.changed() => false,
+            () = settled => false,
             () = sighup => true,
             _ = stop.changed() => return,
         };
@@ -64,17 +86,55 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
             continue;
         }
         let text = read_all(&paths);
-        if !forced && text == last_text {
-            continue;
+        if !forced {
+            if text == considered {
+                // Changed back (or not at all): nothing to wait for.
+                pending = None;
+                continue;
+            }
+            match &pending {
+                Some((waiting, since)) if *waiting == text => {
+                    if since.elapsed() < quiet {
+                        continue;
+                    }
+                }
+                _ => {
+                    pending = Some((text, tokio::time::Instant::now()));
+                    continue;
+                }
+            }
         }
-        last_text = text;
-        reload(&state, &opts);
+        pending = None;
+        considered = text;
+        if let Some(q) = reload(&state, &opts) {
+            quiet = q;
+        }
     }
 }
 
-/// Loads the source again and swaps the rules in if it is valid.
-pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) {
-    match ServeOptions::load(&opts.source, &opts.envoy_files) {
+/// Loads the source again and swaps the rules in if it is valid and
+/// has a `rules:` key; returns the new file's quiet period if it applied.
+pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) -> Option<std::time::Duration> {
+    let loaded = ServeOptions::load(&opts.source, &opts.envoy_files).and_then(|config| {
+        if config.has_rules {
+            return Ok(config);
+        }
+        let file = match &opts.source {
+            Source::File(p) => p.display().to_string(),
+            Source::Example => "<examples/rules.yaml>".to_string(),
+        };
+        Err(crate::config::ConfigErrors(vec![
+            crate::config::ConfigError {
+                file,
+                line: 0,
+                column: 0,
+                message: "no `rules:` key (an empty or cut-short file?): not applied; \
+                      write `rules: []` to remove every rule"
+                    .to_string(),
+            },
+        ]))
+    });
+    match loaded {
         Ok(config) => {
             state
                 .domains
@@ -96,11 +156,13 @@ pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) {
                     "the rules file changes settings that apply only at start; restart spillway to apply them (the rules are in force)"
                 );
             }
+            Some(config.reload_quiet)
         }
         Err(e) => {
             state.shared.events.reload_failed();
             state.status.lock().last_error = Some(e.to_string());
             tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
+            None
         }
     }
 }

@@ -315,7 +315,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
     let dir = TempDir::new("reload");
     let rules = |limit: u32| {
         format!(
-            "rules:\n  - name: r\n    api: /r\n    by: user\n    limits:\n      - fixed_window: {{ limit: {limit}, window: 1h }}\n  - name: kept\n    api: /kept\n    by: user\n    limits:\n      - fixed_window: {{ limit: 2, window: 1h }}\n"
+            "reload: {{ quiet: 300ms }}\nrules:\n  - name: r\n    api: /r\n    by: user\n    limits:\n      - fixed_window: {{ limit: {limit}, window: 1h }}\n  - name: kept\n    api: /kept\n    by: user\n    limits:\n      - fixed_window: {{ limit: 2, window: 1h }}\n"
         )
     };
     let file = dir.write("rules.yaml", &rules(1));
@@ -333,9 +333,10 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
         check(&c, &s, json!({"api": "/kept", "user": "a"})).await.0,
         200
     );
-    // A good change is picked up within 2 seconds.
+    // A good change is picked up once quiet for 300 ms (generous deadline:
+    // a busy machine).
     dir.write("rules.yaml", &rules(5));
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let (status, _, j) = check(&c, &s, json!({"api": "/r", "user": "b"})).await;
         if j["limit"] == 5 {
@@ -344,7 +345,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "not reloaded in 2s: {j}"
+            "not reloaded in 10s: {j}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -367,7 +368,7 @@ async fn reload_takes_a_good_file_and_keeps_the_last_good_rules_on_a_bad_one() {
         "rules.yaml",
         "rules:\n  - name: r\n    limits:\n      - fixed_window: { limit: -1, window: 1h }\n",
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let st: serde_json::Value = util::json(c.get(s.url("/v1/status"))).await;
         if let Some(e) = st["last_reload_error"].as_str() {

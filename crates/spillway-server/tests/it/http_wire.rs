@@ -320,7 +320,7 @@ async fn shutdown_closes_idle_connections_and_returns() {
 async fn file_changes_reload_at_once_without_waiting_for_a_poll() {
     let rules = |n: u32| {
         format!(
-            "rules:\n  - name: w\n    by: user\n    limits:\n      - fixed_window: {{ limit: {n}, window: 1h }}\n"
+            "reload: {{ quiet: 300ms }}\nrules:\n  - name: w\n    by: user\n    limits:\n      - fixed_window: {{ limit: {n}, window: 1h }}\n"
         )
     };
     let dir = TempDir::new("watch");

@@ -2,6 +2,7 @@
 //! process on free loopback ports, real clients, real redis-server.
 
 mod api;
+mod config;
 mod grpc;
 mod hardening;
 mod http_wire;

@@ -295,7 +295,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
 
 /// The rule set for `config`, numbered `version`.
 pub fn rule_set(config: &Config, version: u64) -> RuleSet {
-    let mut set = RuleSet::new(config.rules.clone());
+    let mut set = RuleSet::with_path_matching(config.rules.clone(), config.path_matching);
     set.on_store_error = config.on_store_error;
     set.version = version;
     set

@@ -51,6 +51,11 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
     // seen as it is.
     let mut pending: Option<(Vec<Option<String>>, tokio::time::Instant)> = None;
     let mut quiet = opts.config.reload_quiet;
+    // The files as they were at start, before flags: start-only settings
+    // are compared with these (the running settings carry the flags, which
+    // a reloaded file does not, and would always look changed).
+    let started =
+        ServeOptions::load(&opts.source, &opts.envoy_files).unwrap_or_else(|_| opts.config.clone());
     let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
@@ -106,7 +111,7 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
         }
         pending = None;
         considered = text;
-        if let Some(q) = reload(&state, &opts) {
+        if let Some(q) = reload(&state, &opts, &started) {
             quiet = q;
         }
     }
@@ -114,7 +119,11 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
 
 /// Loads the source again and swaps the rules in if it is valid and
 /// has a `rules:` key; returns the new file's quiet period if it applied.
-pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) -> Option<std::time::Duration> {
+pub(crate) fn reload(
+    state: &Reloader,
+    opts: &ServeOptions,
+    started: &crate::config::Config,
+) -> Option<std::time::Duration> {
     let loaded = ServeOptions::load(&opts.source, &opts.envoy_files).and_then(|config| {
         if config.has_rules {
             return Ok(config);
@@ -149,7 +158,7 @@ pub(crate) fn reload(state: &Reloader, opts: &ServeOptions) -> Option<std::time:
             r.last_reload_unix_ms = unix_ms();
             let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
             tracing::info!(version, rules = ?names, "rules reloaded");
-            let waiting = opts.config.start_only_changes(&config);
+            let waiting = started.start_only_changes(&config);
             if !waiting.is_empty() {
                 tracing::warn!(
                     settings = ?waiting,

@@ -282,3 +282,55 @@ rules:
     assert_eq!(check(&c, &s, ask("HEAD /b")).await.0, 200);
     assert_eq!(check(&c, &s, ask("GET /b")).await.0, 429);
 }
+
+/// Flags are not start-only changes: a proxy started with `--upstream`
+/// (which its file does not name) reloads a rules change without warning
+/// that the proxy section needs a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_does_not_mistake_flags_for_file_changes() {
+    let dir = TempDir::new("reload-flags");
+    let text = |n: u32| {
+        format!(
+            "reload: {{ quiet: 200ms }}\nrules:\n  - name: r\n    by: ip\n    limits: [ {{ fixed_window: {{ limit: {n}, window: 1h }} }} ]\n"
+        )
+    };
+    let file = dir.write("rules.yaml", &text(5));
+    let s = Server::start_cmd(
+        "proxy",
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let _ = s.listener("admin API");
+    // The watcher starts beside the listeners: a change written before it
+    // read the file is no change to it, so write new limits until one is
+    // reloaded (no deadline decides the outcome).
+    let mut logs = Vec::new();
+    let mut reloaded = false;
+    for n in 6..40 {
+        dir.write("rules.yaml", &text(n));
+        let until = Instant::now() + Duration::from_secs(3);
+        while let Some(left) = until.checked_duration_since(Instant::now()) {
+            match s.logs.recv_timeout(left) {
+                Ok(line) => {
+                    reloaded |= line.contains("rules reloaded");
+                    logs.push(line);
+                }
+                Err(_) => break,
+            }
+        }
+        if reloaded {
+            break;
+        }
+    }
+    assert!(reloaded, "{logs:#?}");
+    assert!(
+        !logs.iter().any(|l| l.contains("apply only at start")),
+        "{logs:#?}"
+    );
+}

@@ -54,13 +54,7 @@ async fn start(args: &[&str], rules: &str) -> (Server, Channel, TempDir) {
     ];
     all.extend_from_slice(args);
     let s = Server::start(&all);
-    let line = s.wait_line("gRPC");
-    let addr = line
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string();
+    let addr = s.listener("gRPC");
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()

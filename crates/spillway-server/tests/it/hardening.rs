@@ -301,13 +301,7 @@ async fn a_full_redis_is_visible_and_decided_by_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_leave_the_decision_port_when_asked() {
     let (s, _d) = start("admin_listen: 127.0.0.1:0");
-    let line = s.wait_line("admin API");
-    let admin = line
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let admin = s.listener("admin API");
     let c = client();
     for path in ["/metrics", "/v1/rules", "/v1/status"] {
         let public = c.get(s.url(path)).send().await.unwrap().status();
@@ -343,13 +337,7 @@ async fn a_malformed_chunked_body_is_a_400_not_an_upstream_error() {
         ),
     );
     let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
-    let line = s.wait_line("admin API");
-    let admin = line
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap()
-        .to_string();
+    let admin = s.listener("admin API");
     let mut conn = TcpStream::connect(&s.addr).await.unwrap();
     conn.write_all(
         b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\n\r\n",

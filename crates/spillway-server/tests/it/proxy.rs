@@ -180,12 +180,7 @@ fn proxy_with(path: Path, yaml: &str, args: &[&str]) -> (Server, TempDir) {
 
 /// The address `--admin-listen 127.0.0.1:0` took, from the log.
 fn admin_address(s: &Server) -> String {
-    let line = s.wait_line("admin API");
-    line.split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string()
+    s.listener("admin API")
 }
 
 /// The one request the upstream received for `path`.

@@ -364,13 +364,7 @@ rules:
             "127.0.0.1:0",
         ],
     );
-    let line = server.wait_line("admin API");
-    let admin = line
-        .split("listening on http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let admin = server.listener("admin API");
     Proxy {
         server,
         admin,

@@ -113,6 +113,17 @@ impl Server {
     }
 
     /// Waits for a log line containing `needle` and returns it.
+    /// The address a listener named in the log (`what`: "admin API",
+    /// "gRPC") took, e.g. with `--admin-listen 127.0.0.1:0`.
+    pub fn listener(&self, what: &str) -> String {
+        let line = self.wait_line(what);
+        line.split("listening on http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string()
+    }
+
     pub fn wait_line(&self, needle: &str) -> String {
         let mut seen = Vec::new();
         loop {

@@ -163,25 +163,38 @@ impl Upstream {
         req: &Outgoing<'_>,
     ) -> Result<Response, Failure> {
         let broken = |e: io::Error| Failure::Bad(e.to_string());
-        let write = async {
-            if req.body.is_empty() {
-                conn.write_all(head).await
-            } else {
-                let bufs = [io::IoSlice::new(head), io::IoSlice::new(req.body)];
-                let total = head.len() + req.body.len();
-                let n = conn.write_vectored(&bufs).await?;
-                if n < total {
-                    let mut all = Vec::with_capacity(total);
-                    all.extend_from_slice(head);
-                    all.extend_from_slice(req.body);
-                    conn.write_all(&all[n..]).await?;
-                }
-                Ok(())
+        // Most requests fit the socket's buffer at once: only a write that
+        // has to wait runs under a timer.
+        let mut written = 0;
+        if req.body.is_empty() {
+            match conn.try_write(head) {
+                Ok(n) => written = n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(broken(e)),
             }
-        };
-        match tokio::time::timeout(self.timeout, write).await {
-            Ok(r) => r.map_err(broken)?,
-            Err(_) => return Err(Failure::Timeout),
+        }
+        if written < head.len() {
+            let rest = &head[written..];
+            let write = async {
+                if req.body.is_empty() {
+                    conn.write_all(rest).await
+                } else {
+                    let bufs = [io::IoSlice::new(rest), io::IoSlice::new(req.body)];
+                    let total = rest.len() + req.body.len();
+                    let n = conn.write_vectored(&bufs).await?;
+                    if n < total {
+                        let mut all = Vec::with_capacity(total);
+                        all.extend_from_slice(rest);
+                        all.extend_from_slice(req.body);
+                        conn.write_all(&all[n..]).await?;
+                    }
+                    Ok(())
+                }
+            };
+            match tokio::time::timeout(self.timeout, write).await {
+                Ok(r) => r.map_err(broken)?,
+                Err(_) => return Err(Failure::Timeout),
+            }
         }
         let read_head = async {
             let mut buf = Vec::with_capacity(4096);

@@ -36,7 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::head::{self, Head, MAX_HEADERS, RequestHead};
+use crate::head::{self, Head, RequestHead};
 use crate::io::Rewind;
 
 /// Time and connection bounds of a listener.
@@ -106,8 +106,16 @@ impl ClientConn<'_> {
     /// Writes all of `bytes` within the write timeout; false if the client
     /// is gone or does not read.
     pub async fn write_all(&mut self, bytes: &[u8]) -> bool {
+        // Most answers fit the socket's buffer at once: only a write that
+        // has to wait needs a timer.
+        let rest = match self.tcp.try_write(bytes) {
+            Ok(n) if n == bytes.len() => return true,
+            Ok(n) => &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => bytes,
+            Err(_) => return false,
+        };
         matches!(
-            tokio::time::timeout(self.write_timeout, self.tcp.write_all(bytes)).await,
+            tokio::time::timeout(self.write_timeout, self.tcp.write_all(rest)).await,
             Ok(Ok(()))
         )
     }
@@ -590,7 +598,7 @@ impl<H: Handler> Conn<H> {
         tcp: &mut TcpStream,
         out: &mut Vec<u8>,
     ) -> Step {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut headers = head::uninit_headers();
         let (head, parsed) = head::read(buf, &mut headers, max_body);
         let (head_len, body_len, close) = match head {
             Head::Direct {

@@ -81,7 +81,8 @@ impl<'a> Problem<'a> {
         let mut num = itoa::Buffer::new();
         out.reserve(96 + self.detail.len() * 2);
         out.push_str(r#"{"type":"about:blank","title":""#);
-        push_json_escaped(out, &self.title());
+        // Reason phrases are plain ASCII words: nothing to escape.
+        out.push_str(&self.title());
         out.push_str(r#"","status":"#);
         out.push_str(num.format(self.status.as_u16()));
         out.push_str(r#","detail":""#);

@@ -33,6 +33,19 @@ pub trait Headers {
     fn count(&self, name: &str) -> usize;
     /// Every value of `name`, as bytes (text or not), in order.
     fn all_raw(&self, name: &str) -> Vec<&[u8]>;
+    /// `name`'s value when it occurs exactly once, in one pass.
+    fn sole(&self, name: &str) -> Sole<'_>;
+}
+
+/// How often a header occurs, and its value when once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sole<'a> {
+    /// Not at all.
+    Missing,
+    /// Once, with this value.
+    One(&'a [u8]),
+    /// More than once.
+    Many,
 }
 
 impl Headers for HeaderMap {
@@ -50,6 +63,14 @@ impl Headers for HeaderMap {
     }
     fn all_raw(&self, name: &str) -> Vec<&[u8]> {
         self.get_all(name).iter().map(|v| v.as_bytes()).collect()
+    }
+    fn sole(&self, name: &str) -> Sole<'_> {
+        let mut all = self.get_all(name).iter();
+        match (all.next(), all.next()) {
+            (None, _) => Sole::Missing,
+            (Some(v), None) => Sole::One(v.as_bytes()),
+            (Some(_), Some(_)) => Sole::Many,
+        }
     }
 }
 
@@ -75,6 +96,18 @@ impl Headers for [httparse::Header<'_>] {
             .filter(|h| h.name.eq_ignore_ascii_case(name))
             .map(|h| h.value)
             .collect()
+    }
+    fn sole(&self, name: &str) -> Sole<'_> {
+        let mut found = Sole::Missing;
+        for h in self {
+            if h.name.len() == name.len() && h.name.eq_ignore_ascii_case(name) {
+                if found != Sole::Missing {
+                    return Sole::Many;
+                }
+                found = Sole::One(h.value);
+            }
+        }
+        found
     }
 }
 

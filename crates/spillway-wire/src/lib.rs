@@ -27,5 +27,5 @@ mod io;
 pub mod server;
 pub mod write;
 
-pub use headers::{HOP_BY_HOP, Headers};
+pub use headers::{HOP_BY_HOP, Headers, Sole};
 pub use server::{ClientConn, Handler, Limits, Message, serve};

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use spillway_wire::Headers;
+use spillway_wire::{Headers, Sole};
 
 /// An IP network (`10.0.0.0/8`, `::1/128`, or a bare address).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,12 +129,12 @@ impl Identify {
         query: Option<&str>,
     ) -> Result<Option<String>, Ambiguous> {
         match &self.user {
-            Some(UserSource::Header(h)) => {
-                if headers.count(h) > 1 {
-                    return Err(Ambiguous(format!("the {h} header is sent more than once")));
-                }
-                Ok(headers.value(h.as_str()).map(str::to_string))
-            }
+            Some(UserSource::Header(h)) => match headers.sole(h) {
+                Sole::Missing => Ok(None),
+                // A value that is not text names no user (as before).
+                Sole::One(v) => Ok(std::str::from_utf8(v).ok().map(str::to_string)),
+                Sole::Many => Err(Ambiguous(format!("the {h} header is sent more than once"))),
+            },
             Some(UserSource::Query(q)) => {
                 let Some(query) = query else { return Ok(None) };
                 let mut found = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == q);

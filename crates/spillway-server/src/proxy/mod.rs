@@ -32,7 +32,7 @@ use http::{StatusCode, Uri};
 use spillway_core::IpText;
 use spillway_store::{Checked, Request};
 use spillway_tower::{Admission, Problem};
-use spillway_wire::Headers;
+use spillway_wire::{Headers, Sole};
 
 pub use identity::{IpNet, UserSource};
 
@@ -239,13 +239,11 @@ impl Proxy {
         if !target.starts_with('/') {
             return Err(bad("the request target must be a path (origin-form)".into()));
         }
-        match headers.count("host") {
-            1 => {}
-            0 => return Err(bad("a Host header is required".into())),
-            _ => return Err(bad("the Host header is sent more than once".into())),
-        }
-        if !headers.value("host").is_some_and(valid_host) {
-            return Err(bad("the Host header is not a valid host".into()));
+        match headers.sole("host") {
+            Sole::One(h) if valid_host(h) => {}
+            Sole::One(_) => return Err(bad("the Host header is not a valid host".into())),
+            Sole::Missing => return Err(bad("a Host header is required".into())),
+            Sole::Many => return Err(bad("the Host header is sent more than once".into())),
         }
         let query = target.split_once('?').map(|(_, q)| q);
         let user = self.identify.user(headers, query).map_err(|a| {
@@ -352,50 +350,61 @@ impl Proxy {
 
 /// A host as `Host` may carry it: a reg-name or IPv4 address of RFC 3986
 /// characters, or a bracketed IPv6 literal, and an optional port.
-fn valid_host(h: &str) -> bool {
-    let (host, port) = if let Some(rest) = h.strip_prefix('[') {
-        let Some((lit, after)) = rest.split_once(']') else {
+fn valid_host(h: &[u8]) -> bool {
+    let (host, port): (&[u8], Option<&[u8]>) = if let Some(rest) = h.strip_prefix(b"[") {
+        let Some(close) = rest.iter().position(|&b| b == b']') else {
             return false;
         };
+        let lit = std::str::from_utf8(&rest[..close]).unwrap_or("");
         if lit.parse::<std::net::Ipv6Addr>().is_err() {
             return false;
         }
-        match after.strip_prefix(':') {
-            Some(p) => ("x", Some(p)),
-            None if after.is_empty() => ("x", None),
-            None => return false,
+        match &rest[close + 1..] {
+            [] => (b"x", None),
+            [b':', p @ ..] => (b"x", Some(p)),
+            _ => return false,
         }
     } else {
-        match h.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
+        match h.iter().rposition(|&b| b == b':') {
+            Some(i) => (&h[..i], Some(&h[i + 1..])),
             None => (h, None),
         }
     };
-    let host_ok = !host.is_empty()
-        && host.bytes().all(|b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'-' | b'.'
-                        | b'_'
-                        | b'~'
-                        | b'!'
-                        | b'$'
-                        | b'&'
-                        | b'\''
-                        | b'('
-                        | b')'
-                        | b'*'
-                        | b'+'
-                        | b','
-                        | b';'
-                        | b'='
-                        | b'%'
-                )
-        });
-    let port_ok = port.is_none_or(|p| p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    let host_ok = !host.is_empty() && host.iter().all(|&b| HOST[usize::from(b)]);
+    let port_ok = port.is_none_or(|p| p.len() <= 5 && p.iter().all(u8::is_ascii_digit));
     host_ok && port_ok
 }
+
+/// The bytes a reg-name or IPv4 host may hold: RFC 3986's unreserved and
+/// sub-delims characters and `%` (escapes).
+static HOST: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+                    | b'%'
+            );
+        c += 1;
+    }
+    t
+};
 
 /// A request's identity and headers, for the rules' keys.
 struct Attrs<'a, H: ?Sized> {
@@ -488,12 +497,12 @@ mod tests {
             "[::1]",
             "[::1]:80",
         ] {
-            assert!(valid_host(ok), "{ok}");
+            assert!(valid_host(ok.as_bytes()), "{ok}");
         }
         for bad in [
             "", "a b", "a/b", "[::1", "[zz]", "a:b", "a:123456", "a@b", "[::1]x",
         ] {
-            assert!(!valid_host(bad), "{bad}");
+            assert!(!valid_host(bad.as_bytes()), "{bad}");
         }
     }
 

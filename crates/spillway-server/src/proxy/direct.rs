@@ -135,7 +135,11 @@ impl DirectProxy {
         // Watch for the client leaving while the request waits its turn or
         // the upstream thinks: dropping the future leaves the queue.
         tokio::pin!(decide_and_send);
+        // Biased: a decision the store makes at once (every denial on the
+        // memory store) is answered without first asking the socket
+        // whether the client left.
         let (checked, sent) = tokio::select! {
+            biased;
             r = &mut decide_and_send => r,
             gone = conn.gone() => {
                 if gone {

@@ -26,32 +26,7 @@ cargo build --release --locked -q --example bare -p spillway-server
 up=$(free_port)
 target/release/examples/bare "127.0.0.1:$up" 2>/dev/null &
 wait_port "$up"
-bench_rules "$work/api.yaml"
-cat > "$work/proxy.yaml" <<YAML
-proxy:
-  upstream: http://127.0.0.1:$up
-  user: header:X-Api-Key
-rules:
-  - name: api
-    by: user
-    limits:
-      - gcra: { rate: 100/1s, burst: 100 }
-YAML
-users_load "$work/api.lua"
-lua() { # file key-expression chunked
-  local extra="" tail=""
-  if [ "$3" = 1 ]; then extra=', ["Transfer-Encoding"] = "chunked"'; tail=' .. "0\r\n\r\n"'; fi
-  cat > "$1" <<LUA
-math.randomseed(os.time())
-request = function()
-  return wrk.format("GET", "/api", {["X-Api-Key"] = $2$extra})$tail
-end
-LUA
-}
-lua "$work/proxy-allow.lua" '"k" .. math.random(1, 100000)' 0
-lua "$work/proxy-deny.lua" '"one-key"' 0
-lua "$work/hyper-allow.lua" '"k" .. math.random(1, 100000)' 1
-lua "$work/hyper-deny.lua" '"one-key"' 1
+ab_cases "$up"
 
 measure() { # binary case -> prints instructions per request
   local bin=$1 case=$2 port mode=proxy path=/api script="$work/$2.lua"

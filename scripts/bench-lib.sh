@@ -45,3 +45,44 @@ request = function()
 end
 LUA
 }
+
+# Writes the proxy benchmarks' rules file to $1: the upstream on
+# 127.0.0.1:$2, the user from X-Api-Key, one GCRA rule by user.
+proxy_rules() {
+  cat > "$1" <<YAML
+proxy:
+  upstream: http://127.0.0.1:$2
+  user: header:X-Api-Key
+rules:
+  - name: api
+    by: user
+    limits:
+      - gcra: { rate: 100/1s, burst: 100 }
+YAML
+}
+
+# Writes a wrk script to $1: GET /api with X-Api-Key set to the Lua
+# expression $2; with $3 = 1 the request carries an empty chunked body,
+# which sends it to hyper on spillway's side.
+proxy_lua() {
+  local extra="" tail=""
+  if [ "$3" = 1 ]; then extra=', ["Transfer-Encoding"] = "chunked"'; tail=' .. "0\r\n\r\n"'; fi
+  cat > "$1" <<LUA
+math.randomseed(os.time())
+request = function()
+  return wrk.format("GET", "/api", {["X-Api-Key"] = $2$extra})$tail
+end
+LUA
+}
+
+# The five hot-path cases of bench-ab.sh and bench-instructions.sh: their
+# rules files and wrk scripts in $work, the upstream on 127.0.0.1:$1.
+ab_cases() {
+  bench_rules "$work/api.yaml"
+  proxy_rules "$work/proxy.yaml" "$1"
+  users_load "$work/api.lua"
+  proxy_lua "$work/proxy-allow.lua" '"k" .. math.random(1, 100000)' 0
+  proxy_lua "$work/proxy-deny.lua" '"one-key"' 0
+  proxy_lua "$work/hyper-allow.lua" '"k" .. math.random(1, 100000)' 1
+  proxy_lua "$work/hyper-deny.lua" '"one-key"' 1
+}

@@ -244,37 +244,32 @@ pub fn strict_origin_form(t: &str) -> bool {
 
 /// The bytes an origin-form target may hold besides `%`: RFC 3986's
 /// unreserved and sub-delims characters, `:`, `@`, `/` and `?`.
-static TARGET: [bool; 256] = {
+static TARGET: [bool; 256] = rfc3986_bytes(b":@/?");
+
+/// A lookup table of RFC 3986's unreserved and sub-delims characters
+/// (letters, digits, `-._~!$&'()*+,;=`) and `extra`, for byte-at-a-time
+/// checks of targets and hosts.
+pub const fn rfc3986_bytes(extra: &[u8]) -> [bool; 256] {
     let mut t = [false; 256];
+    let base = b"-._~!$&'()*+,;=";
     let mut c = 0;
     while c < 256 {
         let b = c as u8;
-        t[c] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'@'
-                    | b'/'
-                    | b'?'
-            );
+        t[c] = b.is_ascii_alphanumeric();
         c += 1;
     }
+    let mut i = 0;
+    while i < base.len() {
+        t[base[i] as usize] = true;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < extra.len() {
+        t[extra[i] as usize] = true;
+        i += 1;
+    }
     t
-};
+}
 
 #[cfg(test)]
 mod tests {

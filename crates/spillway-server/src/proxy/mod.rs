@@ -377,34 +377,7 @@ fn valid_host(h: &[u8]) -> bool {
 
 /// The bytes a reg-name or IPv4 host may hold: RFC 3986's unreserved and
 /// sub-delims characters and `%` (escapes).
-static HOST: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut c = 0;
-    while c < 256 {
-        let b = c as u8;
-        t[c] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b'%'
-            );
-        c += 1;
-    }
-    t
-};
+static HOST: [bool; 256] = spillway_wire::head::rfc3986_bytes(b"%");
 
 /// A request's identity and headers, for the rules' keys.
 struct Attrs<'a, H: ?Sized> {

@@ -429,6 +429,7 @@ async fn serve_with<H: Handler>(
             Some(tokio::spawn(grpc::serve(
                 parts.grpc.clone(),
                 listener,
+                limits,
                 stopped(&stop_tx),
             )))
         }

@@ -297,4 +297,39 @@ mod tests {
         }
         (status, bytes)
     }
+
+    proptest::proptest! {
+        /// Any rule name (quotes, backslashes, control characters, any
+        /// script): the hand-written answer is valid JSON equal to serde's.
+        #[test]
+        fn any_rule_name_gives_the_documented_json(
+            name in "\\PC{1,20}|[\"\\\\\u{0}-\u{1f}a]{1,8}",
+            limit in 1u64..5,
+            hits in 1usize..7,
+        ) {
+            let rule = Rule::new(
+                &name,
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![Limit::FixedWindow(FixedWindow::new(limit, Nanos::from_secs(60)).unwrap())],
+                Mode::Hard,
+            );
+            let Ok(rule) = rule else { return Ok(()) };
+            let limiter = Limiter::new(
+                MemoryStore::new(ManualClock::new(Nanos::from_secs(1_000)), Default::default()),
+                RuleSet::new(vec![rule]),
+            );
+            let attrs = SimpleAttributes { user: Some("u"), ..Default::default() };
+            let request = Request { method: None, path: None, attrs: &attrs, cost: 1 };
+            for _ in 0..hits {
+                let checked = spillway_store::block_on(limiter.check(&request));
+                let (status, hand) = decision_json(&checked);
+                let (oracle_status, oracle) = serde_decision_json(&checked);
+                proptest::prop_assert_eq!(status, oracle_status);
+                let hand: serde_json::Value = serde_json::from_slice(&hand).expect("valid JSON");
+                let oracle: serde_json::Value = serde_json::from_slice(&oracle).unwrap();
+                proptest::prop_assert_eq!(hand, oracle);
+            }
+        }
+    }
 }

@@ -32,6 +32,7 @@ pub struct GrpcState {
 pub async fn serve(
     state: Arc<GrpcState>,
     listener: TcpListener,
+    limits: spillway_wire::Limits,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -41,7 +42,15 @@ pub async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
+    // The HTTP listeners' bounds, as far as tonic has them: a call must end
+    // within the body timeout, an HTTP/2 connection that stops answering
+    // pings is closed, and one connection cannot open unbounded streams.
     let result = tonic::transport::Server::builder()
+        .timeout(limits.body_timeout)
+        .http2_keepalive_interval(Some(limits.idle_timeout / 2))
+        .http2_keepalive_timeout(Some(limits.write_timeout))
+        .max_concurrent_streams(256)
+        .concurrency_limit_per_connection(256)
         .add_service(health)
         .add_service(service::RateLimitService::new(state))
         // No Nagle: answers are small and written when the store replies;

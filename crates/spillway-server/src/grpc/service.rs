@@ -355,3 +355,50 @@ pub async fn should_rate_limit(
         request_headers_to_add: Vec::new(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{Entry, RateLimitDescriptor};
+
+    proptest::proptest! {
+        /// Any request shape: refused with a reason, or within the bounds
+        /// the service promises; never a panic.
+        #[test]
+        fn any_rls_request_is_refused_or_within_bounds(
+            domain in "[a-z ]{0,4}",
+            descriptors in proptest::collection::vec(
+                proptest::collection::vec(("[a-z]{0,3}", "[a-z]{0,3}|x{1020,1030}"), 0..4),
+                0..70,
+            ),
+            hits in proptest::num::u32::ANY,
+        ) {
+            let req = RateLimitRequest {
+                domain,
+                descriptors: descriptors
+                    .into_iter()
+                    .map(|entries| RateLimitDescriptor {
+                        entries: entries
+                            .into_iter()
+                            .map(|(key, value)| Entry { key, value })
+                            .collect(),
+                        limit: None,
+                        hits_addend: None,
+                    })
+                    .collect(),
+                hits_addend: hits,
+            };
+            if validate(&req).is_ok() {
+                proptest::prop_assert!(!req.domain.trim().is_empty());
+                proptest::prop_assert!(!req.descriptors.is_empty());
+                proptest::prop_assert!(req.descriptors.len() <= MAX_DESCRIPTORS);
+                for d in &req.descriptors {
+                    proptest::prop_assert!(!d.entries.is_empty() && d.entries.len() <= MAX_ENTRIES);
+                    for e in &d.entries {
+                        proptest::prop_assert!(!e.key.is_empty());
+                    }
+                }
+            }
+        }
+    }
+}

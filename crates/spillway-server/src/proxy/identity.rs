@@ -348,4 +348,50 @@ mod tests {
         );
         assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), ip("203.0.113.9"));
     }
+
+    proptest::proptest! {
+        /// Whatever forwarding headers a client or a proxy writes: the
+        /// client IP is the peer or an address written in the chain, never
+        /// a panic; the chain sent upstream is one header line.
+        #[test]
+        fn any_forwarding_headers_give_the_peer_or_a_listed_address(
+            xff in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "6.6.6.6", "10.0.0.2", "203.0.113.9", "unknown", "_hidden", "::1",
+                    "[2001:db8::1]:80", "1.2.3.4:5", "", " ", ",", "999.1.1.1", "[::1",
+                    "\u{e9}", "for=1.1.1.1",
+                ]),
+                0..6,
+            ),
+            fwd in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "for=192.0.2.60", "for=\"[2001:db8::1]:4711\"", "proto=http", "for=_x",
+                    "by=10.0.0.9", ";", ",", "for=", "FOR=6.6.6.6", "for=\"", " ",
+                ]),
+                0..6,
+            ),
+            peer_trusted: bool,
+        ) {
+            let trusted = [IpNet::parse("10.0.0.0/8").unwrap()];
+            let peer = if peer_trusted { ip("10.0.0.1") } else { ip("198.51.100.1") };
+            let mut h = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(&xff.join(", ")) {
+                h.insert("x-forwarded-for", v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&fwd.join("")) {
+                h.insert(header::FORWARDED, v);
+            }
+            let got = client_ip(peer, &h, &trusted);
+            let listed: Vec<IpAddr> = forwarded_chain(&h).into_iter().flatten().collect();
+            proptest::prop_assert!(
+                got == peer || listed.iter().any(|l| l.to_canonical() == got),
+                "{got} from {xff:?} {fwd:?}"
+            );
+            if !peer_trusted {
+                proptest::prop_assert_eq!(got, peer);
+            }
+            let chain = forwarded_for(peer, &h, &trusted);
+            proptest::prop_assert!(!chain.contains(['\r', '\n']), "{chain:?}");
+        }
+    }
 }

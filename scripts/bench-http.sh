@@ -8,7 +8,8 @@
 # throttlecrab-server` (set THROTTLECRAB=/path/to/binary, or skip it with
 # THROTTLECRAB=none). Prints one line per run and the medians.
 #
-# Usage: scripts/bench-http.sh [SECONDS_PER_RUN] [ROUNDS] [CONNECTIONS]
+# SPILLWAY_BIN=FILE measures another spillway binary (e.g. an older build).
+# Usage: [SPILLWAY_BIN=...] scripts/bench-http.sh [SECONDS_PER_RUN] [ROUNDS] [CONNECTIONS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/bench-lib.sh
@@ -60,7 +61,7 @@ run_one() { # name pid url body
 
 
 p_sp=$(free_port); p_bare=$(free_port); p_tc=$(free_port)
-RUST_LOG=warn target/release/spillway serve --config "$work/rules.yaml" --listen "127.0.0.1:$p_sp" 2>/dev/null & pid_sp=$!
+RUST_LOG=warn "${SPILLWAY_BIN:-target/release/spillway}" serve --config "$work/rules.yaml" --listen "127.0.0.1:$p_sp" 2>/dev/null & pid_sp=$!
 target/release/examples/bare "127.0.0.1:$p_bare" 2>/dev/null & pid_bare=$!
 pid_tc=""
 if [ "$tc" != none ]; then

@@ -95,16 +95,7 @@ $pin_proxy nginx -p "$work/ng" -c "$work/ng/nginx.conf" &
 pid_ng=$!
 $pin_proxy nginx -p "$work/nh" -c "$work/nh/nginx.conf" &
 pid_nh=$!
-cat > "$work/rules.yaml" <<YAML
-proxy:
-  upstream: http://127.0.0.1:$up
-  user: header:X-Api-Key
-rules:
-  - name: api
-    by: user
-    limits:
-      - gcra: { rate: 100/1s, burst: 100 }
-YAML
+proxy_rules "$work/rules.yaml" "$up"
 RUST_LOG=warn $pin_proxy "${SPILLWAY_BIN:-target/release/spillway}" proxy --config "$work/rules.yaml" --listen "127.0.0.1:$sp" \
   --threads "$threads" 2>/dev/null &
 pid_sp=$!

@@ -504,14 +504,7 @@ fn over_cost(rule: &Rule, cost: u64) -> Option<RuleDecision> {
     Some(RuleDecision {
         rule: 0,
         limit: li,
-        verdict: spillway_core::Verdict {
-            allowed: false,
-            limit: limit.size(),
-            remaining: 0,
-            reset: Nanos::ZERO,
-            retry_after: Nanos::MAX,
-            wait: Nanos::ZERO,
-        },
+        verdict: spillway_core::Verdict::never(limit.size()),
         outcome: if shadow {
             Outcome::ShadowDenied
         } else {

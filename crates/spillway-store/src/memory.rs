@@ -241,7 +241,11 @@ impl<C: Clock> MemoryStore<C> {
     /// byte string naming the client; `limit` must be the same for a key
     /// across calls.
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64, now: Nanos) -> Verdict {
-        let tag = self.key_tag(key);
+        self.check_tag(self.key_tag(key), limit, cost, now)
+    }
+
+    /// [`check`](Self::check) for a key already hashed.
+    fn check_tag(&self, tag: u64, limit: &Limit, cost: u64, now: Nanos) -> Verdict {
         let mut shard = self.shard(tag).0.lock();
         let mut used = false;
         let v = apply(
@@ -279,19 +283,7 @@ impl<C: Clock> MemoryStore<C> {
         }
         out.reserve(items.len());
         for (&(_, limit, cost), tag) in items.iter().zip(tags) {
-            let mut shard = self.shard(tag).0.lock();
-            let mut used = false;
-            out.push(apply(
-                &mut shard,
-                self.bare(&mut used),
-                tag,
-                limit,
-                now,
-                cost,
-                true,
-            ));
-            drop(shard);
-            self.count_overflow(used);
+            out.push(self.check_tag(tag, limit, cost, now));
         }
     }
 
@@ -445,14 +437,7 @@ fn apply(
 
 /// Unreachable in practice (kinds and decide methods agree); a denial keeps it safe.
 fn deny_all(limit: &Limit) -> Verdict {
-    Verdict {
-        allowed: false,
-        limit: limit.size(),
-        remaining: 0,
-        reset: Nanos::ZERO,
-        retry_after: Nanos::MAX,
-        wait: Nanos::ZERO,
-    }
+    Verdict::never(limit.size())
 }
 
 struct View<'a, 'g> {

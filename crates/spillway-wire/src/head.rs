@@ -186,25 +186,6 @@ fn judge(req: &httparse::Request<'_, '_>, head_len: usize, max_body: usize) -> H
     }
 }
 
-/// Parses a complete head again, for the handler (the classifier's borrow
-/// of the buffer ends before the body is read).
-pub fn parse<'h, 'b>(
-    head: &'b [u8],
-    headers: &'h mut [httparse::Header<'b>; MAX_HEADERS],
-) -> Option<RequestHead<'h, 'b>> {
-    let mut req = httparse::Request::new(headers);
-    if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
-        return None;
-    }
-    let method = req.method?;
-    let target = req.path?;
-    Some(RequestHead {
-        method,
-        target,
-        headers: req.headers,
-    })
-}
-
 /// A `Content-Length` value: 1 to 15 decimal digits, nothing else (no
 /// sign, no list, no inner space; surrounding space is the parser's).
 pub fn parse_length(v: &[u8]) -> Option<usize> {

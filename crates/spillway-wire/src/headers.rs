@@ -29,8 +29,6 @@ pub trait Headers {
     fn value(&self, name: &str) -> Option<&str> {
         self.all(name).into_iter().next()
     }
-    /// How many times `name` occurs (whatever its bytes).
-    fn count(&self, name: &str) -> usize;
     /// Every value of `name`, as bytes (text or not), in order.
     fn all_raw(&self, name: &str) -> Vec<&[u8]>;
     /// `name`'s value when it occurs exactly once, in one pass.
@@ -58,9 +56,6 @@ impl Headers for HeaderMap {
     fn value(&self, name: &str) -> Option<&str> {
         self.get(name).and_then(|v| v.to_str().ok())
     }
-    fn count(&self, name: &str) -> usize {
-        self.get_all(name).iter().count()
-    }
     fn all_raw(&self, name: &str) -> Vec<&[u8]> {
         self.get_all(name).iter().map(|v| v.as_bytes()).collect()
     }
@@ -85,11 +80,6 @@ impl Headers for [httparse::Header<'_>] {
         self.iter()
             .find(|h| h.name.eq_ignore_ascii_case(name))
             .and_then(|h| std::str::from_utf8(h.value).ok())
-    }
-    fn count(&self, name: &str) -> usize {
-        self.iter()
-            .filter(|h| h.name.eq_ignore_ascii_case(name))
-            .count()
     }
     fn all_raw(&self, name: &str) -> Vec<&[u8]> {
         self.iter()

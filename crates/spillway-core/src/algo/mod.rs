@@ -71,6 +71,13 @@ impl Verdict {
         }
     }
 
+    /// A denial that never clears (`retry_after` is [`Nanos::MAX`]) from a
+    /// limit of size `limit` whose state was not read (`remaining` 0): a
+    /// cost the limit can never admit, or a store that cannot decide.
+    pub fn never(limit: u64) -> Verdict {
+        Verdict::deny(limit, 0, Nanos::ZERO, Nanos::MAX)
+    }
+
     pub(crate) fn deny(limit: u64, remaining: u64, reset: Nanos, retry_after: Nanos) -> Verdict {
         Verdict {
             allowed: false,

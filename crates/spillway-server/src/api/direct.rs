@@ -63,8 +63,8 @@ impl DirectApi {
 }
 
 fn write_problem(out: &mut Vec<u8>, e: &ApiError, close: bool) {
-    let json = e.problem().to_json();
     let p: Problem<'_> = e.problem();
+    let json = p.to_json();
     write::answer(
         out,
         p.status,

@@ -104,6 +104,16 @@ pub trait StateView {
     /// Charges the request to `limit`: applies the transition `verdict`
     /// computed for the same limit, state and time (only called when it admitted).
     fn commit(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64);
+    /// Charges `cost` to `limit` after the fact, whatever its state (see
+    /// [`charge`]), and returns a check of cost 0 on the state after it.
+    fn charge(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Verdict;
 }
 
 /// Decides a request of `cost` at `now` against `rules`, charging all of them
@@ -112,7 +122,38 @@ pub trait StateView {
 /// The request is admitted only if every non-shadow rule admits it; then every
 /// hard and soft rule is charged, and every shadow rule that would have
 /// admitted it. A denied request is charged to no rule.
+///
+/// A cost of 0 is a check: every rule says whether the key is over its
+/// limit, and nothing is charged.
 pub fn decide<V: StateView>(rules: &[&Rule], view: &mut V, now: Nanos, cost: u64) -> Decision {
+    decide_then(rules, view, now, cost, cost > 0)
+}
+
+/// Charges `cost` after the fact (a cost known only once the request was
+/// served, such as the tokens an answer used) to every limit of every rule,
+/// shadow rules too, whatever their state: a charge is never refused, and
+/// one past a limit puts the key in debt, so later checks are denied until
+/// the algorithm has paid it back (see the algorithms' `charge`).
+///
+/// The decision is then a check (cost 0) of the states after the charge:
+/// `allowed` is false if a hard or soft rule's key is now over its limit.
+pub fn charge<V: StateView>(rules: &[&Rule], view: &mut V, now: Nanos, cost: u64) -> Decision {
+    for (ri, rule) in rules.iter().enumerate() {
+        for (li, limit) in rule.enforced_limits().iter().enumerate() {
+            let _ = view.charge(ri, li, limit, now, cost);
+        }
+    }
+    decide_then(rules, view, now, 0, false)
+}
+
+/// [`decide`], charging the admitted request only if `commit`.
+fn decide_then<V: StateView>(
+    rules: &[&Rule],
+    view: &mut V,
+    now: Nanos,
+    cost: u64,
+    commit: bool,
+) -> Decision {
     let mut decisions = RuleDecisions::with_capacity(rules.len());
     // Which rules to charge: a bit each (a Vec only past 64 rules).
     let mut charge_bits = 0u64;
@@ -130,7 +171,7 @@ pub fn decide<V: StateView>(rules: &[&Rule], view: &mut V, now: Nanos, cost: u64
         wait = wait.max(rd.verdict.wait);
         decisions.push(rd);
     }
-    if allowed {
+    if allowed && commit {
         for (ri, rule) in rules.iter().enumerate() {
             let charged = if ri < 64 {
                 charge_bits >> ri & 1 == 1
@@ -143,7 +184,7 @@ pub fn decide<V: StateView>(rules: &[&Rule], view: &mut V, now: Nanos, cost: u64
                 }
             }
         }
-    } else {
+    } else if !allowed {
         wait = Nanos::ZERO;
     }
     let deciding = pick(&decisions, allowed);

@@ -42,7 +42,7 @@ pub use algo::{
     FixedWindow, Gcra, LeakyBucket, Limit, Log, Rate, Shaper, SlidingCounter, SlidingLog,
     StateKind, TokenBucket, Verdict, Wide,
 };
-pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, decide};
+pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, charge, decide};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};

@@ -685,6 +685,18 @@ impl Store for RedisStore {
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
         self.run(charges, cost, 0)
     }
+
+    fn charge(
+        &self,
+        _charges: &[Charge<'_>],
+        _cost: u64,
+    ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
+        // In progress (issue 16): the script's charge mode.
+        std::future::ready(Err(err(
+            false,
+            "charging after the fact is not supported by the redis store yet".to_string(),
+        )))
+    }
 }
 
 /// Checks that the configured server (or every cluster node) answers PING

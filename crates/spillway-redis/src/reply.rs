@@ -86,6 +86,18 @@ impl StateView for Replay<'_> {
     }
 
     fn commit(&mut self, _: usize, _: usize, _: &Limit, _: Nanos, _: u64) {}
+
+    /// The script charged already; its verdicts are the checks after it.
+    fn charge(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        _: u64,
+    ) -> Verdict {
+        self.verdict(charge, index, limit, now, 0)
+    }
 }
 
 /// The decision from one reply covering every charge.

@@ -63,6 +63,17 @@ impl Store for ServerStore {
         }
     }
 
+    async fn charge(
+        &self,
+        charges: &[spillway_store::Charge<'_>],
+        cost: u64,
+    ) -> Result<spillway_core::Decision, spillway_store::StoreError> {
+        match self {
+            ServerStore::Memory(s) => s.charge(charges, cost).await,
+            ServerStore::Redis(s) => s.charge(charges, cost).await,
+        }
+    }
+
     fn keys(&self) -> Option<usize> {
         match self {
             ServerStore::Memory(s) => s.keys(),

@@ -67,6 +67,18 @@ impl<S: crate::table::SlotState> Default for Table<S> {
     }
 }
 
+/// What a step does with the state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Decide only.
+    No,
+    /// Store the next state if admitted (a request's cost).
+    IfAdmitted,
+    /// Store the next state whatever the verdict (a cost charged after
+    /// the fact: the `decide` given is then the algorithm's `charge`).
+    Always,
+}
+
 /// One decision's parameters, as `memory::apply` hands them on.
 #[derive(Clone, Copy)]
 pub(crate) struct Step {
@@ -74,7 +86,19 @@ pub(crate) struct Step {
     pub(crate) cap: usize,
     pub(crate) now: Nanos,
     pub(crate) cost: u64,
-    pub(crate) commit: bool,
+    pub(crate) write: Write,
+}
+
+impl Step {
+    /// Whether a step with verdict `v` stores its next state.
+    #[inline]
+    fn writes(&self, v: &Verdict) -> bool {
+        match self.write {
+            Write::No => false,
+            Write::IfAdmitted => v.allowed,
+            Write::Always => true,
+        }
+    }
 }
 
 /// Records a decision on a held entry's marks: a denial, or an admission
@@ -83,15 +107,15 @@ pub(crate) struct Step {
 fn mark<S>(e: &mut EntryMut<'_, S>, v: &Verdict, at: Step) {
     if !v.allowed {
         e.mark(true);
-    } else if at.commit {
+    } else if at.write != Write::No {
         e.mark(v.remaining < at.cost);
     } else {
         e.touch();
     }
 }
 
-/// Decides against a compact (`Copy`) state and stores the next one if
-/// admitted and `commit`; `None` if `decide` does not handle this state kind.
+/// Decides against a compact (`Copy`) state and stores the next one as
+/// `at.write` says; `None` if `decide` does not handle this state kind.
 #[inline]
 pub(crate) fn apply_compact<S: SlotState + Copy>(
     table: &mut Table<S>,
@@ -104,7 +128,7 @@ pub(crate) fn apply_compact<S: SlotState + Copy>(
     // One probe for a known key: decide and update in place.
     if let Some(mut e) = table.get_mut(at.tag) {
         let (v, next) = decide(*e.state)?;
-        if at.commit && v.allowed {
+        if at.writes(&v) {
             *e.state = next;
         }
         mark(&mut e, &v, at);
@@ -113,8 +137,7 @@ pub(crate) fn apply_compact<S: SlotState + Copy>(
     let now = at.now.as_u64();
     if table.has_room(at.tag, at.cap, now) {
         let (v, next) = decide(S::default())?;
-        if at.commit
-            && v.allowed
+        if at.writes(&v)
             && let Some(mut e) = table.entry(at.tag, at.cap, now)
         {
             *e.state = next;
@@ -127,8 +150,7 @@ pub(crate) fn apply_compact<S: SlotState + Copy>(
     let mut o = spill.overflow.lock();
     let table = overflow(&mut o);
     let (v, next) = decide(table.get(shared).copied().unwrap_or_default())?;
-    if at.commit
-        && v.allowed
+    if at.writes(&v)
         && let Some(e) = table.entry(shared, usize::MAX, now)
     {
         *e.state = next;
@@ -137,7 +159,8 @@ pub(crate) fn apply_compact<S: SlotState + Copy>(
 }
 
 /// [`apply_compact`] for a sliding log, which is decided in place and
-/// charged by [`SlidingLog::commit`].
+/// charged by [`SlidingLog::commit`] (or, after the fact, by
+/// [`SlidingLog::charge`]).
 #[inline]
 pub(crate) fn apply_log(
     table: &mut Table<Log>,
@@ -147,21 +170,32 @@ pub(crate) fn apply_log(
     sl: &SlidingLog,
 ) -> Verdict {
     let (now, cost) = (at.now, at.cost);
-    if let Some(mut e) = table.get_mut(at.tag) {
-        let v = sl.decide(e.state, now, cost);
-        if at.commit && v.allowed {
-            sl.commit(e.state, now, cost);
+    // Decides, and charges as `at.write` says, one log in place.
+    let step = |log: &mut Log| -> Verdict {
+        if at.write == Write::Always {
+            return sl.charge(log, now, cost);
         }
+        let v = sl.decide(log, now, cost);
+        if at.writes(&v) {
+            sl.commit(log, now, cost);
+        }
+        v
+    };
+    if let Some(mut e) = table.get_mut(at.tag) {
+        let v = step(e.state);
         mark(&mut e, &v, at);
         return v;
     }
     if table.has_room(at.tag, at.cap, now.as_u64()) {
-        let v = sl.decide(&Log::new(), now, cost);
-        if at.commit
-            && v.allowed
+        if at.write == Write::No {
+            return sl.decide(&Log::new(), now, cost);
+        }
+        let mut fresh = Log::new();
+        let v = step(&mut fresh);
+        if !fresh.is_empty()
             && let Some(mut e) = table.entry(at.tag, at.cap, now.as_u64())
         {
-            sl.commit(e.state, now, cost);
+            *e.state = fresh;
             mark(&mut e, &v, at);
         }
         return v;
@@ -169,15 +203,14 @@ pub(crate) fn apply_log(
     *spill.used = true;
     let shared = spill.shared.tag(limit);
     let mut o = spill.overflow.lock();
-    let v = match o.logs.get(shared) {
-        Some(log) => sl.decide(log, now, cost),
-        None => sl.decide(&Log::new(), now, cost),
-    };
-    if at.commit
-        && v.allowed
-        && let Some(e) = o.logs.entry(shared, usize::MAX, now.as_u64())
-    {
-        sl.commit(e.state, now, cost);
+    if at.write == Write::No {
+        return match o.logs.get(shared) {
+            Some(log) => sl.decide(log, now, cost),
+            None => sl.decide(&Log::new(), now, cost),
+        };
     }
-    v
+    match o.logs.entry(shared, usize::MAX, now.as_u64()) {
+        Some(e) => step(e.state),
+        None => sl.decide(&Log::new(), now, cost),
+    }
 }

@@ -173,6 +173,16 @@ pub trait Store: Send + Sync + 'static {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// Charges `cost` after the fact (a cost known only once the request
+    /// was served) to every limit of every charge, atomically and even past
+    /// the limits: see [`spillway_core::charge`]. The decision says whether
+    /// the keys are now over (a check of cost 0 after the charge).
+    fn charge(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
     /// Keys currently held, if the store can tell cheaply.
     fn keys(&self) -> Option<usize> {
         None
@@ -189,6 +199,14 @@ impl<C: Clock> Store for MemoryStore<C> {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
         std::future::ready(Ok(self.decide_now(charges, cost)))
+    }
+
+    fn charge(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        std::future::ready(Ok(self.charge_now(charges, cost)))
     }
 
     fn keys(&self) -> Option<usize> {

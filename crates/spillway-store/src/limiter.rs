@@ -271,7 +271,25 @@ impl<S: Store> Limiter<S> {
     /// `None`, whatever the store. Only the refusing rules are listed then.
     /// A shadow rule reports such a cost as `ShadowDenied` and lets the
     /// other rules decide.
+    ///
+    /// A cost of 0 is a check only: it is denied if a rule's key is over
+    /// its limit (say, in debt after [`charge`](Self::charge)), and charges
+    /// nothing.
     pub async fn check(&self, req: &Request<'_>) -> Checked {
+        self.run(req, false).await
+    }
+
+    /// Charges `req.cost` after the fact (a cost known only once the
+    /// request was served, such as the tokens an answer used) to every rule
+    /// that applies to `req`, matched as [`check`](Self::check) matches
+    /// them. A charge is never refused: one past a limit puts the key in
+    /// debt, and later checks are denied until the algorithm has paid it
+    /// back. The decision says whether the keys are now over.
+    pub async fn charge(&self, req: &Request<'_>) -> Checked {
+        self.run(req, true).await
+    }
+
+    async fn run(&self, req: &Request<'_>, after: bool) -> Checked {
         let rules = self.rules.load_full();
         // The rules that apply, with their keys: the first one inline, the
         // others (rare) in a Vec, so the common single-rule request
@@ -373,9 +391,13 @@ impl<S: Store> Limiter<S> {
                 &many
             }
         };
-        let (mut decision, store_error) = self
-            .decide_with(rules.on_store_error, charges, req.cost)
-            .await;
+        let (mut decision, store_error) = if after {
+            self.ask(rules.on_store_error, charges, req.cost, true)
+                .await
+        } else {
+            self.decide_with(rules.on_store_error, charges, req.cost)
+                .await
+        };
         for d in decision.rules.iter_mut() {
             d.rule = matched(d.rule);
         }
@@ -404,6 +426,22 @@ impl<S: Store> Limiter<S> {
         self.decide_with(default, charges, cost).await
     }
 
+    /// Charges `charges` built by the caller after the fact (see
+    /// [`charge`](Self::charge)): the decision after the charge, and the
+    /// store's error if any (the charge is then lost, and the failure
+    /// policy answers).
+    pub async fn charge_charges(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> (Decision, Option<crate::StoreError>) {
+        if charges.is_empty() {
+            return (Decision::unlimited(), None);
+        }
+        let default = self.rules.load().on_store_error;
+        self.ask(default, charges, cost, true).await
+    }
+
     /// Decides `charges` through the store, except what no state could
     /// ever admit: a rule with a limit smaller than `cost` denies without
     /// the store (see [`over_cost`]), so the answer is the same whatever
@@ -421,7 +459,7 @@ impl<S: Store> Limiter<S> {
         // The common case: every rule can admit the cost. One comparison
         // per limit, no allocation.
         if !charges.iter().any(|c| over_cost(c.rule, cost).is_some()) {
-            return self.ask(default, charges, cost).await;
+            return self.ask(default, charges, cost, false).await;
         }
         let mut refused = RuleDecisions::new();
         let mut rest = Vec::with_capacity(charges.len());
@@ -454,7 +492,7 @@ impl<S: Store> Limiter<S> {
         let (mut decision, error) = if rest.is_empty() {
             (Decision::unlimited(), None)
         } else {
-            self.ask(default, &rest, cost).await
+            self.ask(default, &rest, cost, false).await
         };
         for d in decision.rules.iter_mut() {
             d.rule = rest_at[d.rule];
@@ -470,14 +508,21 @@ impl<S: Store> Limiter<S> {
         (decision, error)
     }
 
-    /// The store's decision, or the failure policy's if it fails.
+    /// The store's decision (or its charge after the fact, if `after`),
+    /// or the failure policy's if it fails.
     async fn ask(
         &self,
         default: FailPolicy,
         charges: &[Charge<'_>],
         cost: u64,
+        after: bool,
     ) -> (Decision, Option<crate::StoreError>) {
-        match self.store.decide(charges, cost).await {
+        let answer = if after {
+            self.store.charge(charges, cost).await
+        } else {
+            self.store.decide(charges, cost).await
+        };
+        match answer {
             Ok(d) => (d, None),
             Err(e) => (by_policy(default, charges.iter().map(|c| c.rule)), Some(e)),
         }

@@ -4,11 +4,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use spillway_core::{
-    Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, decide,
+    Clock, Decision, Limit, Log, Nanos, Rule, StateKind, StateView, Verdict, Wide, charge, decide,
 };
 
 use crate::Charge;
-use crate::apply::{Overflow, Shared, Spill, Step, apply_compact, apply_log};
+use crate::apply::{Overflow, Shared, Spill, Step, Write, apply_compact, apply_log};
 use crate::spin::{SpinGuard, SpinLock};
 use crate::table::Table;
 
@@ -191,6 +191,29 @@ impl<C: Clock> MemoryStore<C> {
     /// Decides `charges` (rules with their clients' keys) at `now`, all-or-none
     /// across every rule and limit: see [`spillway_core::decide`].
     pub fn decide_at(&self, charges: &[Charge<'_>], cost: u64, now: Nanos) -> Decision {
+        self.run(charges, cost, now, false)
+    }
+
+    /// Charges `cost` after the fact at the clock's current time.
+    pub fn charge_now(&self, charges: &[Charge<'_>], cost: u64) -> Decision {
+        self.charge_at(charges, cost, self.clock.now())
+    }
+
+    /// Charges `cost` after the fact to every rule and limit of `charges`
+    /// at `now`, even past their limits: see [`spillway_core::charge`].
+    pub fn charge_at(&self, charges: &[Charge<'_>], cost: u64, now: Nanos) -> Decision {
+        self.run(charges, cost, now, true)
+    }
+
+    /// Decides (or, if `after`, charges) under every charge's shard lock.
+    fn run(&self, charges: &[Charge<'_>], cost: u64, now: Nanos, after: bool) -> Decision {
+        let step = |rules: &[&Rule], view: &mut View<'_, '_>| {
+            if after {
+                charge(rules, view, now, cost)
+            } else {
+                decide(rules, view, now, cost)
+            }
+        };
         match charges {
             [] => Decision::unlimited(),
             [one] => {
@@ -202,7 +225,7 @@ impl<C: Clock> MemoryStore<C> {
                     overflow: &self.overflow,
                     overflowed: false,
                 };
-                let d = decide(&[one.rule], &mut view, now, cost);
+                let d = step(&[one.rule], &mut view);
                 self.count_overflow(view.overflowed);
                 d
             }
@@ -229,7 +252,7 @@ impl<C: Clock> MemoryStore<C> {
                     overflow: &self.overflow,
                     overflowed: false,
                 };
-                let d = decide(&rules, &mut view, now, cost);
+                let d = step(&rules, &mut view);
                 self.count_overflow(view.overflowed);
                 d
             }
@@ -255,7 +278,11 @@ impl<C: Clock> MemoryStore<C> {
             limit,
             now,
             cost,
-            true,
+            if cost == 0 {
+                Write::No
+            } else {
+                Write::IfAdmitted
+            },
         );
         drop(shard);
         self.count_overflow(used);
@@ -397,7 +424,7 @@ fn apply(
     limit: &Limit,
     now: Nanos,
     cost: u64,
-    commit: bool,
+    write: Write,
 ) -> Verdict {
     let cap = shard.cap as usize;
     let at = Step {
@@ -405,8 +432,9 @@ fn apply(
         cap,
         now,
         cost,
-        commit,
+        write,
     };
+    let after = write == Write::Always;
     match limit.state_kind() {
         StateKind::Narrow => apply_compact(
             &mut shard.narrow,
@@ -414,7 +442,13 @@ fn apply(
             spill,
             limit,
             |o| &mut o.narrow,
-            |s| limit.decide_narrow(s, now, cost),
+            |s| {
+                if after {
+                    limit.charge_narrow(s, now, cost)
+                } else {
+                    limit.decide_narrow(s, now, cost)
+                }
+            },
         )
         .unwrap_or_else(|| deny_all(limit)),
         StateKind::Wide => apply_compact(
@@ -423,7 +457,13 @@ fn apply(
             spill,
             limit,
             |o| &mut o.wide,
-            |s| limit.decide_wide(s, now, cost),
+            |s| {
+                if after {
+                    limit.charge_wide(s, now, cost)
+                } else {
+                    limit.decide_wide(s, now, cost)
+                }
+            },
         )
         .unwrap_or_else(|| deny_all(limit)),
         StateKind::Log => {
@@ -457,7 +497,7 @@ impl View<'_, '_> {
         limit: &Limit,
         now: Nanos,
         cost: u64,
-        commit: bool,
+        write: Write,
     ) -> Verdict {
         let (si, h, fingerprint) = self.keys[charge];
         let spill = Spill {
@@ -472,7 +512,7 @@ impl View<'_, '_> {
             limit,
             now,
             cost,
-            commit,
+            write,
         )
     }
 }
@@ -486,11 +526,22 @@ impl StateView for View<'_, '_> {
         now: Nanos,
         cost: u64,
     ) -> Verdict {
-        self.apply(charge, index, limit, now, cost, false)
+        self.apply(charge, index, limit, now, cost, Write::No)
     }
 
     fn commit(&mut self, charge: usize, index: usize, limit: &Limit, now: Nanos, cost: u64) {
-        let _ = self.apply(charge, index, limit, now, cost, true);
+        let _ = self.apply(charge, index, limit, now, cost, Write::IfAdmitted);
+    }
+
+    fn charge(
+        &mut self,
+        charge: usize,
+        index: usize,
+        limit: &Limit,
+        now: Nanos,
+        cost: u64,
+    ) -> Verdict {
+        self.apply(charge, index, limit, now, cost, Write::Always)
     }
 }
 

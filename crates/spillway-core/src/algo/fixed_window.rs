@@ -49,14 +49,7 @@ impl FixedWindow {
     /// Decides `cost` at `now` against `state` = `(window_end, count)` (default when fresh).
     #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
-        let w = self.window.0;
-        // A stored window that has not ended (or lies ahead, if the clock
-        // stepped back) is still the one that counts.
-        let (end, count) = if now.0 < state.a {
-            (state.a, state.b)
-        } else {
-            ((now.0 - now.0 % w).saturating_add(w), 0)
-        };
+        let (end, count) = self.current(state, now);
         let reset = Nanos(end - now.0);
         // Checked, not saturating: with a limit of u64::MAX a saturated
         // total would pass forever.
@@ -67,6 +60,32 @@ impl FixedWindow {
             let retry = if cost > self.limit { Nanos::MAX } else { reset };
             let remaining = self.limit.saturating_sub(count);
             (Verdict::deny(self.limit, remaining, reset, retry), state)
+        }
+    }
+
+    /// Charges `cost` after the fact: always counted, even past the limit,
+    /// which leaves the window's count above its limit (the key is in
+    /// debt) and denies checks until the window ends, as every count of a
+    /// fixed window clears at its end. The verdict is a check of cost 0
+    /// after the charge.
+    pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
+        let (end, count) = self.current(state, now);
+        let next = Wide {
+            a: end,
+            b: count.saturating_add(cost),
+        };
+        (self.decide(next, now, 0).0, next)
+    }
+
+    /// The window `now` is counted in and its count so far.
+    fn current(&self, state: Wide, now: Nanos) -> (u64, u64) {
+        // A stored window that has not ended (or lies ahead, if the clock
+        // stepped back) is still the one that counts.
+        if now.0 < state.a {
+            (state.a, state.b)
+        } else {
+            let w = self.window.0;
+            ((now.0 - now.0 % w).saturating_add(w), 0)
         }
     }
 }

@@ -75,4 +75,15 @@ impl Gcra {
         let v = vsched::verdict(&s, now.0, self.burst, self.rate.interval(), horizon);
         (v, s.next)
     }
+
+    /// Charges `cost` after the fact (a cost known only once the request
+    /// was served): always counted, even past the burst, which puts the
+    /// key in debt: the state moves `cost` intervals further and checks are
+    /// denied until it has drained back, at exactly the rate rate. The
+    /// verdict is a check of cost 0 on the state after the charge: denied
+    /// if the key is now over.
+    pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
+        let next = vsched::charge(state, now.0, self.rate.span(cost));
+        (self.decide(next, now, 0).0, next)
+    }
 }

@@ -87,6 +87,22 @@ impl LeakyBucket {
             (Verdict::deny(self.capacity, remaining, reset, retry), state)
         }
     }
+    /// Charges `cost` after the fact: the water is always added, even past
+    /// the capacity, which puts the key in debt: checks are denied until
+    /// the level has leaked back under the capacity, at exactly the leak
+    /// rate. The verdict is a check of cost 0 after the charge.
+    pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
+        let (drains_at, measured_at) = (state.a, state.b);
+        let at = now.0.max(measured_at);
+        let level = drains_at
+            .saturating_sub(measured_at)
+            .saturating_sub(at - measured_at);
+        let next = Wide {
+            a: at.saturating_add(level.saturating_add(self.leak.span(cost))),
+            b: at,
+        };
+        (self.decide(next, now, 0).0, next)
+    }
 }
 
 /// Leaky bucket as a shaper: excess requests wait in a queue and leave at the
@@ -170,5 +186,13 @@ impl Shaper {
             v.wait = Nanos(wait);
         }
         (v, s.next)
+    }
+    /// Charges `cost` after the fact: always queued, even past the
+    /// capacity, which puts the key in debt until the queue has drained
+    /// back, at exactly the leak rate. The verdict is a check of cost 0
+    /// after the charge.
+    pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
+        let next = vsched::charge(state, now.0, self.leak.span(cost));
+        (self.decide(next, now, 0).0, next)
     }
 }

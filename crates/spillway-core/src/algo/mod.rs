@@ -3,7 +3,14 @@
 //! Every algorithm has the same shape: `decide(&self, state, now, cost)`
 //! returns a [`Verdict`] and, for the compact ones, the state to store if the
 //! request is charged. A denied request returns its input state unchanged, so
-//! denials never cost memory or capacity. Stores own the states and apply the
+//! denials never cost memory or capacity. A cost of 0 is a check: it is
+//! admitted unless the key is over its limit, and changes nothing.
+//!
+//! Costs known only after the answer (tokens an LLM produced, bytes sent)
+//! go through `charge(&self, state, now, cost)`: always counted, even past
+//! the limit, which puts the key in debt, and later checks are denied until
+//! the algorithm has paid it back at its own rate (a bucket's refill or
+//! leak, a GCRA's spacing, a window's end, a sliding window's slide). Stores own the states and apply the
 //! transitions atomically; algorithms never read a clock or touch a store.
 //!
 //! Times are nanoseconds since the epoch, valid up to 2^63 (the year
@@ -358,6 +365,30 @@ impl Limit {
             Limit::LeakyBucket(a) => a.decide(state, now, cost),
             Limit::FixedWindow(a) => a.decide(state, now, cost),
             Limit::SlidingCounter(a) => a.decide(state, now, cost),
+            _ => return None,
+        })
+    }
+
+    /// Charges a narrow-state limit after the fact (see
+    /// [`TokenBucket::charge`]); `None` if this limit keeps another kind of
+    /// state.
+    pub fn charge_narrow(&self, state: u64, now: Nanos, cost: u64) -> Option<(Verdict, u64)> {
+        Some(match self {
+            Limit::TokenBucket(a) => a.charge(state, now, cost),
+            Limit::Shaper(a) => a.charge(state, now, cost),
+            Limit::Gcra(a) => a.charge(state, now, cost),
+            _ => return None,
+        })
+    }
+
+    /// Charges a wide-state limit after the fact (see
+    /// [`FixedWindow::charge`]); `None` if this limit keeps another kind of
+    /// state.
+    pub fn charge_wide(&self, state: Wide, now: Nanos, cost: u64) -> Option<(Verdict, Wide)> {
+        Some(match self {
+            Limit::LeakyBucket(a) => a.charge(state, now, cost),
+            Limit::FixedWindow(a) => a.charge(state, now, cost),
+            Limit::SlidingCounter(a) => a.charge(state, now, cost),
             _ => return None,
         })
     }

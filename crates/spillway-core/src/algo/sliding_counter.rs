@@ -59,16 +59,7 @@ impl SlidingCounter {
     #[inline]
     pub fn decide(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let w = self.window.0;
-        let stored_end = self.stored_end(state.a);
-        let (cur0, prev0) = (state.b >> 32, state.b & 0xffff_ffff);
-        // Roll the stored windows forward to the one `now` falls in.
-        let (end, cur, prev) = if state.a == 0 || now.0 >= state.a {
-            ((now.0 - now.0 % w).saturating_add(w), 0, 0)
-        } else if now.0 >= stored_end {
-            (stored_end.saturating_add(w), 0, cur0)
-        } else {
-            (stored_end, cur0, prev0)
-        };
+        let (end, cur, prev) = self.roll(state, now);
         let start = end.saturating_sub(w);
         let elapsed = now.0.max(start) - start;
         let n = u128::from(self.limit);
@@ -105,6 +96,37 @@ impl SlidingCounter {
                 .map_or(Nanos::MAX, |t| Nanos(t.saturating_sub(now.0)));
             let remaining = self.limit.saturating_sub(estimate_ceil);
             (Verdict::deny(self.limit, remaining, reset, retry), state)
+        }
+    }
+
+    /// Charges `cost` after the fact: always counted in the current
+    /// window, even past the limit (up to 2^32 - 1 in a window), which
+    /// puts the key in debt: checks are denied until the estimate is back
+    /// under the limit, as the count's weight fades over the next window
+    /// (the rate at which this algorithm forgets any count). The verdict
+    /// is a check of cost 0 after the charge.
+    pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
+        let (end, cur, prev) = self.roll(state, now);
+        let cur = cur.saturating_add(cost).min(u64::from(u32::MAX));
+        let next = Wide {
+            a: end.saturating_add(self.window.0),
+            b: (cur << 32) | prev,
+        };
+        (self.decide(next, now, 0).0, next)
+    }
+
+    /// The stored windows rolled forward to the one `now` falls in: its
+    /// end, its count and the previous window's count.
+    fn roll(&self, state: Wide, now: Nanos) -> (u64, u64, u64) {
+        let w = self.window.0;
+        let stored_end = self.stored_end(state.a);
+        let (cur0, prev0) = (state.b >> 32, state.b & 0xffff_ffff);
+        if state.a == 0 || now.0 >= state.a {
+            ((now.0 - now.0 % w).saturating_add(w), 0, 0)
+        } else if now.0 >= stored_end {
+            (stored_end.saturating_add(w), 0, cur0)
+        } else {
+            (stored_end, cur0, prev0)
         }
     }
 

@@ -111,11 +111,43 @@ impl SlidingLog {
     /// given, the log never holds more than `limit` entries (a cost beyond
     /// the room left is logged up to the room).
     pub fn commit(&self, log: &mut Log, now: Nanos, cost: u64) {
-        let w = self.window.0;
-        let live = log.live_from(now.0, w, self.shift);
+        self.log(log, now, cost, self.limit);
+    }
+
+    /// Charges `cost` after the fact: always counted, even past the limit,
+    /// which puts the key in debt: checks are denied until enough of the
+    /// charged entries have left the window. The verdict is a check of
+    /// cost 0 after the charge.
+    ///
+    /// The log keeps its newest `limit + 1` entries, dropping older ones:
+    /// every check asks for at most `limit` live entries, and entries
+    /// leave oldest first, so a log of the newest `limit + 1` answers
+    /// every later check exactly as the whole log would, in bounded memory.
+    pub fn charge(&self, log: &mut Log, now: Nanos, cost: u64) -> Verdict {
+        let keep = self.limit + 1;
+        self.expire(log, now);
+        let n = cost.min(keep);
+        let over = (log.ring.len() as u64 + n).saturating_sub(keep);
+        log.ring
+            .drop_front(usize::try_from(over).unwrap_or(usize::MAX));
+        log.first = log.ring.front().unwrap_or(0);
+        self.log(log, now, n, keep);
+        self.decide(log, now, 0)
+    }
+
+    /// Drops the entries that have left the window ending at `now`.
+    fn expire(&self, log: &mut Log, now: Nanos) {
+        let live = log.live_from(now.0, self.window.0, self.shift);
         log.ring.drop_front(live);
         log.first = log.ring.front().unwrap_or(0);
-        let room = self.limit.saturating_sub(log.ring.len() as u64);
+    }
+
+    /// Logs up to `cost` entries at `now`, as many as keep the log within
+    /// `max` entries.
+    fn log(&self, log: &mut Log, now: Nanos, cost: u64, max: u64) {
+        let w = self.window.0;
+        self.expire(log, now);
+        let room = max.saturating_sub(log.ring.len() as u64);
         if room == 0 || cost == 0 {
             return;
         }
@@ -126,7 +158,7 @@ impl SlidingLog {
             log.offset_for(t, self.shift)
                 .max(if log.ring.is_empty() { 0 } else { log.last });
         let n = usize::try_from(cost.min(room)).unwrap_or(usize::MAX);
-        let max = usize::try_from(self.limit).unwrap_or(usize::MAX);
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
         log.ring.push_n(offset, n, max);
         log.first = log.ring.front().unwrap_or(0);
         log.last = offset;

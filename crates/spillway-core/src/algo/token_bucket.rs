@@ -84,4 +84,15 @@ impl TokenBucket {
         let v = vsched::verdict(&s, now.0, self.capacity, self.refill.interval(), horizon);
         (v, s.next)
     }
+
+    /// Charges `cost` after the fact (a cost known only once the request
+    /// was served): always counted, even past the capacity, which puts the
+    /// key in debt: the state moves `cost` intervals further and checks are
+    /// denied until it has drained back, at exactly the refill rate. The
+    /// verdict is a check of cost 0 on the state after the charge: denied
+    /// if the key is now over.
+    pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
+        let next = vsched::charge(state, now.0, self.refill.span(cost));
+        (self.decide(next, now, 0).0, next)
+    }
 }

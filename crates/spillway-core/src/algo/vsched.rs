@@ -46,6 +46,13 @@ pub(super) fn step(tat: u64, now: u64, inc: u64, horizon: u64) -> Step {
     }
 }
 
+/// Charges `inc` nanoseconds of work after the fact: always counted, past
+/// the horizon if need be (the limit is then in debt, and checks are
+/// denied until the backlog has drained back within the horizon).
+pub(super) fn charge(tat: u64, now: u64, inc: u64) -> u64 {
+    tat.max(now).saturating_add(inc)
+}
+
 /// Renders a step as a verdict for a limit of `size` units of `interval` ns each.
 pub(super) fn verdict(s: &Step, now: u64, size: u64, interval: u64, horizon: u64) -> Verdict {
     let backlog = s.next.max(now) - now;

@@ -361,6 +361,16 @@ impl spillway_store::Store for FailingStore {
             message: "cost does not fit".into(),
         }))
     }
+
+    fn charge(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl std::future::Future<
+        Output = Result<spillway_core::Decision, spillway_store::StoreError>,
+    > + Send {
+        self.decide(charges, cost)
+    }
 }
 
 fn check_cost<S: spillway_store::Store>(

@@ -169,6 +169,10 @@ fn descriptors(
                 .map(|r| r.name.clone())
                 .collect(),
             children,
+            name: String::new(),
+            share_threshold: false,
+            quota_mode: false,
+            detailed_metric: false,
         });
     }
     out

@@ -88,6 +88,29 @@ pub struct Node {
     pub replaces: Vec<String>,
     /// Deeper nodes.
     pub children: Vec<Node>,
+    /// The limit's `name` as the file gives it, empty if none: what
+    /// `current_limit.name` reports (Envoy copies it into client-visible
+    /// headers, so an internal path must not show there).
+    pub name: String,
+    /// `share_threshold`: every value this node's wildcard matches shares
+    /// one counter.
+    pub share_threshold: bool,
+    /// `quota_mode`: over the limit, the request is still allowed and the
+    /// answer's dynamic metadata says the quota is spent.
+    pub quota_mode: bool,
+    /// `detailed_metric`: statistics carry the descriptor's value.
+    pub detailed_metric: bool,
+}
+
+/// A descriptor matched to the node that decides it.
+#[derive(Debug)]
+pub struct Match<'a> {
+    /// The most specific node matching every entry.
+    pub node: &'a Node,
+    /// The counter's key: each entry's key and value, except that an entry
+    /// matched by a `share_threshold` wildcard gives its pattern, so every
+    /// value the wildcard matches shares one counter.
+    pub key: String,
 }
 
 /// What a matched node does.
@@ -141,9 +164,10 @@ impl Domains {
 /// The most specific node for a descriptor's entries: at each level an
 /// exact key and value beats a key-only (any value) node; a descriptor
 /// matches only if every entry is consumed.
-pub fn find<'a>(nodes: &'a [Node], entries: &[(&str, &str)]) -> Option<&'a Node> {
+pub fn find<'a>(nodes: &'a [Node], entries: &[(&str, &str)]) -> Option<Match<'a>> {
     let mut level = nodes;
     let mut found = None;
+    let mut key = String::new();
     for (k, v) in entries {
         // Exact value, then a `prefix*` value, then key only.
         let node = level
@@ -161,8 +185,12 @@ pub fn find<'a>(nodes: &'a [Node], entries: &[(&str, &str)]) -> Option<&'a Node>
             .or_else(|| level.iter().find(|n| n.key == *k && n.value.is_none()))?;
         found = Some(node);
         level = &node.children;
+        key.push_str(k);
+        key.push('\u{1f}');
+        key.push_str(v);
+        key.push('\u{1e}');
     }
-    found
+    found.map(|node| Match { node, key })
 }
 
 /// A fixed window rule of `requests_per_unit` per `unit`, as Envoy's own
@@ -230,6 +258,10 @@ mod tests {
             action: Action::Unlimited,
             replaces: Vec::new(),
             children,
+            name: String::new(),
+            share_threshold: false,
+            quota_mode: false,
+            detailed_metric: false,
         }
     }
 
@@ -241,15 +273,19 @@ mod tests {
             node("path", None, vec![]),
         ];
         assert_eq!(
-            find(&tree, &[("remote_address", "1.2.3.4")]).unwrap().value,
+            find(&tree, &[("remote_address", "1.2.3.4")])
+                .unwrap()
+                .node
+                .value,
             None
         );
-        let n = find(&tree, &[("path", "/login")]).unwrap();
+        let n = find(&tree, &[("path", "/login")]).unwrap().node;
         assert_eq!(n.value.as_deref(), Some("/login"));
-        assert_eq!(find(&tree, &[("path", "/other")]).unwrap().value, None);
+        assert_eq!(find(&tree, &[("path", "/other")]).unwrap().node.value, None);
         assert_eq!(
             find(&tree, &[("path", "/login"), ("user", "bob")])
                 .unwrap()
+                .node
                 .key,
             "user"
         );
@@ -260,11 +296,19 @@ mod tests {
             node("k", Some("value_9"), vec![]),
         ];
         assert_eq!(
-            find(&wild, &[("k", "value_1")]).unwrap().value.as_deref(),
+            find(&wild, &[("k", "value_1")])
+                .unwrap()
+                .node
+                .value
+                .as_deref(),
             Some("value*")
         );
         assert_eq!(
-            find(&wild, &[("k", "value_9")]).unwrap().value.as_deref(),
+            find(&wild, &[("k", "value_9")])
+                .unwrap()
+                .node
+                .value
+                .as_deref(),
             Some("value_9")
         );
         assert!(find(&wild, &[("k", "other")]).is_none());

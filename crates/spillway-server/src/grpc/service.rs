@@ -174,18 +174,18 @@ pub async fn should_rate_limit(
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str()))
             .collect();
-        if let Some(node) = find(&domain.nodes, &entries) {
-            matched.push((i, d, node));
+        if let Some(m) = find(&domain.nodes, &entries) {
+            matched.push((i, d, m));
         }
     }
     // A limit named in another matched limit's `replaces` does not apply.
     let replaced: HashSet<&str> = matched
         .iter()
-        .flat_map(|(_, _, n)| n.replaces.iter().map(String::as_str))
+        .flat_map(|(_, _, m)| m.node.replaces.iter().map(String::as_str))
         .collect();
     let mut pending: Vec<Pending<'_>> = Vec::new();
-    for (i, d, node) in matched {
-        let rule = match &node.action {
+    for (i, d, m) in matched {
+        let rule = match &m.node.action {
             Action::Limit(rule) if !replaced.contains(rule.name()) => rule,
             Action::Unlimited => {
                 statuses[i].limit_remaining = u32::MAX;
@@ -235,13 +235,7 @@ pub async fn should_rate_limit(
             ),
             None => Cow::Borrowed(rule.as_ref()),
         };
-        let mut key = String::new();
-        for e in &d.entries {
-            key.push_str(&e.key);
-            key.push('\u{1f}');
-            key.push_str(&e.value);
-            key.push('\u{1e}');
-        }
+        let key = m.key;
         let cost = d
             .hits_addend
             .as_ref()

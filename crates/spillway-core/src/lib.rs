@@ -46,5 +46,5 @@ pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, ch
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};
-pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, Route, Rule};
+pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, ResponseCost, Route, Rule};
 pub use time::{Clock, ManualClock, Nanos, parse_duration};

@@ -331,7 +331,22 @@ pub struct Rule {
     on_store_error: Option<FailPolicy>,
     /// The rule's own path matching, if it sets one (else the limiter's).
     path_matching: Option<PathMatching>,
+    /// Where the cost comes from when it is known only after the answer.
+    response_cost: Option<ResponseCost>,
     fingerprint: u64,
+}
+
+/// A cost known only once the request was served, read from the answer:
+/// the request is checked (or charged `estimate`) before it is served,
+/// and charged the rest once the answer says what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    /// The response header (or trailer) that carries the cost, lower-case.
+    pub header: String,
+    /// What the request is charged before it is served (0: only checked).
+    /// The answer's cost beyond it is charged afterwards; an answer that
+    /// cost less is not refunded.
+    pub estimate: u64,
 }
 
 impl Rule {
@@ -367,8 +382,24 @@ impl Rule {
             mode,
             on_store_error: None,
             path_matching: None,
+            response_cost: None,
             fingerprint,
         })
+    }
+
+    /// Takes this rule's cost from the answer (see [`ResponseCost`]).
+    /// Does not change the rule's counters.
+    pub fn with_response_cost(mut self, cost: ResponseCost) -> Rule {
+        self.response_cost = Some(ResponseCost {
+            header: cost.header.to_ascii_lowercase(),
+            ..cost
+        });
+        self
+    }
+
+    /// Where the cost comes from if it is known only after the answer.
+    pub fn response_cost(&self) -> Option<&ResponseCost> {
+        self.response_cost.as_ref()
     }
 
     /// Sets this rule's own store-failure policy.

@@ -22,6 +22,10 @@ pub struct RuleSet {
     /// doubt"); set with [`RuleSet::with_path_matching`], which files the
     /// rules in the index again.
     path_matching: PathMatching,
+    /// Whether a rule takes its cost from the answer (see
+    /// [`Limiter::settle`]): requests are then decided with each rule's
+    /// own request-time cost.
+    response_costs: bool,
     /// Policy for rules that set none, when the store fails.
     pub on_store_error: FailPolicy,
     /// Increases with every reload; shown on the status endpoint.
@@ -127,6 +131,7 @@ impl RuleSet {
     pub fn with_path_matching(rules: Vec<Rule>, global: PathMatching) -> RuleSet {
         RuleSet {
             index: (rules.len() >= INDEX_FROM).then(|| RouteIndex::new(&rules, global)),
+            response_costs: rules.iter().any(|r| r.response_cost().is_some()),
             rules,
             path_matching: global,
             on_store_error: FailPolicy::Allow,
@@ -137,6 +142,11 @@ impl RuleSet {
     /// The path matching of rules that set none.
     pub fn path_matching(&self) -> PathMatching {
         self.path_matching
+    }
+
+    /// Whether some rule takes its cost from the answer.
+    pub fn has_response_costs(&self) -> bool {
+        self.response_costs
     }
 
     /// The rules, in file order.
@@ -255,6 +265,12 @@ impl<S: Store> Limiter<S> {
         self.rules.load_full()
     }
 
+    /// Whether a rule in force takes its cost from the answer (see
+    /// [`settle`](Self::settle)); cheaper than [`rules`](Self::rules).
+    pub fn has_response_costs(&self) -> bool {
+        self.rules.load().response_costs
+    }
+
     /// Replaces the rules. Counters of rules whose name, key and limits are
     /// unchanged carry over (they are keyed by [`Rule::fingerprint`]).
     pub fn replace_rules(&self, rules: RuleSet) {
@@ -275,8 +291,13 @@ impl<S: Store> Limiter<S> {
     /// A cost of 0 is a check only: it is denied if a rule's key is over
     /// its limit (say, in debt after [`charge`](Self::charge)), and charges
     /// nothing.
+    ///
+    /// A rule that takes its cost from the answer ([`Rule::response_cost`])
+    /// is decided with its `estimate` (0: checked only) instead of
+    /// `req.cost`, before the request's other rules; see
+    /// [`settle`](Self::settle) for the rest.
     pub async fn check(&self, req: &Request<'_>) -> Checked {
-        self.run(req, false).await
+        self.run(req, Ask::Check).await
     }
 
     /// Charges `req.cost` after the fact (a cost known only once the
@@ -286,10 +307,26 @@ impl<S: Store> Limiter<S> {
     /// debt, and later checks are denied until the algorithm has paid it
     /// back. The decision says whether the keys are now over.
     pub async fn charge(&self, req: &Request<'_>) -> Checked {
-        self.run(req, true).await
+        self.run(req, Ask::Charge).await
     }
 
-    async fn run(&self, req: &Request<'_>, after: bool) -> Checked {
+    /// Charges what the answer to `req` cost to the rules that take their
+    /// cost from the answer ([`Rule::response_cost`]), after the fact (see
+    /// [`charge`](Self::charge)): `cost_of` reads a rule's cost from the
+    /// answer (`None`: the answer does not say, and nothing more is
+    /// charged), and each rule is charged what exceeds its `estimate`.
+    /// Rules are matched to `req` as [`check`](Self::check) matched them.
+    /// `None` if nothing was charged.
+    pub async fn settle(
+        &self,
+        req: &Request<'_>,
+        cost_of: &(dyn Fn(&Rule) -> Option<u64> + Sync),
+    ) -> Option<Checked> {
+        let checked = self.run(req, Ask::Settle(cost_of)).await;
+        (!checked.decision.rules.is_empty()).then_some(checked)
+    }
+
+    async fn run(&self, req: &Request<'_>, ask: Ask<'_>) -> Checked {
         let rules = self.rules.load_full();
         // The rules that apply, with their keys: the first one inline, the
         // others (rare) in a Vec, so the common single-rule request
@@ -391,12 +428,29 @@ impl<S: Store> Limiter<S> {
                 &many
             }
         };
-        let (mut decision, store_error) = if after {
-            self.ask(rules.on_store_error, charges, req.cost, true)
-                .await
-        } else {
-            self.decide_with(rules.on_store_error, charges, req.cost)
-                .await
+        let default = rules.on_store_error;
+        let (mut decision, store_error) = match ask {
+            Ask::Charge => self.ask(default, charges, req.cost, true).await,
+            Ask::Check if !rules.response_costs => {
+                self.decide_with(default, charges, req.cost).await
+            }
+            // Each rule with its own cost, in groups.
+            Ask::Check => {
+                let cost_of = |r: &Rule| Some(r.response_cost().map_or(req.cost, |c| c.estimate));
+                let first = |r: &Rule| r.response_cost().is_some();
+                self.in_groups(default, charges, &cost_of, &first, false)
+                    .await
+            }
+            Ask::Settle(read) => {
+                let cost_of = |r: &Rule| {
+                    let estimate = r.response_cost()?.estimate;
+                    read(r)
+                        .map(|c| c.saturating_sub(estimate))
+                        .filter(|&c| c > 0)
+                };
+                self.in_groups(default, charges, &cost_of, &|_| false, true)
+                    .await
+            }
         };
         for d in decision.rules.iter_mut() {
             d.rule = matched(d.rule);
@@ -527,6 +581,92 @@ impl<S: Store> Limiter<S> {
             Err(e) => (by_policy(default, charges.iter().map(|c| c.rule)), Some(e)),
         }
     }
+}
+
+/// What [`Limiter::run`] is asked to do.
+#[derive(Clone, Copy)]
+enum Ask<'a> {
+    /// Decide the request.
+    Check,
+    /// Charge its cost after the fact.
+    Charge,
+    /// Charge what the answer says it cost, to the rules that say how.
+    Settle(&'a (dyn Fn(&Rule) -> Option<u64> + Sync)),
+}
+
+impl<S: Store> Limiter<S> {
+    /// Decides (or, if `after`, charges) `charges` in groups of the same
+    /// cost, `cost_of` each rule (`None`: leave the rule out): the groups
+    /// whose rules are `first` go first, and deciding stops at the first
+    /// denial, so nothing is charged to a later group of a denied request.
+    /// One store call per group: all-or-none holds within a group; across
+    /// groups a request a later group denies keeps what earlier groups
+    /// charged (with a checked-only first group, the usual case, nothing).
+    async fn in_groups(
+        &self,
+        default: FailPolicy,
+        charges: &[Charge<'_>],
+        cost_of: &(dyn Fn(&Rule) -> Option<u64> + Sync),
+        first: &(dyn Fn(&Rule) -> bool + Sync),
+        after: bool,
+    ) -> (Decision, Option<crate::StoreError>) {
+        // (not first, cost) -> the charges' indexes, in order.
+        let mut groups: Vec<((bool, u64), Vec<usize>)> = Vec::new();
+        for (j, c) in charges.iter().enumerate() {
+            let Some(cost) = cost_of(c.rule) else {
+                continue;
+            };
+            let at = (!first(c.rule), cost);
+            match groups.iter_mut().find(|(k, _)| *k == at) {
+                Some((_, v)) => v.push(j),
+                None => groups.push((at, vec![j])),
+            }
+        }
+        groups.sort_by_key(|(k, _)| k.0);
+        let mut out = Decision::unlimited();
+        let mut error = None;
+        for ((_, cost), group) in groups {
+            let part: Vec<Charge<'_>> = group.iter().map(|&j| charges[j]).collect();
+            let (mut d, e) = if after {
+                self.ask(default, &part, cost, true).await
+            } else {
+                self.decide_with(default, &part, cost).await
+            };
+            error = error.or(e);
+            for rd in d.rules.iter_mut().chain(d.deciding.as_mut()) {
+                rd.rule = group[rd.rule];
+            }
+            merge(&mut out, d);
+            if !out.allowed && !after {
+                break;
+            }
+        }
+        (out, error)
+    }
+}
+
+/// Folds the decision of one group of rules into that of the others.
+fn merge(into: &mut Decision, d: Decision) {
+    let deciding = match (into.deciding, d.deciding) {
+        (None, x) | (x, None) => x,
+        // The first denial decides; among admissions, the one with less left.
+        (Some(a), Some(b)) => Some(if !into.allowed {
+            a
+        } else if !d.allowed || b.verdict.remaining < a.verdict.remaining {
+            b
+        } else {
+            a
+        }),
+    };
+    into.allowed &= d.allowed;
+    into.wait = if into.allowed {
+        into.wait.max(d.wait)
+    } else {
+        Nanos::ZERO
+    };
+    into.deciding = deciding;
+    into.rules.extend(d.rules);
+    into.rules.sort_by_key(|r| r.rule);
 }
 
 /// How `rule` answers a request of `cost` that one of its limits can never

@@ -15,6 +15,12 @@
 //!   the decision in their extensions ([`RateLimitInfo`]) and you answer.
 //! - A rule with `queue:` (a leaky bucket shaper) makes the request wait its
 //!   turn before it reaches your service, instead of failing.
+//! - A rule whose cost is known only after the answer
+//!   ([`spillway_core::Rule::with_response_cost`]: tokens an LLM used, rows
+//!   a query returned) is checked before the request (or charged its
+//!   estimate), and charged what the response header your service sets
+//!   says, after the fact: counted even past the limit, so the key is in
+//!   debt and refused until it is paid back.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -365,7 +371,49 @@ where
                 }
             };
             req.extensions_mut().insert(RateLimitInfo(checked.clone()));
+            // A rule that reads its cost from the answer: keep what its key
+            // needs, and charge once the answer's head says.
+            let settle = checked
+                .decision
+                .rules
+                .iter()
+                .any(|rd| {
+                    checked
+                        .rule(rd)
+                        .is_some_and(|r| r.response_cost().is_some())
+                })
+                .then(|| {
+                    let (method, path) = match id.api.clone() {
+                        Some(api) => {
+                            let (m, p) = spillway_core::rule::split_api(&api);
+                            (m.map(str::to_string), p.to_string())
+                        }
+                        None => (
+                            Some(req.method().as_str().to_string()),
+                            req.uri().path().to_string(),
+                        ),
+                    };
+                    (method, path, req.headers().clone())
+                });
             let mut resp = inner.call(req).await?;
+            if let Some((method, path, headers)) = settle {
+                let attrs = Attrs {
+                    id: &id,
+                    headers: &headers,
+                };
+                let request = spillway_store::Request {
+                    method: method.as_deref(),
+                    path: Some(&path),
+                    attrs: &attrs,
+                    cost: 0,
+                };
+                let answer = resp.headers();
+                let cost_of = |rule: &spillway_core::Rule| -> Option<u64> {
+                    let name = &rule.response_cost()?.header;
+                    answer.get(name)?.to_str().ok()?.trim().parse().ok()
+                };
+                layer.limiter.settle(&request, &cost_of).await;
+            }
             insert_rate_limit_headers(&checked, resp.headers_mut());
             Ok(resp)
         })

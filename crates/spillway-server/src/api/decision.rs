@@ -4,10 +4,14 @@ use http::StatusCode;
 use spillway_core::{Limit, Outcome, Rule};
 use spillway_store::Checked;
 
+use super::Ask;
+
 /// The decision's status (200, or 429 when denied) and JSON body
 /// (`Decision` in docs/openapi.yaml), written out by hand: through serde
-/// it was 7 % of the server's time per request.
-pub fn decision_json(checked: &Checked) -> (StatusCode, Vec<u8>) {
+/// it was 7 % of the server's time per request. The answer to a charge
+/// ([`Ask::Charge`]) is always a 200 and adds `"over"`: whether the key is
+/// now past its limit (its `allowed` is then false).
+pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
     let d = &checked.decision;
     let name_of = |rd: &spillway_core::RuleDecision| checked.rule(rd).map_or("", Rule::name);
     let mut out = String::with_capacity(256 + 160 * d.rules.len());
@@ -35,6 +39,10 @@ pub fn decision_json(checked: &Checked) -> (StatusCode, Vec<u8>) {
     let deciding = d.deciding.as_ref();
     field(&mut out, "allowed");
     out.push_str(if d.allowed { "true" } else { "false" });
+    if ask == Ask::Charge {
+        field(&mut out, "over");
+        out.push_str(if d.allowed { "false" } else { "true" });
+    }
     field(&mut out, "outcome");
     string(&mut out, d.outcome().as_str());
     field(&mut out, "rule");
@@ -116,7 +124,7 @@ pub fn decision_json(checked: &Checked) -> (StatusCode, Vec<u8>) {
         out.push('}');
     }
     out.push_str("]}");
-    let status = if d.allowed {
+    let status = if d.allowed || ask == Ask::Charge {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
@@ -185,7 +193,7 @@ mod tests {
         );
         seen.push(none.check(&request).await);
         for checked in &seen {
-            let (status, hand) = decision_json(checked);
+            let (status, hand) = decision_json(checked, Ask::Check);
             let (oracle_status, oracle) = serde_decision_json(checked);
             assert_eq!(status, oracle_status);
             let hand: serde_json::Value = serde_json::from_slice(&hand).expect("valid JSON");
@@ -323,7 +331,7 @@ mod tests {
             let request = Request { method: None, path: None, attrs: &attrs, cost: 1 };
             for _ in 0..hits {
                 let checked = spillway_store::block_on(limiter.check(&request));
-                let (status, hand) = decision_json(&checked);
+                let (status, hand) = decision_json(&checked, Ask::Check);
                 let (oracle_status, oracle) = serde_decision_json(&checked);
                 proptest::prop_assert_eq!(status, oracle_status);
                 let hand: serde_json::Value = serde_json::from_slice(&hand).expect("valid JSON");

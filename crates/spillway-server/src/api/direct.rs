@@ -1,5 +1,5 @@
-//! The decision API on spillway-wire's direct path: `POST /v1/check` and
-//! `GET /v1/limit`, decided and answered into one buffer; everything else
+//! The decision API on spillway-wire's direct path: `POST /v1/check`,
+//! `POST /v1/charge` and `GET /v1/limit`, decided and answered into one buffer; everything else
 //! goes to the axum router.
 
 use std::net::SocketAddr;
@@ -10,7 +10,7 @@ use spillway_tower::{PROBLEM_JSON, Problem};
 use spillway_wire::head::RequestHead;
 use spillway_wire::{ClientConn, Handler, Message, write};
 
-use super::{ApiError, MAX_BODY, check_json, check_query, decision_json};
+use super::{ApiError, Ask, MAX_BODY, check_json, check_query, decision_json};
 use crate::{Routed, Shared};
 
 /// A request the direct path answers.
@@ -18,6 +18,8 @@ use crate::{Routed, Shared};
 pub enum Route {
     /// `POST /v1/check`.
     Check,
+    /// `POST /v1/charge`.
+    Charge,
     /// `GET /v1/limit`, with its query string.
     Limit(String),
 }
@@ -44,14 +46,19 @@ impl DirectApi {
         out: &mut Vec<u8>,
     ) -> bool {
         let started = Instant::now();
+        let ask = if route == Route::Charge {
+            Ask::Charge
+        } else {
+            Ask::Check
+        };
         let result = match route {
-            Route::Check => check_json(&self.shared, msg.body, started).await,
+            Route::Check | Route::Charge => check_json(&self.shared, msg.body, started, ask).await,
             Route::Limit(q) => check_query(&self.shared, &q, started).await,
         };
         let close = msg.close;
         match result {
             Ok(checked) => {
-                let (status, json) = decision_json(&checked);
+                let (status, json) = decision_json(&checked, ask);
                 write::answer(out, status, "application/json", &json, close, false, |o| {
                     spillway_tower::push_rate_limit_headers(&checked, o);
                 });
@@ -88,6 +95,7 @@ impl Handler for DirectApi {
     fn route(&self, head: &RequestHead<'_, '_>) -> Option<Route> {
         match (head.method, head.target) {
             ("POST", "/v1/check") => Some(Route::Check),
+            ("POST", "/v1/charge") => Some(Route::Charge),
             ("GET", t) => match t.strip_prefix("/v1/limit") {
                 Some("") => Some(Route::Limit(String::new())),
                 Some(q) if q.starts_with('?') => Some(Route::Limit(q[1..].to_string())),

@@ -1,5 +1,5 @@
-//! The decision API: `POST /v1/check` and `GET /v1/limit` (body,
-//! validation, rendering), on spillway-wire's direct path ([`direct`]) and
+//! The decision API: `POST /v1/check`, `GET /v1/limit` and `POST
+//! /v1/charge` (body, validation, rendering), on spillway-wire's direct path ([`direct`]) and
 //! as axum routes for the rest.
 
 use std::collections::BTreeMap;
@@ -31,10 +31,23 @@ pub const MAX_VALUE: usize = 1024;
 /// Most descriptors or headers in one check.
 pub const MAX_ENTRIES: usize = 64;
 
-/// The decision endpoints: `POST /v1/check` and `GET /v1/limit`.
+/// What a request asks of the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// Decide a request of its cost (`POST /v1/check`, `GET /v1/limit`):
+    /// a denied request is not charged; a cost of 0 only checks.
+    Check,
+    /// Charge a cost known after the answer (`POST /v1/charge`): always
+    /// counted, even past the limit; the answer says whether the key is
+    /// now over, and is never a 429.
+    Charge,
+}
+
+/// The decision endpoints: `POST /v1/check`, `GET /v1/limit` and `POST /v1/charge`.
 pub fn router(shared: Shared) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route("/v1/charge", post(charge))
         .route("/v1/limit", get(limit))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared)
@@ -109,15 +122,33 @@ async fn check(
             format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
         )
     })?;
-    let checked = check_json(&state, &body, started).await?;
-    Ok(render(&checked))
+    let checked = check_json(&state, &body, started, Ask::Check).await?;
+    Ok(render(&checked, Ask::Check))
 }
 
-/// Decides a `POST /v1/check` body (shared with the direct HTTP/1.1 path).
+async fn charge(
+    State(state): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let body = body.map_err(|e| {
+        state.events.bad_request();
+        ApiError::new(
+            e.status(),
+            format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
+        )
+    })?;
+    let checked = check_json(&state, &body, started, Ask::Charge).await?;
+    Ok(render(&checked, Ask::Charge))
+}
+
+/// Decides a `POST /v1/check` body, or charges a `POST /v1/charge` one
+/// (shared with the direct HTTP/1.1 path).
 pub(crate) async fn check_json(
     state: &Shared,
     body: &[u8],
     started: Instant,
+    ask: Ask,
 ) -> Result<Checked, ApiError> {
     // Any content type is read as JSON: `curl -d` sends form encoding by
     // default, and refusing it would only trip people up.
@@ -129,7 +160,7 @@ pub(crate) async fn check_json(
             ApiError::bad_request(format!("invalid JSON body: {e}"))
         })?
     };
-    decide_body(state, body, started).await
+    decide_body(state, body, started, ask).await
 }
 
 fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
@@ -142,6 +173,7 @@ async fn decide_body(
     state: &Shared,
     body: CheckBody,
     started: Instant,
+    ask: Ask,
 ) -> Result<Checked, ApiError> {
     validate_body(&body).inspect_err(|_| state.events.bad_request())?;
     let (method, path) = split_api(body.api.as_deref());
@@ -159,8 +191,22 @@ async fn decide_body(
         attrs: &attrs,
         cost: body.cost.unwrap_or(1),
     };
-    let checked = state.limiter.check(&req).await;
-    state.events.decided(&checked, started.elapsed());
+    let checked = match ask {
+        Ask::Check => {
+            let checked = state.limiter.check(&req).await;
+            state.events.decided(&checked, started.elapsed());
+            checked
+        }
+        // Not counted as a decision: nothing was admitted or refused.
+        Ask::Charge => {
+            let checked = state.limiter.charge(&req).await;
+            if checked.store_error.is_some() {
+                state.events.store_failed();
+            }
+            state.events.observe_latency(started.elapsed());
+            checked
+        }
+    };
     Ok(checked)
 }
 
@@ -204,9 +250,6 @@ fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
             too_long(what, v)?;
         }
     }
-    if b.cost == Some(0) {
-        return Err(ApiError::bad_request("cost must be at least 1"));
-    }
     Ok(())
 }
 
@@ -221,7 +264,7 @@ fn split_api(api: Option<&str>) -> (Option<&str>, Option<&str>) {
 async fn limit(State(state): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let started = Instant::now();
     let checked = check_query(&state, q.as_deref().unwrap_or(""), started).await?;
-    Ok(render(&checked))
+    Ok(render(&checked, Ask::Check))
 }
 
 /// Decides a `GET /v1/limit` query string (shared with the direct path).
@@ -251,7 +294,7 @@ pub(crate) async fn check_query(
                 }
                 body.cost = Some(v.parse().map_err(|_| {
                     bad(format!(
-                        "cost {v:?} is not a whole number from 1 to {}",
+                        "cost {v:?} is not a whole number from 0 to {}",
                         u64::MAX
                     ))
                 })?);
@@ -264,7 +307,7 @@ pub(crate) async fn check_query(
         }
         *slot = Some(decode(v).map_err(bad)?);
     }
-    decide_body(state, body, started).await
+    decide_body(state, body, started, Ask::Check).await
 }
 
 /// A query component, `+` and `%XX` decoded, which must be UTF-8.
@@ -294,8 +337,8 @@ fn percent_decode(s: &str) -> Vec<u8> {
 }
 
 /// The decision as JSON with its status and headers.
-fn render(checked: &Checked) -> Response {
-    let (status, bytes) = decision_json(checked);
+fn render(checked: &Checked, ask: Ask) -> Response {
+    let (status, bytes) = decision_json(checked, ask);
     let mut resp = (status, bytes).into_response();
     let h = resp.headers_mut();
     h.insert(

@@ -284,9 +284,21 @@ pub(crate) struct RawRule {
     /// This rule's own switches (unset ones are the file's).
     #[serde(default)]
     pub(crate) path_matching: Option<Spanned<RawPathMatching>>,
+    /// A cost known after the answer: `cost: { response_header: ... }`.
+    #[serde(default)]
+    pub(crate) cost: Option<Spanned<RawCost>>,
     #[serde(default)]
     #[allow(dead_code)]
     pub(crate) description: Option<String>,
+}
+
+/// `cost:` of a rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCost {
+    pub(crate) response_header: Spanned<String>,
+    #[serde(default)]
+    pub(crate) estimate: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

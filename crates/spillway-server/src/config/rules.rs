@@ -195,6 +195,10 @@ pub(super) fn rule(
         );
     }
     let policy = raw.on_store_error.as_ref().map(|p| policy(errs, p));
+    let cost = raw
+        .cost
+        .as_ref()
+        .and_then(|c| response_cost(errs, c, &limits));
     if errs.list.len() != before {
         return None;
     }
@@ -213,6 +217,10 @@ pub(super) fn rule(
                 Some(p) => rule.with_fail_policy(p),
                 None => rule,
             };
+            let rule = match cost {
+                Some(c) => rule.with_response_cost(c),
+                None => rule,
+            };
             Some(match matching {
                 Some(m) => rule.with_path_matching(m),
                 None => rule,
@@ -223,6 +231,40 @@ pub(super) fn rule(
             None
         }
     }
+}
+
+/// `cost: { response_header: NAME, estimate: N }`: a header name as HTTP
+/// writes one, and an estimate the rule's limits can admit.
+fn response_cost(
+    errs: &mut Errors<'_>,
+    c: &Spanned<super::raw::RawCost>,
+    limits: &[Limit],
+) -> Option<spillway_core::ResponseCost> {
+    let header = c.value.response_header.value.trim();
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if header.is_empty() || !header.bytes().all(token) {
+        errs.at(
+            &c.value.response_header,
+            format!("cost.response_header {header:?} is not a header name"),
+        );
+        return None;
+    }
+    let estimate = c.value.estimate.as_ref().map_or(0, |e| e.value);
+    if let Some(l) = limits.iter().find(|l| estimate > l.size()) {
+        let message = format!(
+            "cost.estimate {estimate} is more than the limit's size {}: no request could pass",
+            l.size()
+        );
+        match &c.value.estimate {
+            Some(e) => errs.at(e, message),
+            None => errs.at(c, message),
+        }
+        return None;
+    }
+    Some(spillway_core::ResponseCost {
+        header: header.to_ascii_lowercase(),
+        estimate,
+    })
 }
 
 pub(super) fn mode(errs: &mut Errors<'_>, m: &Spanned<String>) -> Mode {

@@ -198,7 +198,10 @@ impl Handler for DirectProxy {
     }
 
     fn route(&self, _head: &RequestHead<'_, '_>) -> Option<()> {
-        Some(())
+        // A rule that reads its cost from the answer (a header, or a
+        // trailer after a streamed body) is served on the hyper path,
+        // which settles it.
+        (!self.proxy.reads_costs()).then_some(())
     }
 
     fn serve<'a>(

@@ -114,6 +114,17 @@ impl HyperProxy {
             Admission::Denied(c) => return problem(&Problem::too_many_requests(&c), Some(&c)),
             Admission::Admitted(c) => c,
         };
+        // A rule that reads its cost from the answer: keep what its key
+        // needs, to charge once the answer says (see `Settle`).
+        let settle = Proxy::settles(&checked).then(|| {
+            Arc::new(Settle {
+                proxy: self.proxy.clone(),
+                method: req.method().as_str().to_string(),
+                path: req.uri().path().to_string(),
+                who: who.clone(),
+                headers: req.headers().clone(),
+            })
+        });
         let target = match self.target(req.uri()) {
             Ok(t) => t,
             Err(e) => return problem(&Problem::new(StatusCode::BAD_REQUEST, e), Some(&checked)),
@@ -167,9 +178,21 @@ impl HyperProxy {
                     return Response::from_parts(parts, Body::empty());
                 }
                 let (mut parts, body) = resp.into_parts();
+                let body = IdleTimeout::new(body, timeout);
+                let body = match settle {
+                    // Costs in the head are charged before the answer goes
+                    // on (a client cannot dodge them by leaving early);
+                    // costs in trailers, when the body ends.
+                    Some(settle) => {
+                        let head = parts.headers.clone();
+                        settle.run(&|name| value(&head, name)).await;
+                        Body::new(Settling::new(body, settle, head))
+                    }
+                    None => Body::new(body),
+                };
                 strip_hop_by_hop(&mut parts.headers);
                 insert_rate_limit_headers(&checked, &mut parts.headers);
-                return Response::from_parts(parts, Body::new(IdleTimeout::new(body, timeout)));
+                return Response::from_parts(parts, body);
             }
             // A body the client broke (cut short, bad chunked coding)
             // fails the upstream request too: it is the client's 400, not
@@ -266,6 +289,113 @@ fn client_body_failed(e: &hyper_util::client::legacy::Error) -> bool {
         source = err.source();
     }
     false
+}
+
+/// What charging a request's cost after the answer needs: the request's
+/// identity and headers (for the rules' keys), kept from before it went
+/// upstream.
+struct Settle {
+    proxy: Arc<Proxy>,
+    method: String,
+    path: String,
+    who: super::Who,
+    headers: HeaderMap,
+}
+
+impl Settle {
+    /// Charges what `read` finds to the rules that read their cost.
+    async fn run(&self, read: &(dyn Fn(&str) -> Option<String> + Sync)) -> bool {
+        self.proxy
+            .settle(&self.method, &self.path, &self.who, &self.headers, read)
+            .await
+    }
+}
+
+/// A header's value as text, if it is sent once and is text.
+fn value(h: &HeaderMap, name: &str) -> Option<String> {
+    let mut all = h.get_all(name).iter();
+    let v = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    v.to_str().ok().map(str::to_string)
+}
+
+/// A response body whose trailers may carry a rule's cost: when they
+/// arrive, the cost of every rule whose field was not in the head is
+/// charged before the trailers go on to the client.
+struct Settling<B> {
+    inner: B,
+    settle: Option<Arc<Settle>>,
+    /// The answer's head: fields found there were charged already.
+    head: HeaderMap,
+    /// A charge under way, and the trailers frame held back until it ends.
+    pending: Option<(
+        Pin<Box<dyn Future<Output = bool> + Send>>,
+        hyper::body::Frame<Bytes>,
+    )>,
+}
+
+impl<B> Settling<B> {
+    fn new(inner: B, settle: Arc<Settle>, head: HeaderMap) -> Settling<B> {
+        Settling {
+            inner,
+            settle: Some(settle),
+            head,
+            pending: None,
+        }
+    }
+}
+
+impl<B> hyper::body::Body for Settling<B>
+where
+    B: hyper::body::Body<Data = Bytes, Error = axum::BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        if let Some((mut charge, frame)) = this.pending.take() {
+            if charge.as_mut().poll(cx).is_pending() {
+                this.pending = Some((charge, frame));
+                return Poll::Pending;
+            }
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let (Some(trailers), Some(settle)) = (frame.trailers_ref(), this.settle.take()) else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        let trailers = trailers.clone();
+        let head = std::mem::take(&mut this.head);
+        let charge = async move {
+            let read = |name: &str| {
+                if head.contains_key(name) {
+                    None
+                } else {
+                    value(&trailers, name)
+                }
+            };
+            settle.run(&read).await
+        };
+        this.pending = Some((Box::pin(charge), frame));
+        self.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// An upstream's response body that must keep coming: no wait for its next

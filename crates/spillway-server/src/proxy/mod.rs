@@ -145,7 +145,7 @@ pub enum Refused {
 }
 
 /// Who a request comes from, for the rules.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Who {
     /// The user, if the settings name a source and the request has one.
     pub user: Option<String>,
@@ -281,6 +281,71 @@ impl Proxy {
             events.decided(c, took);
         })
         .await
+    }
+
+    /// Whether a rule in force takes its cost from the answer: such
+    /// requests are served on the hyper path, which reads trailers too.
+    pub fn reads_costs(&self) -> bool {
+        self.shared.limiter.has_response_costs()
+    }
+
+    /// Whether the decision involves a rule that takes its cost from the
+    /// answer, so the request must be kept for [`settle`](Self::settle).
+    pub fn settles(checked: &Checked) -> bool {
+        checked.decision.rules.iter().any(|rd| {
+            checked
+                .rule(rd)
+                .is_some_and(|r| r.response_cost().is_some())
+        })
+    }
+
+    /// Phase 5, for rules that take their cost from the answer: charges
+    /// what `read` finds in the answer (a header or trailer's value, by
+    /// lower-case name) to those rules, after the fact. A value that is
+    /// not a whole number charges nothing and is logged. Returns whether
+    /// anything was charged.
+    pub async fn settle<H: Headers + Sync + ?Sized>(
+        &self,
+        method: &str,
+        path: &str,
+        who: &Who,
+        headers: &H,
+        read: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> bool {
+        let attrs = Attrs {
+            user: who.user.as_deref(),
+            ip: who.ip.as_str(),
+            headers,
+        };
+        let request = Request {
+            method: Some(method),
+            path: Some(path),
+            attrs: &attrs,
+            cost: 0,
+        };
+        let cost_of = |rule: &spillway_core::Rule| -> Option<u64> {
+            let name = &rule.response_cost()?.header;
+            let value = read(name)?;
+            match value.trim().parse::<u64>() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.failures.warn(format_args!(
+                        "rule {:?}: the answer's {name} {value:?} is not a whole number; nothing charged",
+                        rule.name()
+                    ));
+                    None
+                }
+            }
+        };
+        match self.shared.limiter.settle(&request, &cost_of).await {
+            Some(checked) => {
+                if checked.store_error.is_some() {
+                    self.shared.events.store_failed();
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Phase 3: the forwarding headers the proxy sends instead of the

@@ -15,6 +15,8 @@
 //! | `stream` | `one,two,three` in three pieces, no length (chunked) |
 //! | `events` | server-sent events: `data: first`, then, once the test calls [`HttpUpstream::release`], `data: second`, then the end |
 //! | `stall` | the head and `first,`, then nothing while the connection lasts |
+//! | a number under `/tokens/` | `tokens`, with `x-tokens-used: N` (what the answer cost) |
+//! | a number under `/trailer-tokens/` | `streamed tokens`, chunked, then `x-tokens-used: N` as a trailer |
 //! | `ratelimit-headers` | `own`, with the upstream's own `x-ratelimit-limit: 999` and `ratelimit: "upstream";r=5;t=9` |
 //! | anything else | `ok` |
 //!
@@ -226,6 +228,30 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
             tokio::spawn(async move { tx.closed().await });
             Response::new(Reply::Pieces(rx))
         }
+        // `/tokens/N`: an answer that says it cost N in `x-tokens-used`;
+        // `/trailer-tokens/N`: the same in a trailer after a streamed body.
+        n if req.uri().path().starts_with("/tokens/") => {
+            let mut r = text("tokens");
+            r.headers_mut().insert(
+                "x-tokens-used",
+                n.parse().expect("a path segment is a value"),
+            );
+            r
+        }
+        n if req.uri().path().starts_with("/trailer-tokens/") => {
+            let mut trailers = hyper::HeaderMap::new();
+            trailers.insert(
+                "x-tokens-used",
+                n.parse().expect("a path segment is a value"),
+            );
+            let mut r = Response::new(Reply::Trailed(
+                Some(Bytes::from_static(b"streamed tokens")),
+                Some(trailers),
+            ));
+            r.headers_mut()
+                .insert("trailer", "x-tokens-used".parse().expect("valid"));
+            r
+        }
         "ratelimit-headers" => {
             let mut r = text("own");
             let h = r.headers_mut();
@@ -243,6 +269,9 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
 #[derive(Debug)]
 enum Reply {
     Whole(Option<Bytes>),
+    /// A body, then trailers (sent chunked, to a request that asked for
+    /// trailers with `TE: trailers`).
+    Trailed(Option<Bytes>, Option<hyper::HeaderMap>),
     Pieces(mpsc::Receiver<Bytes>),
     Echo(Incoming),
 }
@@ -257,6 +286,10 @@ impl Body for Reply {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             Reply::Whole(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            Reply::Trailed(b, t) => Poll::Ready(match b.take() {
+                Some(b) => Some(Ok(Frame::data(b))),
+                None => t.take().map(|t| Ok(Frame::trailers(t))),
+            }),
             Reply::Pieces(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
             Reply::Echo(body) => Pin::new(body).poll_frame(cx),
         }
@@ -265,6 +298,7 @@ impl Body for Reply {
     fn is_end_stream(&self) -> bool {
         match self {
             Reply::Whole(b) => b.is_none(),
+            Reply::Trailed(b, t) => b.is_none() && t.is_none(),
             Reply::Pieces(_) => false,
             Reply::Echo(body) => body.is_end_stream(),
         }
@@ -273,7 +307,7 @@ impl Body for Reply {
     fn size_hint(&self) -> SizeHint {
         match self {
             Reply::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Reply::Pieces(_) => SizeHint::default(),
+            Reply::Pieces(_) | Reply::Trailed(..) => SizeHint::default(),
             Reply::Echo(body) => body.size_hint(),
         }
     }

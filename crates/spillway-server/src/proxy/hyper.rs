@@ -147,6 +147,11 @@ impl HyperProxy {
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         keep_upgrade(headers, upgrade);
+        if settle.is_some() {
+            // A cost may come as a trailer: an HTTP/1.1 upstream sends
+            // trailers only to a request that says it takes them.
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         headers.remove(header::HOST);
         for name in dropped {
             headers.remove(*name);
@@ -370,7 +375,10 @@ where
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
-        let (Some(trailers), Some(settle)) = (frame.trailers_ref(), this.settle.take()) else {
+        let Some(trailers) = frame.trailers_ref() else {
+            return Poll::Ready(Some(Ok(frame)));
+        };
+        let Some(settle) = this.settle.take() else {
             return Poll::Ready(Some(Ok(frame)));
         };
         let trailers = trailers.clone();

@@ -713,3 +713,58 @@ async fn the_openapi_description_matches_the_server() {
         assert!(req_fields.contains_key(f), "CheckRequest lacks {f}");
     }
 }
+
+/// Issue 16: a token budget over the HTTP API. Each request is checked
+/// first (`cost: 0`, which charges nothing) and charged what it cost once
+/// served (`POST /v1/charge`, never a 429, counted past the limit): on
+/// 1,000 tokens with answers of 600, exactly two are served, and the
+/// charge that goes past the budget says the key is now over.
+#[tokio::test]
+async fn check_then_charge_serves_exactly_what_the_budget_pays_for() {
+    let dir = TempDir::new("charge");
+    let file = dir.write(
+        "rules.yaml",
+        "rules:\n  - name: tokens\n    by: user\n    limits:\n      - token_bucket: { capacity: 1000, refill: 1000/1h }\n",
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let mut served = 0;
+    let mut overs = Vec::new();
+    for _ in 0..10 {
+        let (status, _, j) = check(&c, &s, json!({"user": "u", "cost": 0})).await;
+        if status != 200 {
+            assert_eq!(status, 429, "{j}");
+            assert_eq!(j["rule"], "tokens");
+            assert!(j["retry_after_ms"].as_u64().unwrap() > 0, "{j}");
+            continue;
+        }
+        served += 1;
+        let r = c
+            .post(s.url("/v1/charge"))
+            .json(&json!({"user": "u", "cost": 600}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let j: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(j["allowed"], !j["over"].as_bool().unwrap(), "{j}");
+        overs.push(j["over"].as_bool().unwrap());
+    }
+    assert_eq!(served, 2);
+    assert_eq!(overs, [false, true]);
+    // Checks charged nothing: another user's budget is whole, and a
+    // check of cost 0 on it leaves it so.
+    for _ in 0..3 {
+        let (status, _, j) = check(&c, &s, json!({"user": "v", "cost": 0})).await;
+        assert_eq!(status, 200, "{j}");
+        assert_eq!(j["remaining"], 1000, "{j}");
+    }
+    // The charge endpoint takes the check body, and refuses what /v1/check refuses.
+    let r = c
+        .post(s.url("/v1/charge"))
+        .body("{\"cost\": -1}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}

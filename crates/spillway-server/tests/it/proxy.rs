@@ -1282,3 +1282,62 @@ async fn a_streamed_answer_reaches_the_client_as_it_is_written(path: Path) {
     }
 }
 on_both_paths!(a_streamed_answer_reaches_the_client_as_it_is_written);
+
+/// Rules that charge what the answer says it cost (`x-tokens-used`), on a
+/// budget of 1,000 tokens an hour per user.
+fn token_rules(upstream: &str) -> String {
+    format!(
+        r#"
+proxy:
+  upstream: {upstream}
+  user: header:X-Api-Key
+rules:
+  - name: tokens
+    by: user
+    cost: {{ response_header: X-Tokens-Used }}
+    limits:
+      - token_bucket: {{ capacity: 1000, refill: 1000/1h }}
+"#
+    )
+}
+
+/// Issue 16: answers that cost 600 tokens each, on 1,000 an hour: each
+/// request is checked before it goes up and charged when the answer's
+/// header (or, streamed, its trailer) says what it cost, past the budget
+/// if need be, so exactly two are served, not ten. (On the direct
+/// configuration such requests are handed to the hyper transport, which
+/// reads trailers.)
+async fn costs_from_the_answer_are_charged_after_it(path: Path) {
+    let up = HttpUpstream::start().await;
+    let (s, _dir) = proxy_with(path, &token_rules(&up.url()), &[]);
+    let c = client();
+    for (user, route) in [("alice", "/tokens/600"), ("bob", "/trailer-tokens/600")] {
+        let mut served = 0;
+        for i in 0..10 {
+            let r = c
+                .get(s.url(route))
+                .header("x-api-key", user)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body = r.text().await.unwrap();
+            match status.as_u16() {
+                200 => served += 1,
+                429 => {}
+                other => panic!("{user} {i}: {other} {body}"),
+            }
+        }
+        assert_eq!(served, 2, "{user} on {route}");
+        assert_eq!(up.count(route), 2, "{route}");
+    }
+    // A charge is counted against its own user only.
+    let r = c
+        .get(s.url("/tokens/1"))
+        .header("x-api-key", "carol")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+on_both_paths!(costs_from_the_answer_are_charged_after_it);

@@ -337,3 +337,52 @@ async fn the_denial_body_is_valid_json_whatever_the_rule_is_called() {
     assert!((1..=3600).contains(&retry), "{body}");
     assert!(body["detail"].as_str().unwrap().contains("exceeded"));
 }
+
+/// Issue 16: a rule whose cost the service reports in its answer
+/// (`x-tokens-used`): each request is checked before it reaches the
+/// service and charged what the answer says, past the budget if need be.
+/// 600-token answers on 1,000 tokens an hour: exactly two are served.
+#[tokio::test]
+async fn a_cost_the_service_reports_is_charged_after_the_answer() {
+    let rule = Rule::new(
+        "tokens",
+        None,
+        KeySpec::parse("user").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(1000, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap()
+    .with_response_cost(spillway_core::ResponseCost {
+        header: "X-Tokens-Used".into(),
+        estimate: 0,
+    });
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    ));
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let count = count.clone();
+                async move {
+                    count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    ([("x-tokens-used", "600")], "answer")
+                }
+            }),
+        )
+        .layer(RateLimitLayer::new(limiter, user_header::<Body>));
+    let url = serve(app).await;
+    let c = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let r = c.get(&url).header("x-user", "u").send().await.unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

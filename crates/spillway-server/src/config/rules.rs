@@ -520,4 +520,39 @@ rules:
             );
         }
     }
+
+    /// `cost: { response_header, estimate }` is read into the rule; a name
+    /// that is not a header name, or an estimate no request could pass,
+    /// is an error at its line.
+    #[test]
+    fn a_cost_from_the_answer_is_read_and_checked() {
+        let rule = |cost: &str| {
+            format!(
+                "rules:\n  - name: t\n    by: user\n    cost: {cost}\n    limits: [ {{ token_bucket: {{ capacity: 100, refill: 100/1h }} }} ]\n"
+            )
+        };
+        let c = parse("r.yaml", &rule("{ response_header: X-Tokens-Used }")).unwrap();
+        assert_eq!(
+            c.rules[0].response_cost(),
+            Some(&spillway_core::ResponseCost {
+                header: "x-tokens-used".into(),
+                estimate: 0
+            })
+        );
+        let c = parse("r.yaml", &rule("{ response_header: x-t, estimate: 10 }")).unwrap();
+        assert_eq!(c.rules[0].response_cost().unwrap().estimate, 10);
+        for (bad, says) in [
+            ("{ response_header: \"x t\" }", "is not a header name"),
+            ("{ response_header: \"\" }", "is not a header name"),
+            (
+                "{ response_header: x, estimate: 101 }",
+                "more than the limit's size 100",
+            ),
+            ("{ header: x }", "unknown field"),
+        ] {
+            let e = parse("r.yaml", &rule(bad)).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.contains("r.yaml:4"), "{bad}: {e}");
+        }
+    }
 }

@@ -653,6 +653,7 @@ async fn the_openapi_description_matches_the_server() {
     }
     for path in [
         "/v1/check",
+        "/v1/charge",
         "/v1/limit",
         "/v1/rules",
         "/v1/status",
@@ -703,6 +704,13 @@ async fn the_openapi_description_matches_the_server() {
     .await;
     same_fields("Decision", &d);
     same_fields("RuleResult", &d["rules"][0]);
+    let charged: serde_json::Value = util::json(
+        c.post(s.url("/v1/charge"))
+            .json(&json!({"api": "POST /v1/login", "ip": "1.2.3.5", "cost": 1})),
+    )
+    .await;
+    same_fields("Decision", &charged);
+    assert_eq!(charged["over"], false, "{charged}");
     let rules: serde_json::Value = util::json(c.get(s.url("/v1/rules"))).await;
     same_fields("Rule", &rules["rules"][0]);
     let problem: serde_json::Value = util::json(c.post(s.url("/v1/check")).body("{")).await;

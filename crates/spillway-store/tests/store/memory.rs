@@ -770,3 +770,128 @@ proptest! {
         flood_against_a_limited_client(limit, max_keys, shards, cost, &ops)?;
     }
 }
+
+/// Charges after the fact through the memory store and the limiter.
+mod after_the_fact {
+    use super::*;
+    use spillway_core::{Outcome, ResponseCost};
+    use spillway_store::{Limiter, Request, RuleSet, SimpleAttributes, block_on};
+
+    fn request<'a>(attrs: &'a SimpleAttributes<'a>, cost: u64) -> Request<'a> {
+        Request {
+            method: None,
+            path: None,
+            attrs,
+            cost,
+        }
+    }
+
+    /// A charge counts on every rule, shadow ones too, even past the
+    /// limit, and says the keys are now over; checks are then refused
+    /// and charge nothing; a key with no room (a full table) is charged
+    /// on its shared overflow state, never skipped.
+    #[test]
+    fn a_charge_counts_everywhere_and_a_check_charges_nothing() {
+        let store = MemoryStore::new(clock(), MemoryConfig::default());
+        let limiter = Limiter::new(
+            store,
+            RuleSet::new(vec![
+                rule("hard", vec![fw(10, 60)], Mode::Hard),
+                rule("watch", vec![fw(5, 60)], Mode::Shadow),
+            ]),
+        );
+        let attrs = SimpleAttributes {
+            user: Some("u"),
+            ..Default::default()
+        };
+        for _ in 0..3 {
+            let d = block_on(limiter.check(&request(&attrs, 0))).decision;
+            assert!(d.allowed);
+            assert_eq!(d.rules[0].verdict.remaining, 10, "a check charged: {d:?}");
+        }
+        assert_eq!(limiter.store().usage().keys, 0, "a check stored a key");
+        let d = block_on(limiter.charge(&request(&attrs, 7))).decision;
+        assert!(d.allowed, "7 of 10 is not over: {d:?}");
+        assert_eq!(d.rules[1].outcome, Outcome::ShadowDenied, "{d:?}");
+        let d = block_on(limiter.charge(&request(&attrs, 7))).decision;
+        assert!(!d.allowed, "14 of 10 is over: {d:?}");
+        assert_eq!(d.rules[0].verdict.remaining, 0);
+        let d = block_on(limiter.check(&request(&attrs, 0))).decision;
+        assert!(!d.allowed, "a key that owes passed a check: {d:?}");
+        assert!(
+            !block_on(limiter.check(&request(&attrs, 1)))
+                .decision
+                .allowed
+        );
+    }
+
+    /// A full table: a new key's charge lands on the shared overflow
+    /// state, so it still counts.
+    #[test]
+    fn a_charge_without_room_is_counted_on_the_overflow_state() {
+        let store = MemoryStore::new(
+            clock(),
+            MemoryConfig {
+                max_keys: 1,
+                shards: 1,
+            },
+        );
+        let r = rule("hard", vec![fw(10, 60)], Mode::Hard);
+        let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
+        // `a` fills the table and is being limited, so it is not evicted.
+        let ca = [Charge { rule: &r, key: &a }];
+        assert!(!store.charge_now(&ca, 20).allowed);
+        let cb = [Charge { rule: &r, key: &b }];
+        assert!(!store.charge_now(&cb, 11).allowed, "the charge was skipped");
+        assert!(!store.decide_now(&cb, 0).allowed);
+        assert!(store.overflowed() > 0);
+    }
+
+    /// A rule that reads its cost from the answer is checked with its
+    /// estimate, before the request's other rules: a refusal there charges
+    /// the others nothing; `settle` then charges what the answer said
+    /// beyond the estimate, to that rule only.
+    #[test]
+    fn a_response_cost_rule_is_checked_first_and_settled_after() {
+        let tokens =
+            rule("tokens", vec![fw(1000, 3600)], Mode::Hard).with_response_cost(ResponseCost {
+                header: "x-tokens".into(),
+                estimate: 100,
+            });
+        let requests = rule("requests", vec![fw(50, 3600)], Mode::Hard);
+        let limiter = Limiter::new(
+            MemoryStore::new(clock(), MemoryConfig::default()),
+            RuleSet::new(vec![tokens, requests]),
+        );
+        let attrs = SimpleAttributes {
+            user: Some("u"),
+            ..Default::default()
+        };
+        let mut served = 0;
+        for _ in 0..10 {
+            let req = request(&attrs, 1);
+            let c = block_on(limiter.check(&req));
+            if !c.decision.allowed {
+                assert_eq!(c.decision.deciding.unwrap().rule, 0, "{c:?}");
+                continue;
+            }
+            served += 1;
+            let settled =
+                block_on(limiter.settle(&req, &|r| (r.name() == "tokens").then_some(600)));
+            assert!(settled.is_some());
+        }
+        // 100 before and 500 after each: after two the key owes 200, and
+        // the third is refused by `tokens` before `requests` is asked.
+        assert_eq!(served, 2);
+        let set = limiter.rules();
+        let key = Key::from_parts(["u"]);
+        let requests = [Charge {
+            rule: &set.rules()[1],
+            key: &key,
+        }];
+        let d = limiter.store().decide_now(&requests, 0);
+        assert_eq!(d.rules[0].verdict.remaining, 48, "{d:?}");
+        // Nothing to settle when the answer says nothing.
+        assert!(block_on(limiter.settle(&request(&attrs, 1), &|_| None)).is_none());
+    }
+}

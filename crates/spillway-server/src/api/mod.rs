@@ -111,24 +111,24 @@ struct CheckBody {
 }
 
 async fn check(
-    State(state): State<Shared>,
+    state: State<Shared>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let started = Instant::now();
-    let body = body.map_err(|e| {
-        state.events.bad_request();
-        ApiError::new(
-            e.status(),
-            format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
-        )
-    })?;
-    let checked = check_json(&state, &body, started, Ask::Check).await?;
-    Ok(render(&checked, Ask::Check))
+    answer(state, body, Ask::Check).await
 }
 
 async fn charge(
+    state: State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    answer(state, body, Ask::Charge).await
+}
+
+/// `POST /v1/check` and `POST /v1/charge` on the axum routes.
+async fn answer(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
+    ask: Ask,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let body = body.map_err(|e| {
@@ -138,8 +138,8 @@ async fn charge(
             format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
         )
     })?;
-    let checked = check_json(&state, &body, started, Ask::Charge).await?;
-    Ok(render(&checked, Ask::Charge))
+    let checked = check_json(&state, &body, started, ask).await?;
+    Ok(render(&checked, ask))
 }
 
 /// Decides a `POST /v1/check` body, or charges a `POST /v1/charge` one

@@ -265,11 +265,7 @@ impl Proxy {
         who: &Who,
         headers: &H,
     ) -> Admission {
-        let attrs = Attrs {
-            user: who.user.as_deref(),
-            ip: who.ip.as_str(),
-            headers,
-        };
+        let attrs = Attrs::of(who, headers);
         let request = Request {
             method: Some(method),
             path: Some(path),
@@ -312,11 +308,7 @@ impl Proxy {
         headers: &H,
         read: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> bool {
-        let attrs = Attrs {
-            user: who.user.as_deref(),
-            ip: who.ip.as_str(),
-            headers,
-        };
+        let attrs = Attrs::of(who, headers);
         let request = Request {
             method: Some(method),
             path: Some(path),
@@ -449,6 +441,16 @@ struct Attrs<'a, H: ?Sized> {
     user: Option<&'a str>,
     ip: &'a str,
     headers: &'a H,
+}
+
+impl<'a, H: ?Sized> Attrs<'a, H> {
+    fn of(who: &'a Who, headers: &'a H) -> Attrs<'a, H> {
+        Attrs {
+            user: who.user.as_deref(),
+            ip: who.ip.as_str(),
+            headers,
+        }
+    }
 }
 
 impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {

@@ -101,4 +101,14 @@ impl Errors<'_> {
             message: message.into(),
         });
     }
+
+    /// An error at a line and column (0, 0: the file as a whole).
+    pub(crate) fn at_loc(&mut self, (line, column): (u64, u64), message: impl Into<String>) {
+        self.list.push(ConfigError {
+            file: self.file.to_string(),
+            line,
+            column,
+            message: message.into(),
+        });
+    }
 }

@@ -61,8 +61,13 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Add RateLimit headers to gRPC answers (`grpc_response_headers`).
     pub grpc_response_headers: bool,
-    /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config` files).
+    /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config`
+    /// files), one per domain name (see [`load_all`]).
     pub domains: Vec<crate::grpc::Domain>,
+    /// Several files may give one domain, whose descriptors are then merged
+    /// (`--merge-domains`, envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`);
+    /// set by [`load_all`], kept for reloads.
+    pub merge_domains: bool,
     /// Descriptor names rules may key by bare (`descriptors:`).
     pub descriptors: Vec<String>,
     /// Which respellings of a path count as the path for rules that set
@@ -156,6 +161,206 @@ impl Source {
         match self {
             Source::File(p) => load(p),
             Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
+        }
+    }
+}
+
+/// The files an `--envoy-config` directory gives: its `*.yaml` and `*.yml`
+/// files (following links; hidden ones left out, as editors' and
+/// Kubernetes' `..data` are), in name order.
+///
+/// # Errors
+/// The directory cannot be listed.
+pub fn envoy_dir_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+        if yaml && !hidden && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// What `spillway serve` loads: the rules file (or the built-in example)
+/// and every `--envoy-config` path, a file or a directory of them (see
+/// [`envoy_dir_files`]). A domain given twice (by two files, or by a file
+/// and the rules file's `domains:`) is refused, as envoyproxy/ratelimit
+/// refuses it, unless `merge_domains`: then its top-level descriptors are
+/// merged, in file order, and only a composite key given twice is refused.
+///
+/// # Errors
+/// Every problem in every file.
+pub fn load_all(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+) -> Result<Config, ConfigErrors> {
+    load_with(source, envoy, merge_domains, false).map(|(c, _)| c)
+}
+
+/// As [`load_all`], for a reload: an `--envoy-config` file that is gone
+/// drops its domain (and is returned) instead of failing the load. A
+/// directory that is gone still fails it: an unmounted volume is not a
+/// request to drop every domain.
+///
+/// # Errors
+/// As [`load_all`].
+pub fn reload_all(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
+    load_with(source, envoy, merge_domains, true)
+}
+
+fn load_with(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    gone_ok: bool,
+) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut config = match source.load() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            errors.extend(e.0);
+            None
+        }
+    };
+    let source_name = match source {
+        Source::File(p) => p.display().to_string(),
+        Source::Example => "<examples/rules.yaml>".to_string(),
+    };
+    // Each domain, and the file it came from.
+    let start: Vec<(crate::grpc::Domain, String)> = config
+        .as_mut()
+        .map(|c| std::mem::take(&mut c.domains))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| (d, source_name.clone()))
+        .collect();
+    let (domains, gone) = envoy_domains(start, envoy, merge_domains, gone_ok, &mut errors);
+    match config {
+        Some(mut c) if errors.is_empty() => {
+            c.domains = domains;
+            c.merge_domains = merge_domains;
+            Ok((c, gone))
+        }
+        _ => Err(ConfigErrors(errors)),
+    }
+}
+
+/// The domains of `--envoy-config` paths alone (`spillway check-config`
+/// without a rules file), checked as [`load_all`] checks them.
+///
+/// # Errors
+/// Every problem in every file.
+pub fn load_envoy_all(
+    envoy: &[PathBuf],
+    merge_domains: bool,
+) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
+    let mut errors = Vec::new();
+    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, false, &mut errors);
+    if errors.is_empty() {
+        Ok(domains)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// `start`'s domains and those of every `--envoy-config` path; and, when
+/// `gone_ok`, the files found gone.
+fn envoy_domains(
+    mut domains: Vec<(crate::grpc::Domain, String)>,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    gone_ok: bool,
+    errors: &mut Vec<ConfigError>,
+) -> (Vec<crate::grpc::Domain>, Vec<PathBuf>) {
+    let mut gone = Vec::new();
+    let mut files = Vec::new();
+    for p in envoy {
+        if p.is_dir() {
+            match envoy_dir_files(p) {
+                Ok(list) => files.extend(list),
+                Err(e) => errors.push(ConfigError {
+                    file: p.display().to_string(),
+                    line: 0,
+                    column: 0,
+                    message: format!("cannot read the directory: {e}"),
+                }),
+            }
+        } else if gone_ok && !p.exists() {
+            gone.push(p.clone());
+        } else {
+            files.push(p.clone());
+        }
+    }
+    for f in files {
+        match envoy::load_located(&f) {
+            Ok(l) => add_domain(&mut domains, l, merge_domains, errors),
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    (domains.into_iter().map(|(d, _)| d).collect(), gone)
+}
+
+/// Adds a file's domain: a new one, or (merging) its descriptors to the
+/// one of that name.
+fn add_domain(
+    domains: &mut Vec<(crate::grpc::Domain, String)>,
+    l: envoy::Located,
+    merge: bool,
+    errors: &mut Vec<ConfigError>,
+) {
+    let envoy::Located {
+        domain,
+        file,
+        at,
+        tops,
+    } = l;
+    let Some((existing, other)) = domains.iter_mut().find(|(d, _)| d.name == domain.name) else {
+        domains.push((domain, file));
+        return;
+    };
+    let error = |(line, column): (u64, u64), message: String| ConfigError {
+        file: file.clone(),
+        line,
+        column,
+        message,
+    };
+    if !merge {
+        errors.push(error(
+            at,
+            format!(
+                "duplicate domain {:?}: {other} gives it too (one file per domain; --merge-domains, or MERGE_DOMAIN_CONFIG=true, merges them)",
+                domain.name
+            ),
+        ));
+        return;
+    }
+    for (node, at) in domain.nodes.into_iter().zip(tops) {
+        let key = envoy::composite(&node.key, node.value.as_deref());
+        if existing
+            .nodes
+            .iter()
+            .any(|n| envoy::composite(&n.key, n.value.as_deref()) == key)
+        {
+            errors.push(error(
+                at,
+                format!(
+                    "duplicate descriptor composite key '{}.{key}' in the merged domain: {other} gives it too",
+                    domain.name
+                ),
+            ));
+        } else {
+            existing.nodes.push(node);
         }
     }
 }
@@ -268,11 +473,26 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         },
         |s| server_limits(&mut errs, s),
     );
-    let domains = raw
-        .domains
-        .iter()
-        .map(|d| envoy::domain(&mut errs, &d.value))
-        .collect();
+    let mut domains: Vec<crate::grpc::Domain> = Vec::new();
+    let mut domain_lines: Vec<u64> = Vec::new();
+    for d in &raw.domains {
+        let (domain, at) = envoy::domain(
+            &mut errs,
+            &d.value,
+            (d.referenced.line(), d.referenced.column()),
+        );
+        if let Some(i) = domains.iter().position(|x| x.name == domain.name) {
+            errs.at_loc(
+                at,
+                format!(
+                    "domain {:?} appears twice in `domains:` (first at line {}): give its descriptors under one item",
+                    domain.name, domain_lines[i]
+                ),
+            );
+        }
+        domain_lines.push(at.0);
+        domains.push(domain);
+    }
     let descriptors = raw
         .descriptors
         .as_ref()
@@ -337,6 +557,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             grpc_listen,
             grpc_response_headers: raw.grpc_response_headers.unwrap_or(false),
             domains,
+            merge_domains: false,
             descriptors,
             path_matching: global_matching,
             reload_quiet,

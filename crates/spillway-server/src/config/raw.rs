@@ -108,19 +108,25 @@ pub(crate) struct RawReload {
     pub(crate) quiet: Option<Spanned<String>>,
 }
 
-/// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:` items.
+/// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:`
+/// items. Where ratelimit reads a missing or null field as empty, so do
+/// these (`Option`s, checked in `envoy.rs`, so a missing `domain:` or
+/// `key:` gets ratelimit's message rather than serde's).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDomain {
-    pub(crate) domain: Spanned<String>,
     #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+    pub(crate) domain: Option<Spanned<String>>,
+    /// `descriptors:` with nothing after it is an empty list.
+    #[serde(default)]
+    pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawDescriptor {
-    pub(crate) key: Spanned<String>,
+    #[serde(default)]
+    pub(crate) key: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) value: Option<Spanned<String>>,
     /// Envoy's own limit: a fixed window of `requests_per_unit` per `unit`.
@@ -129,21 +135,32 @@ pub(crate) struct RawDescriptor {
     /// spillway's: any algorithm.
     #[serde(default)]
     pub(crate) limit: Option<Spanned<RawLimit>>,
+    /// spillway's: several limits, all-or-none.
     #[serde(default)]
-    pub(crate) descriptors: Vec<Spanned<RawDescriptor>>,
+    pub(crate) limits: Option<Spanned<Vec<Spanned<RawLimit>>>>,
+    #[serde(default)]
+    pub(crate) descriptors: Option<Vec<Spanned<RawDescriptor>>>,
     #[serde(default)]
     pub(crate) shadow_mode: Option<bool>,
     #[serde(default)]
-    pub(crate) replaces: Vec<RawReplace>,
+    pub(crate) quota_mode: Option<bool>,
+    #[serde(default)]
+    pub(crate) share_threshold: Option<Spanned<bool>>,
+    /// spillway's: `replaces` beside `limit:` / `limits:`.
+    #[serde(default)]
+    pub(crate) replaces: Option<Vec<Spanned<RawReplace>>>,
+    /// spillway's: `name` beside `limit:` / `limits:`.
     #[serde(default)]
     pub(crate) name: Option<Spanned<String>>,
-    /// Accepted for compatibility; spillway's metrics are per rule already.
     #[serde(default)]
-    #[allow(dead_code)]
     pub(crate) detailed_metric: Option<bool>,
+    /// Accepted for compatibility: a statistics key choice of ratelimit's.
     #[serde(default)]
     #[allow(dead_code)]
     pub(crate) value_to_metric: Option<bool>,
+    /// Any map: kept for the answer's dynamic metadata.
+    #[serde(default)]
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -158,13 +175,14 @@ pub(crate) struct RawEnvoyRate {
     #[serde(default)]
     pub(crate) name: Option<Spanned<String>>,
     #[serde(default)]
-    pub(crate) replaces: Vec<RawReplace>,
+    pub(crate) replaces: Option<Vec<Spanned<RawReplace>>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawReplace {
-    pub(crate) name: String,
+    #[serde(default)]
+    pub(crate) name: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -139,6 +139,8 @@ pub struct Shared {
     pub limiter: Arc<Limiter<ServerStore>>,
     /// Where ways in report what happened (the metrics).
     pub events: Arc<Metrics>,
+    /// The Envoy rate limit service's settings (the gRPC API and `/json`).
+    pub envoy: Arc<grpc::service::settings::EnvoySettings>,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -277,6 +279,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
     let shared = Shared {
         events: Arc::new(Metrics::new(&set)),
         limiter: Arc::new(Limiter::new(store, set)),
+        envoy: Arc::new(opts.config.envoy.clone()),
     };
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
@@ -332,7 +335,8 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let parts = build(&opts).map_err(std::io::Error::other)?;
     let admin_at = opts.config.admin_listen;
-    let mut router = api::router(parts.shared.clone());
+    let mut router =
+        api::router(parts.shared.clone()).merge(grpc::service::json::router(parts.grpc.clone()));
     if admin_at.is_none() {
         router = router.merge(admin::router(parts.admin.clone()));
     } else {

@@ -61,6 +61,9 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Add RateLimit headers to gRPC answers (`grpc_response_headers`).
     pub grpc_response_headers: bool,
+    /// The Envoy rate limit service's settings (`envoy:`, and the
+    /// environment variables envoyproxy/ratelimit reads).
+    pub envoy: crate::grpc::service::settings::EnvoySettings,
     /// Descriptor trees for the gRPC API (`domains:`, and `--envoy-config`
     /// files), one per domain name (see [`load_all`]).
     pub domains: Vec<crate::grpc::Domain>,
@@ -101,6 +104,7 @@ impl Config {
                 "grpc_response_headers",
                 self.grpc_response_headers != newer.grpc_response_headers,
             ),
+            ("envoy", self.envoy != newer.envoy),
         ]
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))
@@ -473,6 +477,12 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         },
         |s| server_limits(&mut errs, s),
     );
+    let (envoy, envoy_errors) = crate::grpc::service::settings::EnvoySettings::load(
+        raw.envoy.as_ref(),
+        errs.file,
+        &|var| std::env::var(var).ok(),
+    );
+    errs.list.extend(envoy_errors);
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();
     for d in &raw.domains {
@@ -556,6 +566,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             server,
             grpc_listen,
             grpc_response_headers: raw.grpc_response_headers.unwrap_or(false),
+            envoy,
             domains,
             merge_domains: false,
             descriptors,

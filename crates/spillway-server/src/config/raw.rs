@@ -22,6 +22,10 @@ pub(crate) struct RawConfig {
     pub(crate) grpc_listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) grpc_response_headers: Option<bool>,
+    /// The Envoy rate limit service's settings envoyproxy/ratelimit takes
+    /// from its environment.
+    #[serde(default)]
+    pub(crate) envoy: Option<Spanned<crate::grpc::service::settings::RawEnvoy>>,
     #[serde(default)]
     pub(crate) admin_listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -53,6 +57,7 @@ impl RawConfig {
             proxy,
             grpc_listen,
             grpc_response_headers,
+            envoy,
             admin_listen,
             server,
             domains,
@@ -72,6 +77,7 @@ impl RawConfig {
         take(&mut self.proxy, proxy);
         take(&mut self.grpc_listen, grpc_listen);
         take(&mut self.grpc_response_headers, grpc_response_headers);
+        take(&mut self.envoy, envoy);
         take(&mut self.admin_listen, admin_listen);
         take(&mut self.server, server);
         self.domains.extend(domains);

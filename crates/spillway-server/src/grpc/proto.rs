@@ -83,6 +83,11 @@ pub struct RateLimitResponse {
     pub response_headers_to_add: Vec<HeaderValue>,
     #[prost(message, repeated, tag = "4")]
     pub request_headers_to_add: Vec<HeaderValue>,
+    /// Dynamic metadata Envoy emits under `envoy.filters.http.ratelimit`
+    /// for the next filters (field 6; 5 is `raw_body`, 7 `quota`, neither
+    /// filled, as envoyproxy/ratelimit fills neither).
+    #[prost(message, optional, tag = "6")]
+    pub dynamic_metadata: Option<Struct>,
 }
 
 /// `RateLimitResponse.Code`.
@@ -161,6 +166,78 @@ pub struct DescriptorStatus {
     pub limit_remaining: u32,
     #[prost(message, optional, tag = "4")]
     pub duration_until_reset: Option<Duration>,
+}
+
+/// `google.protobuf.Struct`: a JSON object.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Struct {
+    #[prost(btree_map = "string, message", tag = "1")]
+    pub fields: std::collections::BTreeMap<String, Value>,
+}
+
+/// `google.protobuf.Value`: a JSON value.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Value {
+    #[prost(oneof = "value::Kind", tags = "1, 2, 3, 4, 5, 6")]
+    pub kind: Option<value::Kind>,
+}
+
+/// `google.protobuf.Value`'s `kind`.
+pub mod value {
+    /// One JSON value.
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Kind {
+        /// `null` (`google.protobuf.NullValue`, whose only value is 0).
+        #[prost(int32, tag = "1")]
+        NullValue(i32),
+        #[prost(double, tag = "2")]
+        NumberValue(f64),
+        #[prost(string, tag = "3")]
+        StringValue(String),
+        #[prost(bool, tag = "4")]
+        BoolValue(bool),
+        #[prost(message, tag = "5")]
+        StructValue(super::Struct),
+        #[prost(message, tag = "6")]
+        ListValue(super::ListValue),
+    }
+}
+
+/// `google.protobuf.ListValue`: a JSON array.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListValue {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<Value>,
+}
+
+impl Value {
+    /// A string value.
+    pub fn string(s: impl Into<String>) -> Value {
+        Value {
+            kind: Some(value::Kind::StringValue(s.into())),
+        }
+    }
+
+    /// A number value.
+    pub fn number(n: f64) -> Value {
+        Value {
+            kind: Some(value::Kind::NumberValue(n)),
+        }
+    }
+
+    /// A list value.
+    pub fn list(values: Vec<Value>) -> Value {
+        Value {
+            kind: Some(value::Kind::ListValue(ListValue { values })),
+        }
+    }
+
+    /// A struct value.
+    pub fn object(s: Struct) -> Value {
+        Value {
+            kind: Some(value::Kind::StructValue(s)),
+        }
+    }
 }
 
 /// The fully qualified service name.

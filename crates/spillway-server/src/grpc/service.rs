@@ -1,5 +1,16 @@
 //! The tonic service for `envoy.service.ratelimit.v3.RateLimitService`,
-//! written by hand over tonic's server helpers (no protoc, no codegen).
+//! written by hand over tonic's server helpers (no protoc, no codegen),
+//! answering as envoyproxy/ratelimit answers (see docs/ENVOY.md).
+//!
+//! One call: each descriptor is matched to the limit that decides it (or to
+//! a request's `limit` override); the limits are asked of the store in
+//! groups of the same kind of cost (a check, a request's cost, a cost
+//! charged after the fact); each descriptor gets its status, the call its
+//! overall code, headers and metadata.
+
+pub mod json;
+pub mod rate;
+pub mod settings;
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -9,23 +20,38 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use spillway_core::{Mode, Outcome, Rule};
+use spillway_core::{Outcome, Rule, Verdict};
 use spillway_store::{Charge, Key};
 use tonic::Status;
 use tonic::server::NamedService;
 
+use self::settings::EnvoySettings;
 use super::GrpcState;
 use super::proto::{
-    self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse, Unit,
+    self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest,
+    RateLimitResponse, Unit,
 };
-use super::{Action, envoy_rate, envoy_rule, find};
+use super::{Action, Node, envoy_rule, find};
+use crate::metrics::Hits;
 
-/// Most descriptors in one request.
-pub const MAX_DESCRIPTORS: usize = 64;
-/// Most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 32;
-/// Longest key or value, in bytes.
-pub const MAX_VALUE: usize = 1024;
+/// Most descriptors in one call. Envoy sends one per matching
+/// `rate_limits` entry, a handful; past this many the whole call is
+/// answered OVER_LIMIT (never an error: Envoy's default
+/// `failure_mode_deny: false` would admit an errored call past every limit).
+pub const MAX_DESCRIPTORS: usize = 1024;
+/// Most bytes in one call's descriptors: every key and value, plus one per
+/// entry and per descriptor. Past it the whole call is answered OVER_LIMIT.
+/// A long value alone is no problem: counters are keyed by a hash.
+pub const MAX_CALL_BYTES: usize = 1 << 20;
+/// The largest gRPC message read (tonic's default is 4 MiB). A larger one
+/// is refused with RESOURCE_EXHAUSTED, an error: this is set far above
+/// what [`MAX_CALL_BYTES`] already answers OVER_LIMIT, and above what
+/// Envoy's header limits (60 KiB by default) let a client put in a call.
+pub const MAX_MESSAGE: usize = 16 << 20;
+
+/// The metrics label and counter name of a request `limit` override on a
+/// descriptor no configured limit decides (after the domain's name).
+const OVERRIDE: &str = "(override)";
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -64,7 +90,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for RateLimitService {
         }
         let method = ShouldRateLimit(self.state.clone());
         Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
+                .max_decoding_message_size(MAX_MESSAGE);
             Ok(grpc.unary(method, req).await)
         })
     }
@@ -87,55 +114,279 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
     }
 }
 
-fn validate(req: &RateLimitRequest) -> Result<(), Status> {
-    if req.domain.trim().is_empty() {
-        return Err(Status::invalid_argument("domain must not be empty"));
-    }
-    if req.descriptors.is_empty() {
-        return Err(Status::invalid_argument(
-            "at least one descriptor is needed",
+/// The only calls answered with an error, as envoyproxy/ratelimit answers
+/// them: no domain, or no descriptor. Envoy never sends either (its filter
+/// requires a domain, and calls only when a descriptor was produced).
+fn unusable(req: &RateLimitRequest) -> Option<Status> {
+    if req.domain.is_empty() {
+        return Some(Status::invalid_argument(
+            "rate limit domain must not be empty",
         ));
     }
-    if req.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(Status::invalid_argument(format!(
-            "{} descriptors; at most {MAX_DESCRIPTORS}",
-            req.descriptors.len()
-        )));
+    if req.descriptors.is_empty() {
+        return Some(Status::invalid_argument(
+            "rate limit descriptor list must not be empty",
+        ));
     }
-    for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {i} has no entries"
-            )));
-        }
-        if d.entries.len() > MAX_ENTRIES {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {i} has {} entries; at most {MAX_ENTRIES}",
-                d.entries.len()
-            )));
-        }
-        for e in &d.entries {
-            if e.key.is_empty() {
-                return Err(Status::invalid_argument(format!(
-                    "descriptor {i} has an entry with an empty key"
-                )));
-            }
-            if e.key.len() > MAX_VALUE || e.value.len() > MAX_VALUE {
-                return Err(Status::invalid_argument(format!(
-                    "descriptor {i}: keys and values are at most {MAX_VALUE} bytes"
-                )));
-            }
-        }
-    }
-    Ok(())
+    None
 }
 
-/// One descriptor that matched a limit.
-struct Pending<'a> {
-    index: usize,
-    rule: Cow<'a, Rule>,
-    key: String,
-    cost: u64,
+/// Whether a call is past the caps ([`MAX_DESCRIPTORS`],
+/// [`MAX_CALL_BYTES`]), and so answered OVER_LIMIT whole.
+fn oversized(req: &RateLimitRequest) -> bool {
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return true;
+    }
+    let mut bytes = 0usize;
+    for d in &req.descriptors {
+        bytes += 1;
+        for e in &d.entries {
+            bytes += e.key.len() + e.value.len() + 1;
+        }
+        if bytes > MAX_CALL_BYTES {
+            return true;
+        }
+    }
+    false
+}
+
+/// How a descriptor's hits are asked of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    /// A descriptor `hits_addend` of 0: is the key over its limit? Nothing
+    /// is counted.
+    Check,
+    /// The request's `hits_addend` (0 means 1): the cost of this request,
+    /// charged only if every descriptor of its group admits it.
+    Request(u64),
+    /// A descriptor's own `hits_addend` above 0 (Envoy's cost-based limits,
+    /// and its `apply_on_stream_done` call once the answer is known):
+    /// always counted, even past the limit, as envoyproxy/ratelimit always
+    /// counts; OVER_LIMIT if the key is now over.
+    Charge(u64),
+}
+
+impl Ask {
+    /// The hits the descriptor adds (0 for a check).
+    fn hits(self) -> u64 {
+        match self {
+            Ask::Check => 0,
+            Ask::Request(n) | Ask::Charge(n) => n,
+        }
+    }
+}
+
+/// One store call of a `ShouldRateLimit` call, in the order they are
+/// made (checks first: they see the state before this call's charges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    /// Every check.
+    Check,
+    /// The request's cost on every descriptor not in quota mode, all or
+    /// none: a request one of them refuses is counted by none.
+    Request(u64),
+    /// The request's cost on one descriptor in quota mode (descriptor,
+    /// cost), on its own: one over its quota does not keep the others
+    /// from being counted, since the call passes unless all are over. Only
+    /// a check if the request group refused the call.
+    Quota(usize, u64),
+    /// Every charge of one cost.
+    Charge(u64),
+}
+
+/// A descriptor's hits and how they are asked: its own `hits_addend` if
+/// set (0 allowed), else the request's, 0 meaning 1.
+fn ask_of(d: &RateLimitDescriptor, request_hits: u32) -> Ask {
+    match &d.hits_addend {
+        Some(h) if h.value == 0 => Ask::Check,
+        Some(h) => Ask::Charge(h.value),
+        None => Ask::Request(u64::from(request_hits.max(1))),
+    }
+}
+
+/// What decides one descriptor.
+enum Plan<'a> {
+    /// No limit: OK, nothing counted.
+    Free,
+    /// `unlimited: true`: OK, nothing counted.
+    Unlimited,
+    /// `requests_per_unit: 0` (or a 0 override): always over the limit.
+    Ban {
+        /// The internal name (metrics).
+        label: Cow<'a, str>,
+        /// `current_limit.name`.
+        shown: &'a str,
+        unit: Unit,
+        shadow: bool,
+        node: Option<&'a Node>,
+    },
+    /// A limit the store decides.
+    Limit {
+        rule: RuleOf<'a>,
+        key: String,
+        /// `current_limit.name`.
+        shown: &'a str,
+        node: Option<&'a Node>,
+    },
+}
+
+/// A configured rule, or one made for a request's override.
+enum RuleOf<'a> {
+    Configured(&'a Rule),
+    Override(Box<Rule>),
+}
+
+impl RuleOf<'_> {
+    fn get(&self) -> &Rule {
+        match self {
+            RuleOf::Configured(r) => r,
+            RuleOf::Override(r) => r,
+        }
+    }
+}
+
+impl Plan<'_> {
+    /// The node's quota mode, for a plan that limits.
+    fn quota(&self) -> bool {
+        match self {
+            Plan::Ban { node, .. } | Plan::Limit { node, .. } => node.is_some_and(|n| n.quota_mode),
+            Plan::Free | Plan::Unlimited => false,
+        }
+    }
+
+    /// The node's `detailed_metric`, for a plan that limits.
+    fn detailed(&self) -> bool {
+        match self {
+            Plan::Ban { node, .. } | Plan::Limit { node, .. } => {
+                node.is_some_and(|n| n.detailed_metric)
+            }
+            Plan::Free | Plan::Unlimited => false,
+        }
+    }
+}
+
+/// The counter key of a descriptor no node decides (an override's): each
+/// entry's key and value, length-prefixed.
+fn entries_key(d: &RateLimitDescriptor) -> String {
+    let mut key = String::new();
+    for e in &d.entries {
+        for s in [&e.key, &e.value] {
+            key.push_str(itoa::Buffer::new().format(s.len()));
+            key.push(':');
+            key.push_str(s);
+        }
+    }
+    key
+}
+
+/// A descriptor as envoyproxy/ratelimit names it in statistics
+/// (`key_value.key_value`), for `detailed_metric`.
+fn descriptor_label(d: &RateLimitDescriptor) -> String {
+    let mut s = String::new();
+    for (i, e) in d.entries.iter().enumerate() {
+        if i > 0 {
+            s.push('.');
+        }
+        s.push_str(&e.key);
+        if !e.value.is_empty() {
+            s.push('_');
+            s.push_str(&e.value);
+        }
+    }
+    s
+}
+
+/// How one descriptor is decided, before `replaces` applies: a request
+/// `limit` override (in a known domain) replaces whatever the descriptor
+/// matches, as envoyproxy/ratelimit applies it: on any descriptor, matched
+/// or not, `unlimited` or not; never shadow, never quota mode, unnamed; a
+/// 0 override is a ban. An override whose unit Envoy does not know is
+/// ignored (envoyproxy/ratelimit fails the call).
+fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> Plan<'a> {
+    let entries: Vec<(&str, &str)> = d
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.value.as_str()))
+        .collect();
+    let found = find(&domain.nodes, &entries);
+    let overridden = d.limit.as_ref().and_then(|o| {
+        let unit = Unit::try_from(o.unit).ok()?;
+        (unit != Unit::Unknown).then_some((o.requests_per_unit, unit))
+    });
+    if let Some((rpu, unit)) = overridden {
+        // The configured limit's counters when its rule is the same (same
+        // name and fixed window), as envoyproxy/ratelimit counts an
+        // override of the same unit on the configured limit's counter.
+        let (label, key): (Cow<'a, str>, String) = match &found {
+            Some(m) if matches!(m.node.action, Action::Limit(_) | Action::Ban { .. }) => (
+                Cow::Borrowed(m.node.action.rule_name().unwrap_or_default()),
+                m.key.clone(),
+            ),
+            _ => (
+                Cow::Owned(format!("{}.{OVERRIDE}", domain.name)),
+                entries_key(d),
+            ),
+        };
+        if rpu == 0 {
+            return Plan::Ban {
+                label,
+                shown: "",
+                unit,
+                shadow: false,
+                node: None,
+            };
+        }
+        return match envoy_rule(&label, u64::from(rpu), unit, false) {
+            Ok(rule) => Plan::Limit {
+                rule: RuleOf::Override(Box::new(rule)),
+                key,
+                shown: "",
+                node: None,
+            },
+            Err(_) => Plan::Free,
+        };
+    }
+    let Some(m) = found else {
+        return Plan::Free;
+    };
+    let node = m.node;
+    match &node.action {
+        Action::None => Plan::Free,
+        Action::Unlimited => Plan::Unlimited,
+        Action::Ban { name, unit, shadow } => Plan::Ban {
+            label: Cow::Borrowed(name),
+            shown: &node.name,
+            unit: *unit,
+            shadow: *shadow,
+            node: Some(node),
+        },
+        Action::Limit(rule) => Plan::Limit {
+            rule: RuleOf::Configured(rule),
+            key: m.key,
+            shown: &node.name,
+            node: Some(node),
+        },
+    }
+}
+
+/// The names of the limits that matched nodes replace (an override's
+/// descriptor replaces nothing, as in envoyproxy/ratelimit).
+fn replaced<'a>(domain: &'a super::Domain, req: &'a RateLimitRequest) -> HashSet<&'a str> {
+    let mut out = HashSet::new();
+    for d in &req.descriptors {
+        if d.limit.is_some() {
+            continue;
+        }
+        let entries: Vec<(&str, &str)> = d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect();
+        if let Some(m) = find(&domain.nodes, &entries) {
+            out.extend(m.node.replaces.iter().map(String::as_str));
+        }
+    }
+    out
 }
 
 fn ok_status() -> DescriptorStatus {
@@ -147,252 +398,562 @@ fn ok_status() -> DescriptorStatus {
     }
 }
 
+fn seconds(s: i64) -> Option<proto::Duration> {
+    Some(proto::Duration {
+        seconds: s,
+        nanos: 0,
+    })
+}
+
+/// Seconds since the epoch, for the reset of a ban.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What one decided descriptor left for the headers and statistics.
+#[derive(Clone, Copy)]
+struct Decided<'a> {
+    verdict: Verdict,
+    outcome: Outcome,
+    rule: &'a Rule,
+}
+
+/// The hit counters a descriptor adds to, as envoyproxy/ratelimit counts
+/// them: every hit in `total`; an answer over the limit puts them all in
+/// `over_limit` (and `shadow_mode` for a shadow limit); one within it in
+/// `within_limit`, and those past the near-limit share of the limit in
+/// `near_limit` too.
+fn hits_of(hits: u64, outcome: Outcome, v: &Verdict, ratio: f32) -> Hits {
+    let mut h = Hits {
+        total: hits,
+        ..Hits::default()
+    };
+    match outcome {
+        Outcome::Denied => h.over_limit = hits,
+        Outcome::ShadowDenied => {
+            h.over_limit = hits;
+            h.shadow_mode = hits;
+        }
+        Outcome::Allowed | Outcome::SoftExceeded => {
+            h.within_limit = hits;
+            // As envoyproxy/ratelimit: floor(float32(limit) * ratio).
+            let near = (v.limit as f32 * ratio).floor() as u64;
+            let used = v.limit.saturating_sub(v.remaining);
+            if used > near {
+                h.near_limit = hits.min(used - near);
+            }
+        }
+    }
+    h
+}
+
 /// Decides one `ShouldRateLimit` call.
 ///
 /// # Errors
-/// `INVALID_ARGUMENT` for malformed requests.
+/// `INVALID_ARGUMENT` for a call without a domain or without descriptors;
+/// nothing else is an error.
 pub async fn should_rate_limit(
     state: &GrpcState,
     req: RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
-    validate(&req)?;
+    if let Some(e) = unusable(&req) {
+        return Err(e);
+    }
+    let settings: &EnvoySettings = &state.shared.envoy;
+    let events = &state.shared.events;
     let domains = state.domains.load();
+    let n = req.descriptors.len();
     let mut statuses: Vec<DescriptorStatus> = req.descriptors.iter().map(|_| ok_status()).collect();
     let Some(domain) = domains.get(&req.domain) else {
         // An unknown domain limits nothing, as in envoyproxy/ratelimit.
+        events.grpc_domain_not_found();
         return Ok(RateLimitResponse {
             overall_code: Code::Ok as i32,
             statuses,
             ..RateLimitResponse::default()
         });
     };
-    let default_cost = u64::from(req.hits_addend.max(1));
-    let mut matched = Vec::new();
-    for (i, d) in req.descriptors.iter().enumerate() {
-        let entries: Vec<(&str, &str)> = d
-            .entries
-            .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()))
-            .collect();
-        if let Some(m) = find(&domain.nodes, &entries) {
-            matched.push((i, d, m));
+    if oversized(&req) {
+        // Too big to decide descriptor by descriptor, and an error would
+        // be admitted: the whole call is over the limit.
+        events.grpc_oversized();
+        for s in &mut statuses {
+            s.code = Code::OverLimit as i32;
         }
-    }
-    // A limit named in another matched limit's `replaces` does not apply.
-    let replaced: HashSet<&str> = matched
-        .iter()
-        .flat_map(|(_, _, m)| m.node.replaces.iter().map(String::as_str))
-        .collect();
-    let mut pending: Vec<Pending<'_>> = Vec::new();
-    for (i, d, m) in matched {
-        let rule = match &m.node.action {
-            Action::Limit(rule) if !replaced.contains(rule.name()) => rule,
-            Action::Unlimited => {
-                statuses[i].limit_remaining = u32::MAX;
-                continue;
-            }
-            Action::Ban { name, unit, shadow } if !replaced.contains(name.as_str()) => {
-                state.shared.events.count_grpc(
-                    &req.domain,
-                    name,
-                    if *shadow {
-                        Outcome::ShadowDenied
-                    } else {
-                        Outcome::Denied
-                    },
-                );
-                statuses[i] = DescriptorStatus {
-                    code: if *shadow { Code::Ok } else { Code::OverLimit } as i32,
-                    current_limit: Some(RateLimit {
-                        name: name.clone(),
-                        requests_per_unit: 0,
-                        unit: *unit as i32,
-                    }),
-                    limit_remaining: 0,
-                    duration_until_reset: Some(proto::Duration {
-                        seconds: i64::try_from(unit.seconds()).unwrap_or(i64::MAX),
-                        nanos: 0,
-                    }),
-                };
-                continue;
-            }
-            _ => continue,
-        };
-        let rule: Cow<'_, Rule> = match d.limit.as_ref().and_then(|o| {
-            let unit = Unit::try_from(o.unit).ok()?;
-            (o.requests_per_unit > 0 && unit != Unit::Unknown)
-                .then_some((o.requests_per_unit, unit))
-        }) {
-            // A per-request override: its own fixed window, its own counters.
-            Some((rpu, unit)) => Cow::Owned(
-                envoy_rule(
-                    rule.name(),
-                    u64::from(rpu),
-                    unit,
-                    rule.mode() == Mode::Shadow,
-                )
-                .map_err(Status::invalid_argument)?,
-            ),
-            None => Cow::Borrowed(rule.as_ref()),
-        };
-        let key = m.key;
-        let cost = d
-            .hits_addend
-            .as_ref()
-            .map(|h| h.value)
-            .filter(|v| *v > 0)
-            .unwrap_or(default_cost);
-        pending.push(Pending {
-            index: i,
-            rule,
-            key,
-            cost,
+        return Ok(RateLimitResponse {
+            overall_code: Code::OverLimit as i32,
+            statuses,
+            ..RateLimitResponse::default()
         });
     }
-    // One atomic store call per distinct cost (usually one for the request).
-    let mut by_cost: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-    for (j, p) in pending.iter().enumerate() {
-        by_cost.entry(p.cost).or_default().push(j);
+    let replaced = replaced(domain, &req);
+    let mut plans: Vec<Plan<'_>> = req.descriptors.iter().map(|d| plan(domain, d)).collect();
+    for p in &mut plans {
+        let gone = match p {
+            Plan::Limit {
+                rule,
+                node: Some(_),
+                ..
+            } => replaced.contains(rule.get().name()),
+            Plan::Ban {
+                label,
+                node: Some(_),
+                ..
+            } => replaced.contains(label.as_ref()),
+            _ => false,
+        };
+        if gone {
+            *p = Plan::Free;
+        }
     }
-    let mut closest: Option<(usize, spillway_core::Verdict, &Rule)> = None;
-    for (cost, group) in by_cost {
+    let asks: Vec<Ask> = req
+        .descriptors
+        .iter()
+        .map(|d| ask_of(d, req.hits_addend))
+        .collect();
+    let mut decided: Vec<Option<Decided<'_>>> = vec![None; n];
+    // Unlimited and banned descriptors: no store needed.
+    for (i, p) in plans.iter().enumerate() {
+        if matches!(p, Plan::Unlimited) {
+            statuses[i].limit_remaining = u32::MAX;
+        }
+        if let Plan::Ban {
+            label,
+            shown,
+            unit,
+            shadow,
+            ..
+        } = p
+        {
+            let outcome = if *shadow {
+                Outcome::ShadowDenied
+            } else {
+                Outcome::Denied
+            };
+            let rule = events.grpc_rule(&req.domain, label);
+            rule.decided(outcome);
+            let hits = asks[i].hits();
+            let h = Hits {
+                total: hits,
+                over_limit: hits,
+                shadow_mode: if *shadow { hits } else { 0 },
+                ..Hits::default()
+            };
+            let detail = p.detailed().then(|| descriptor_label(&req.descriptors[i]));
+            rule.hits(
+                &h,
+                detail
+                    .as_deref()
+                    .map(|l| (l, settings.detailed_metric_max_values)),
+            );
+            statuses[i] = DescriptorStatus {
+                code: if *shadow { Code::Ok } else { Code::OverLimit } as i32,
+                current_limit: Some(RateLimit {
+                    name: (*shown).to_string(),
+                    requests_per_unit: 0,
+                    unit: *unit as i32,
+                }),
+                limit_remaining: 0,
+                duration_until_reset: seconds(rate::unit_reset(*unit, now_secs())),
+            };
+        }
+    }
+    // The store, in groups (see `Group`).
+    let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+    for (i, p) in plans.iter().enumerate() {
+        if matches!(p, Plan::Limit { .. }) {
+            let g = match asks[i] {
+                Ask::Check => Group::Check,
+                Ask::Request(c) if settings.quota_mode || p.quota() => Group::Quota(i, c),
+                Ask::Request(c) => Group::Request(c),
+                Ask::Charge(c) => Group::Charge(c),
+            };
+            groups.entry(g).or_default().push(i);
+        }
+    }
+    let mut refused = false;
+    for (g, group) in groups {
         let keys: Vec<Key<'_>> = group
             .iter()
-            .map(|&j| Key::from_parts([pending[j].key.as_str()]))
+            .map(|&i| match &plans[i] {
+                Plan::Limit { key, .. } => Key::from_parts([key.as_str()]),
+                _ => Key::default(),
+            })
             .collect();
         let charges: Vec<Charge<'_>> = group
             .iter()
             .zip(&keys)
-            .map(|(&j, key)| Charge {
-                rule: pending[j].rule.as_ref(),
-                key,
+            .filter_map(|(&i, key)| match &plans[i] {
+                Plan::Limit { rule, .. } => Some(Charge {
+                    rule: rule.get(),
+                    key,
+                }),
+                _ => None,
             })
             .collect();
-        let (decision, store_error) = state.shared.limiter.decide(&charges, cost).await;
+        let limiter = &state.shared.limiter;
+        let (decision, store_error) = match g {
+            Group::Check => limiter.decide(&charges, 0).await,
+            Group::Request(cost) => {
+                let d = limiter.decide(&charges, cost).await;
+                refused = !d.0.allowed;
+                d
+            }
+            Group::Quota(_, cost) => {
+                limiter
+                    .decide(&charges, if refused { 0 } else { cost })
+                    .await
+            }
+            Group::Charge(cost) => limiter.charge_charges(&charges, cost).await,
+        };
         if store_error.is_some() {
-            state.shared.events.store_failed();
+            events.store_failed();
         }
         for rd in &decision.rules {
-            let p = &pending[group[rd.rule]];
-            let rule = p.rule.as_ref();
-            state
-                .shared
-                .events
-                .count_grpc(&req.domain, rule.name(), rd.outcome);
+            let i = group[rd.rule];
+            let Plan::Limit { rule, shown, .. } = &plans[i] else {
+                continue;
+            };
+            let rule: &Rule = rule.get();
             let limit = rule.limits().get(rd.limit).unwrap_or(&rule.limits()[0]);
-            let (rpu, unit) = envoy_rate(limit);
+            let (rpu, unit) = rate::envoy_rate(limit);
             let v = rd.verdict;
-            statuses[p.index] = DescriptorStatus {
-                code: if rd.outcome == Outcome::Denied {
-                    Code::OverLimit as i32
-                } else {
-                    Code::Ok as i32
-                },
+            let over = rd.outcome == Outcome::Denied;
+            let past = over || rd.outcome == Outcome::ShadowDenied;
+            statuses[i] = DescriptorStatus {
+                code: if over { Code::OverLimit } else { Code::Ok } as i32,
                 current_limit: Some(RateLimit {
-                    name: rule.name().to_string(),
+                    name: (*shown).to_string(),
                     requests_per_unit: rpu,
                     unit: unit as i32,
                 }),
-                limit_remaining: u32::try_from(v.remaining).unwrap_or(u32::MAX),
-                duration_until_reset: Some(proto::Duration {
-                    seconds: i64::try_from(v.reset.as_u64() / 1_000_000_000).unwrap_or(i64::MAX),
-                    nanos: (v.reset.as_u64() % 1_000_000_000) as i32,
-                }),
+                limit_remaining: if past {
+                    0
+                } else {
+                    u32::try_from(v.remaining).unwrap_or(u32::MAX)
+                },
+                duration_until_reset: seconds(rate::reset_seconds(v.reset)),
             };
-            let worse = match &closest {
-                None => true,
-                Some((_, c, _)) => (v.allowed, v.remaining) < (c.allowed, c.remaining),
-            };
-            if worse && rd.outcome != Outcome::ShadowDenied {
-                closest = Some((p.index, v, rule));
-            }
-        }
-    }
-    let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
-    let mut response_headers_to_add = Vec::new();
-    if state.response_headers
-        && let Some((_, v, rule)) = closest
-    {
-        let window = rule
-            .limits()
-            .first()
-            .map_or(0, |l| l.window().as_secs_ceil());
-        let reset = v.reset.as_secs_ceil();
-        let mut add = |k: &str, val: String| {
-            response_headers_to_add.push(HeaderValue {
-                key: k.to_string(),
-                value: val,
+            decided[i] = Some(Decided {
+                verdict: v,
+                outcome: rd.outcome,
+                rule,
             });
-        };
-        let name = rule.name().replace(['"', '\\'], "_");
-        add(
-            "RateLimit-Policy",
-            format!("\"{name}\";q={};w={window}", v.limit),
-        );
-        add(
-            "RateLimit",
-            format!("\"{name}\";r={};t={reset}", v.remaining),
-        );
-        add("X-RateLimit-Limit", v.limit.to_string());
-        add("X-RateLimit-Remaining", v.remaining.to_string());
-        add("X-RateLimit-Reset", reset.to_string());
-        if over {
-            let retry = spillway_tower::retry_after_secs(v.retry_after).to_string();
-            add("Retry-After", retry.clone());
-            add("X-RateLimit-Retry-After", retry);
+            let counters = events.grpc_rule(&req.domain, rule.name());
+            counters.decided(rd.outcome);
+            let h = hits_of(asks[i].hits(), rd.outcome, &v, settings.near_limit_ratio);
+            let label = plans[i]
+                .detailed()
+                .then(|| descriptor_label(&req.descriptors[i]));
+            counters.hits(
+                &h,
+                label
+                    .as_deref()
+                    .map(|l| (l, settings.detailed_metric_max_values)),
+            );
         }
     }
+    // The overall code, as envoyproxy/ratelimit gives it: over the limit
+    // if a descriptor not in quota mode is, or if every descriptor in
+    // quota mode is; never with the global shadow mode.
+    let unlimited = |i: usize| matches!(plans[i], Plan::Unlimited);
+    let over = |i: usize| statuses[i].code == Code::OverLimit as i32;
+    let quota = |i: usize| settings.quota_mode || plans[i].quota();
+    let limiting = (0..n).filter(|&i| !unlimited(i));
+    let failed = limiting.clone().filter(|&i| over(i) && !quota(i)).count();
+    let quotas = limiting.clone().filter(|&i| quota(i)).count();
+    let quotas_failed = limiting.clone().filter(|&i| over(i) && quota(i)).count();
+    let mut overall_over = failed > 0 || (quotas > 0 && quotas == quotas_failed);
+    if overall_over && settings.shadow_mode {
+        overall_over = false;
+    }
+    let mut response_headers_to_add = Vec::new();
+    if let Some(names) = &settings.limit_headers
+        && let Some(i) = ratelimit_headers_descriptor(&statuses, &unlimited, &quota)
+        && let Some(limit) = &statuses[i].current_limit
+    {
+        let s = &statuses[i];
+        let reset = s.duration_until_reset.as_ref().map_or(0, |d| d.seconds);
+        for (k, v) in [
+            (&names.limit, limit.requests_per_unit.to_string()),
+            (&names.remaining, s.limit_remaining.to_string()),
+            (&names.reset, reset.to_string()),
+        ] {
+            response_headers_to_add.push(HeaderValue {
+                key: k.clone(),
+                value: v,
+            });
+        }
+    }
+    if state.response_headers {
+        ietf_headers(&decided, overall_over, &mut response_headers_to_add);
+    }
+    let dynamic_metadata = settings.response_dynamic_metadata.then(|| {
+        let passed: Vec<&Node> = (0..n)
+            .filter(|&i| !unlimited(i) && !over(i))
+            .filter_map(|i| match &plans[i] {
+                Plan::Limit { node, .. } | Plan::Ban { node, .. } => *node,
+                _ => None,
+            })
+            .collect();
+        json::metadata(&req, &passed)
+    });
     Ok(RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        overall_code: if overall_over {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32,
         statuses,
         response_headers_to_add,
         request_headers_to_add: Vec::new(),
+        dynamic_metadata,
     })
+}
+
+/// The descriptor envoyproxy/ratelimit's `RateLimit-*` headers describe:
+/// the last one over its limit (not in quota mode), else the first with
+/// the least `limit_remaining` among those with a limit.
+fn ratelimit_headers_descriptor(
+    statuses: &[DescriptorStatus],
+    unlimited: &dyn Fn(usize) -> bool,
+    quota: &dyn Fn(usize) -> bool,
+) -> Option<usize> {
+    let mut least = u32::MAX;
+    let mut chosen = None;
+    for (i, s) in statuses.iter().enumerate() {
+        if s.current_limit.is_some() && s.limit_remaining < least {
+            chosen = Some(i);
+            least = s.limit_remaining;
+        }
+        if !unlimited(i) && s.code == Code::OverLimit as i32 && !quota(i) {
+            chosen = Some(i);
+            least = 0;
+        }
+    }
+    chosen
+}
+
+/// spillway's own headers (`grpc_response_headers`): the IETF draft's
+/// `RateLimit-Policy` and `RateLimit`, the common `X-RateLimit-*`, and
+/// `Retry-After` when over, for the limit closest to refusing (shadow
+/// refusals aside).
+fn ietf_headers(decided: &[Option<Decided<'_>>], over: bool, out: &mut Vec<HeaderValue>) {
+    let mut closest: Option<&Decided<'_>> = None;
+    for d in decided.iter().flatten() {
+        if d.outcome == Outcome::ShadowDenied {
+            continue;
+        }
+        let v = &d.verdict;
+        if closest
+            .is_none_or(|c| (v.allowed, v.remaining) < (c.verdict.allowed, c.verdict.remaining))
+        {
+            closest = Some(d);
+        }
+    }
+    let Some(Decided {
+        verdict: v, rule, ..
+    }) = closest
+    else {
+        return;
+    };
+    let window = rule
+        .limits()
+        .first()
+        .map_or(0, |l| l.window().as_secs_ceil());
+    let reset = v.reset.as_secs_ceil();
+    let mut add = |k: &str, val: String| {
+        out.push(HeaderValue {
+            key: k.to_string(),
+            value: val,
+        });
+    };
+    let name = rule.name().replace(['"', '\\'], "_");
+    add(
+        "RateLimit-Policy",
+        format!("\"{name}\";q={};w={window}", v.limit),
+    );
+    add(
+        "RateLimit",
+        format!("\"{name}\";r={};t={reset}", v.remaining),
+    );
+    add("X-RateLimit-Limit", v.limit.to_string());
+    add("X-RateLimit-Remaining", v.remaining.to_string());
+    add("X-RateLimit-Reset", reset.to_string());
+    if over {
+        let retry = spillway_tower::retry_after_secs(v.retry_after).to_string();
+        add("Retry-After", retry.clone());
+        add("X-RateLimit-Retry-After", retry);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::{Entry, RateLimitDescriptor};
+    use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value};
+
+    fn desc(entries: Vec<(String, String)>) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries
+                .into_iter()
+                .map(|(key, value)| Entry { key, value })
+                .collect(),
+            limit: None,
+            hits_addend: None,
+        }
+    }
+
+    /// A service on the memory store over one small domain.
+    fn state() -> GrpcState {
+        use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, SystemClock};
+        let domain = crate::config::parse_envoy(
+            "t.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: b\n    value: x\n    rate_limit: { unit: second, requests_per_unit: 0 }\n  - key: c\n    rate_limit: { unlimited: true }\n",
+        )
+        .unwrap();
+        let set = RuleSet::new(Vec::new());
+        let store = crate::ServerStore::Memory(MemoryStore::new(
+            SystemClock::new(),
+            MemoryConfig::default(),
+        ));
+        GrpcState {
+            shared: crate::Shared {
+                events: Arc::new(crate::metrics::Metrics::new(&set)),
+                limiter: Arc::new(Limiter::new(store, set)),
+                envoy: Arc::default(),
+            },
+            domains: Arc::new(arc_swap::ArcSwap::from_pointee(super::super::Domains::new(
+                vec![domain],
+            ))),
+            response_headers: true,
+        }
+    }
 
     proptest::proptest! {
-        /// Any request shape: refused with a reason, or within the bounds
-        /// the service promises; never a panic.
+        #![proptest_config(proptest::test_runner::Config::with_cases(64))]
+        /// Any request shape: only a call without a domain or without
+        /// descriptors is an error; every other call is decided, one
+        /// status per descriptor, its size at most limiting it (OVER_LIMIT
+        /// whole), never failing it; never a panic.
         #[test]
-        fn any_rls_request_is_refused_or_within_bounds(
-            domain in "[a-z ]{0,4}",
-            descriptors in proptest::collection::vec(
-                proptest::collection::vec(("[a-z]{0,3}", "[a-z]{0,3}|x{1020,1030}"), 0..4),
-                0..70,
+        fn only_a_call_without_domain_or_descriptors_is_an_error(
+            domain in "d|[a-z ]{0,2}",
+            base in proptest::collection::vec(
+                (
+                    proptest::collection::vec(("[a-c]{0,1}", "[xy]{0,2}"), 0..3),
+                    proptest::option::of(0u64..3),
+                    proptest::option::of((0u32..3, 0i32..9)),
+                ),
+                0..4,
             ),
+            count in 0usize..1100,
+            long in proptest::option::of(0usize..1_100_000),
             hits in proptest::num::u32::ANY,
         ) {
-            let req = RateLimitRequest {
-                domain,
-                descriptors: descriptors
-                    .into_iter()
-                    .map(|entries| RateLimitDescriptor {
-                        entries: entries
-                            .into_iter()
-                            .map(|(key, value)| Entry { key, value })
-                            .collect(),
-                        limit: None,
-                        hits_addend: None,
-                    })
-                    .collect(),
-                hits_addend: hits,
-            };
-            if validate(&req).is_ok() {
-                proptest::prop_assert!(!req.domain.trim().is_empty());
-                proptest::prop_assert!(!req.descriptors.is_empty());
-                proptest::prop_assert!(req.descriptors.len() <= MAX_DESCRIPTORS);
-                for d in &req.descriptors {
-                    proptest::prop_assert!(!d.entries.is_empty() && d.entries.len() <= MAX_ENTRIES);
-                    for e in &d.entries {
-                        proptest::prop_assert!(!e.key.is_empty());
+            let mut descriptors: Vec<RateLimitDescriptor> = Vec::new();
+            if !base.is_empty() {
+                for i in 0..count {
+                    let (entries, h, o) = &base[i % base.len()];
+                    let mut d = desc(entries.clone());
+                    d.hits_addend = h.map(|value| UInt64Value { value });
+                    d.limit = o.map(|(requests_per_unit, unit)| RateLimitOverride {
+                        requests_per_unit,
+                        unit,
+                    });
+                    descriptors.push(d);
+                }
+            }
+            if let (Some(n), Some(d)) = (long, descriptors.first_mut()) {
+                d.entries.push(Entry { key: "a".into(), value: "x".repeat(n) });
+            }
+            let req = RateLimitRequest { domain, descriptors, hits_addend: hits };
+            let bytes: usize = req
+                .descriptors
+                .iter()
+                .map(|d| 1 + d.entries.iter().map(|e| e.key.len() + e.value.len() + 1).sum::<usize>())
+                .sum();
+            let too_big = req.descriptors.len() > MAX_DESCRIPTORS || bytes > MAX_CALL_BYTES;
+            let refused = req.domain.is_empty() || req.descriptors.is_empty();
+            proptest::prop_assert_eq!(unusable(&req).is_some(), refused);
+            if !refused {
+                proptest::prop_assert_eq!(oversized(&req), too_big);
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let n = req.descriptors.len();
+            let known = req.domain == "d";
+            match rt.block_on(should_rate_limit(&state(), req)) {
+                Err(_) => proptest::prop_assert!(refused),
+                Ok(r) => {
+                    proptest::prop_assert!(!refused);
+                    proptest::prop_assert_eq!(r.statuses.len(), n);
+                    if known && too_big {
+                        proptest::prop_assert_eq!(r.overall_code, Code::OverLimit as i32);
+                    }
+                    if !known {
+                        proptest::prop_assert_eq!(r.overall_code, Code::Ok as i32);
+                    }
+                    for st in &r.statuses {
+                        if st.code == Code::OverLimit as i32 {
+                            proptest::prop_assert_eq!(st.limit_remaining, 0);
+                        }
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_descriptor_hits_addend_of_zero_checks_and_above_zero_charges() {
+        let mut d = desc(vec![("k".into(), "v".into())]);
+        assert_eq!(ask_of(&d, 0), Ask::Request(1));
+        assert_eq!(ask_of(&d, 7), Ask::Request(7));
+        d.hits_addend = Some(UInt64Value { value: 0 });
+        assert_eq!(ask_of(&d, 7), Ask::Check);
+        d.hits_addend = Some(UInt64Value { value: 600 });
+        assert_eq!(ask_of(&d, 7), Ask::Charge(600));
+        assert!(Group::Check < Group::Request(1));
+        assert!(Group::Request(u64::MAX) < Group::Quota(0, 1));
+        assert!(Group::Quota(9, u64::MAX) < Group::Charge(1));
+    }
+
+    #[test]
+    fn hits_are_counted_as_envoyproxy_ratelimit_counts_them() {
+        let v = |limit, remaining| Verdict {
+            allowed: true,
+            limit,
+            remaining,
+            reset: spillway_core::Nanos::ZERO,
+            retry_after: spillway_core::Nanos::ZERO,
+            wait: spillway_core::Nanos::ZERO,
+        };
+        // 10 per unit, near past 8: from 7 to 9 used, one hit is near.
+        let h = hits_of(2, Outcome::Allowed, &v(10, 1), 0.8);
+        assert_eq!((h.total, h.within_limit, h.near_limit), (2, 2, 1));
+        // From 8 to 10: both near.
+        let h = hits_of(2, Outcome::Allowed, &v(10, 0), 0.8);
+        assert_eq!(h.near_limit, 2);
+        let h = hits_of(3, Outcome::Denied, &v(10, 0), 0.8);
+        assert_eq!((h.total, h.over_limit, h.within_limit), (3, 3, 0));
+        let h = hits_of(3, Outcome::ShadowDenied, &v(10, 0), 0.8);
+        assert_eq!((h.over_limit, h.shadow_mode), (3, 3));
+        assert_eq!(hits_of(0, Outcome::Denied, &v(10, 0), 0.8), Hits::default());
+    }
+
+    #[test]
+    fn labels_and_keys_of_descriptors() {
+        let d = desc(vec![("a".into(), "1".into()), ("b".into(), String::new())]);
+        assert_eq!(descriptor_label(&d), "a_1.b");
+        assert_eq!(entries_key(&d), "1:a1:11:b0:");
+        let mut o = d.clone();
+        o.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 9,
+        });
+        assert_eq!(
+            o.limit.as_ref().map(|l| Unit::try_from(l.unit).is_err()),
+            Some(true)
+        );
     }
 }

@@ -1,6 +1,8 @@
-//! `spillway check-config`: validates a rules file (or an
-//! envoyproxy/ratelimit file) and prints what it means.
+//! `spillway check-config`: validates a rules file and
+//! envoyproxy/ratelimit files (or directories of them), as `serve` would
+//! load them together, and prints what they mean.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -16,28 +18,51 @@ macro_rules! outln {
     }};
 }
 
-/// Checks `file` and prints the report; exit code 2 when it is invalid.
-pub fn check_config(file: &std::path::Path) -> ExitCode {
-    // An envoyproxy/ratelimit file (a top-level `domain:`) is checked as one.
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    if text.lines().any(|l| l.starts_with("domain:")) {
-        return match config::parse_envoy(&file.display().to_string(), &text) {
-            Ok(d) => {
-                outln!(
-                    "{}: ok, envoyproxy/ratelimit domain {:?}",
-                    file.display(),
-                    d.name
-                );
-                print_domains(std::slice::from_ref(&d));
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    match config::load(file) {
+/// Checks `paths` (a rules file, envoyproxy/ratelimit files and
+/// directories) and prints the report; exit code 2 when they are invalid.
+pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
+    // A directory, or a file with a top-level `domain:`, is
+    // envoyproxy/ratelimit's; anything else is a rules file.
+    let (envoy, rules): (Vec<PathBuf>, Vec<PathBuf>) = paths.iter().cloned().partition(|p| {
+        p.is_dir()
+            || std::fs::read_to_string(p).is_ok_and(|t| t.lines().any(|l| l.starts_with("domain:")))
+    });
+    let file = match rules.as_slice() {
+        [] => {
+            return match config::load_envoy_all(&envoy, merge_domains) {
+                Ok(domains) => {
+                    let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
+                    outln!(
+                        "{}: ok, envoyproxy/ratelimit domains {names:?}",
+                        envoy
+                            .iter()
+                            .map(|p| p.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    );
+                    print_domains(&domains);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        [one] => one,
+        more => {
+            eprintln!(
+                "spillway check-config: one rules file at most, not {} ({})",
+                more.len(),
+                more.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match config::load_all(&config::Source::File(file.clone()), &envoy, merge_domains) {
         Ok(cfg) => {
             outln!("{}: ok, {} rules", file.display(), cfg.rules.len());
             match &cfg.store {
@@ -168,7 +193,9 @@ fn print_proxy(p: &crate::proxy::Settings) {
     outln!("  upgrades passed through: {}", p.upgrades.join(", "));
 }
 
-/// Prints gRPC descriptor trees, one line per node.
+/// Prints gRPC descriptor trees, one line per node: what it matches, what
+/// applies there (the limit's internal name, its name as written), and its
+/// switches.
 fn print_domains(domains: &[crate::grpc::Domain]) {
     use crate::grpc::{Action, Node};
     fn walk(nodes: &[Node], depth: usize) {
@@ -176,7 +203,10 @@ fn print_domains(domains: &[crate::grpc::Domain]) {
             let what = match &n.action {
                 Action::None => String::new(),
                 Action::Unlimited => " -> unlimited".to_string(),
-                Action::Ban { name, .. } => format!(" -> {name} [0 per unit: always over limit]"),
+                Action::Ban { name, shadow, .. } => format!(
+                    " -> {name} [0 per unit: always over limit]{}",
+                    if *shadow { " (shadow)" } else { "" }
+                ),
                 Action::Limit(r) => format!(
                     " -> {} [{}]{}",
                     r.name(),
@@ -192,16 +222,35 @@ fn print_domains(domains: &[crate::grpc::Domain]) {
                     }
                 ),
             };
-            let replaces = if n.replaces.is_empty() {
+            let mut notes = Vec::new();
+            if !n.name.is_empty() {
+                notes.push(format!("name {:?}", n.name));
+            }
+            if !n.replaces.is_empty() {
+                notes.push(format!("replaces {:?}", n.replaces));
+            }
+            if n.share_threshold {
+                notes.push("share_threshold: one counter for every matching value".into());
+            }
+            if n.quota_mode {
+                notes.push("quota_mode".into());
+            }
+            if n.detailed_metric {
+                notes.push("detailed_metric".into());
+            }
+            if n.metadata.is_some() {
+                notes.push("metadata".into());
+            }
+            let notes = if notes.is_empty() {
                 String::new()
             } else {
-                format!(" replaces {:?}", n.replaces)
+                format!(" ({})", notes.join("; "))
             };
             outln!(
-                "{}{}={}{what}{replaces}",
+                "{}{}={}{what}{notes}",
                 "  ".repeat(depth + 1),
                 n.key,
-                n.value.as_deref().unwrap_or("*")
+                n.value.as_deref().unwrap_or("(any value)")
             );
             walk(&n.children, depth + 1);
         }

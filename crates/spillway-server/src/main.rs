@@ -39,9 +39,16 @@ enum Command {
         /// Serve the Envoy rate limit service (gRPC) on this address [default: the file's `grpc_listen`].
         #[arg(long, value_name = "ADDR")]
         grpc_listen: Option<SocketAddr>,
-        /// An envoyproxy/ratelimit configuration file (one domain); may be given several times.
-        #[arg(long, value_name = "FILE")]
+        /// An envoyproxy/ratelimit configuration file (one domain), or a
+        /// directory whose *.yaml and *.yml files are read (files added or
+        /// removed are picked up on reload); may be given several times.
+        #[arg(long, value_name = "FILE|DIR")]
         envoy_config: Vec<PathBuf>,
+        /// Let several files give one domain and merge their descriptors
+        /// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG, also read from the
+        /// environment) instead of refusing the second.
+        #[arg(long)]
+        merge_domains: bool,
         /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
@@ -77,10 +84,16 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<SocketAddr>,
     },
-    /// Validate a rules file and print what it means.
+    /// Validate a rules file, envoyproxy/ratelimit files or directories of
+    /// them, as `serve` would load them together, and print what they mean.
     CheckConfig {
-        /// The rules file.
-        file: PathBuf,
+        /// A rules file, and envoyproxy/ratelimit files (a top-level
+        /// `domain:`) or directories of them.
+        #[arg(required = true, value_name = "FILE|DIR")]
+        files: Vec<PathBuf>,
+        /// As `serve --merge-domains`.
+        #[arg(long)]
+        merge_domains: bool,
     },
 }
 
@@ -90,6 +103,7 @@ struct Flags {
     listen: Option<SocketAddr>,
     grpc_listen: Option<SocketAddr>,
     envoy_files: Vec<PathBuf>,
+    merge_domains: bool,
     threads: Option<u16>,
     admin_listen: Option<SocketAddr>,
     /// `Some` for `proxy`: its upstream and user flags.
@@ -111,6 +125,7 @@ fn main() -> ExitCode {
             listen,
             grpc_listen,
             envoy_config,
+            merge_domains,
             threads,
             admin_listen,
         } => serve(Flags {
@@ -118,6 +133,7 @@ fn main() -> ExitCode {
             listen,
             grpc_listen,
             envoy_files: envoy_config,
+            merge_domains: merge_domains || merge_domain_config_env(),
             threads,
             admin_listen,
             proxy: None,
@@ -134,12 +150,26 @@ fn main() -> ExitCode {
             listen,
             grpc_listen: None,
             envoy_files: Vec::new(),
+            merge_domains: false,
             threads,
             admin_listen,
             proxy: Some((upstream, user)),
         }),
-        Command::CheckConfig { file } => spillway_server::check_config::check_config(&file),
+        Command::CheckConfig {
+            files,
+            merge_domains,
+        } => spillway_server::check_config::check_config(
+            &files,
+            merge_domains || merge_domain_config_env(),
+        ),
     }
+}
+
+/// `MERGE_DOMAIN_CONFIG`, read as envoyproxy/ratelimit reads it (Go's
+/// `strconv.ParseBool`: 1, t, T, TRUE, true, True are true).
+fn merge_domain_config_env() -> bool {
+    std::env::var("MERGE_DOMAIN_CONFIG")
+        .is_ok_and(|v| matches!(v.as_str(), "1" | "t" | "T" | "TRUE" | "true" | "True"))
 }
 
 /// Lays the flags over the file's validated settings.
@@ -185,13 +215,14 @@ fn serve(flags: Flags) -> ExitCode {
     // Before the file is read: the default connection cap follows it.
     spillway_server::raise_descriptor_limit();
     let source = flags.config.clone().map_or(Source::Example, Source::File);
-    let mut cfg = match ServeOptions::load(&source, &flags.envoy_files) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let mut cfg =
+        match spillway_server::config::load_all(&source, &flags.envoy_files, flags.merge_domains) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        };
     if let Err(e) = apply_flags(&mut cfg, &flags) {
         let what = if flags.proxy.is_some() {
             "spillway proxy"

@@ -12,6 +12,12 @@
 //! and a prefix cut between two rules is a valid file with fewer limits.
 //! A file without a `rules:` key (an empty one, a truncated one) never
 //! replaces the rules: `rules: []` says "no rules" explicitly.
+//!
+//! An `--envoy-config` directory is listed again each time: a file added to
+//! it brings its domain, a file removed takes its domain away (as
+//! envoyproxy/ratelimit's runtime directory does), and so does an
+//! `--envoy-config` file that is gone; a directory that is gone keeps the
+//! last good configuration.
 
 use std::sync::Arc;
 
@@ -19,6 +25,8 @@ use tokio::sync::watch;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+
+use std::path::PathBuf;
 
 use crate::admin::ReloadStatus;
 use crate::config::Source;
@@ -33,29 +41,47 @@ pub(crate) struct Reloader {
     pub(crate) status: Arc<Mutex<ReloadStatus>>,
 }
 
+/// Every watched file's path and text (`None`: unreadable or gone), an
+/// `--envoy-config` directory's files listed afresh (the directory itself
+/// with `None` when it cannot be listed).
+type Snapshot = Vec<(PathBuf, Option<String>)>;
+
+fn snapshot(paths: &[PathBuf]) -> Snapshot {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            match crate::config::envoy_dir_files(p) {
+                Ok(files) => out.extend(files.into_iter().map(|f| {
+                    let text = std::fs::read_to_string(&f).ok();
+                    (f, text)
+                })),
+                Err(_) => out.push((p.clone(), None)),
+            }
+        } else {
+            out.push((p.clone(), std::fs::read_to_string(p).ok()));
+        }
+    }
+    out
+}
+
 pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::Receiver<bool>) {
-    let mut paths: Vec<std::path::PathBuf> = opts.envoy_files.clone();
+    let mut paths: Vec<PathBuf> = opts.envoy_files.clone();
     if let Source::File(p) = &opts.source {
         paths.push(p.clone());
     }
-    let read_all = |paths: &[std::path::PathBuf]| -> Vec<Option<String>> {
-        paths
-            .iter()
-            .map(|p| std::fs::read_to_string(p).ok())
-            .collect()
-    };
     // The files as last considered (applied or rejected): a change is
     // measured from them.
-    let mut considered = read_all(&paths);
+    let mut considered = snapshot(&paths);
     // A changed text waiting for its quiet period, and when it was first
     // seen as it is.
-    let mut pending: Option<(Vec<Option<String>>, tokio::time::Instant)> = None;
+    let mut pending: Option<(Snapshot, tokio::time::Instant)> = None;
     let mut quiet = opts.config.reload_quiet;
     // The files as they were at start, before flags: start-only settings
     // are compared with these (the running settings carry the flags, which
     // a reloaded file does not, and would always look changed).
     let started =
-        ServeOptions::load(&opts.source, &opts.envoy_files).unwrap_or_else(|_| opts.config.clone());
+        crate::config::load_all(&opts.source, &opts.envoy_files, opts.config.merge_domains)
+            .unwrap_or_else(|_| opts.config.clone());
     let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
@@ -90,7 +116,7 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
         if paths.is_empty() {
             continue;
         }
-        let text = read_all(&paths);
+        let text = snapshot(&paths);
         if !forced {
             if text == considered {
                 // Changed back (or not at all): nothing to wait for.
@@ -124,30 +150,42 @@ pub(crate) fn reload(
     opts: &ServeOptions,
     started: &crate::config::Config,
 ) -> Option<std::time::Duration> {
-    let loaded = ServeOptions::load(&opts.source, &opts.envoy_files).and_then(|config| {
-        if config.has_rules {
-            return Ok(config);
-        }
-        let file = match &opts.source {
-            Source::File(p) => p.display().to_string(),
-            Source::Example => "<examples/rules.yaml>".to_string(),
-        };
-        Err(crate::config::ConfigErrors(vec![
-            crate::config::ConfigError {
-                file,
-                line: 0,
-                column: 0,
-                message: "no `rules:` key (an empty or cut-short file?): not applied; \
+    let loaded =
+        crate::config::reload_all(&opts.source, &opts.envoy_files, opts.config.merge_domains)
+            .and_then(|(config, gone)| {
+                if config.has_rules {
+                    return Ok((config, gone));
+                }
+                let file = match &opts.source {
+                    Source::File(p) => p.display().to_string(),
+                    Source::Example => "<examples/rules.yaml>".to_string(),
+                };
+                Err(crate::config::ConfigErrors(vec![
+                    crate::config::ConfigError {
+                        file,
+                        line: 0,
+                        column: 0,
+                        message: "no `rules:` key (an empty or cut-short file?): not applied; \
                       write `rules: []` to remove every rule"
-                    .to_string(),
-            },
-        ]))
-    });
+                            .to_string(),
+                    },
+                ]))
+            });
     match loaded {
-        Ok(config) => {
-            state
-                .domains
-                .store(Arc::new(Domains::new(config.domains.clone())));
+        Ok((config, gone)) => {
+            for f in &gone {
+                tracing::warn!(file = %f.display(), "envoy config file is gone: its domain is dropped");
+            }
+            let domains = Domains::new(config.domains.clone());
+            let before = state.domains.load();
+            let (old, new) = (before.names(), domains.names());
+            if old != new {
+                let dropped: Vec<&str> = old.iter().filter(|d| !new.contains(d)).copied().collect();
+                let added: Vec<&str> = new.iter().filter(|d| !old.contains(d)).copied().collect();
+                tracing::info!(?added, ?dropped, "gRPC domains changed");
+            }
+            drop(before);
+            state.domains.store(Arc::new(domains));
             let version = state.shared.limiter.rules().version + 1;
             let set = rule_set(&config, version);
             state.shared.events.rules_changed(&set);
@@ -184,18 +222,21 @@ struct Watcher {
 
 impl Watcher {
     #[cfg(target_os = "linux")]
-    fn new(paths: &[std::path::PathBuf]) -> Watcher {
+    fn new(paths: &[PathBuf]) -> Watcher {
         use inotify::{Inotify, WatchMask};
         if paths.is_empty() {
             return Watcher { fd: None };
         }
         let setup = || -> std::io::Result<tokio::io::unix::AsyncFd<Inotify>> {
             let inotify = Inotify::init()?;
-            let mut dirs: Vec<std::path::PathBuf> = paths
+            // A file's directory (it may be replaced by a rename); an
+            // `--envoy-config` directory itself (files come and go in it).
+            let mut dirs: Vec<PathBuf> = paths
                 .iter()
                 .map(|p| match p.parent() {
+                    _ if p.is_dir() => p.clone(),
                     Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-                    _ => std::path::PathBuf::from("."),
+                    _ => PathBuf::from("."),
                 })
                 .collect();
             dirs.sort();
@@ -230,7 +271,7 @@ impl Watcher {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn new(_paths: &[std::path::PathBuf]) -> Watcher {
+    fn new(_paths: &[PathBuf]) -> Watcher {
         Watcher {}
     }
 

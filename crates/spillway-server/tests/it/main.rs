@@ -3,6 +3,7 @@
 
 mod api;
 mod config;
+mod envoy_format;
 mod grpc;
 mod hardening;
 mod http_wire;

@@ -13,7 +13,7 @@ pub mod rate;
 pub mod settings;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -302,7 +302,9 @@ fn descriptor_label(d: &RateLimitDescriptor) -> String {
 /// or not, `unlimited` or not; never shadow, never quota mode, unnamed; a
 /// 0 override is a ban. An override whose unit Envoy does not know is
 /// ignored (envoyproxy/ratelimit fails the call).
-fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> Plan<'a> {
+/// Also the names of the limits the matched node replaces (none for an
+/// override, as in envoyproxy/ratelimit).
+fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> (Plan<'a>, &'a [String]) {
     let entries: Vec<(&str, &str)> = d
         .entries
         .iter()
@@ -328,15 +330,16 @@ fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> Plan<'a> {
             ),
         };
         if rpu == 0 {
-            return Plan::Ban {
+            let ban = Plan::Ban {
                 label,
                 shown: "",
                 unit,
                 shadow: false,
                 node: None,
             };
+            return (ban, &[]);
         }
-        return match envoy_rule(&label, u64::from(rpu), unit, false) {
+        let plan = match envoy_rule(&label, u64::from(rpu), unit, false) {
             Ok(rule) => Plan::Limit {
                 rule: RuleOf::Override(Box::new(rule)),
                 key,
@@ -345,13 +348,15 @@ fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> Plan<'a> {
             },
             Err(_) => Plan::Free,
         };
+        return (plan, &[]);
     }
     let Some(m) = found else {
-        return Plan::Free;
+        return (Plan::Free, &[]);
     };
     let node = m.node;
-    match &node.action {
-        Action::None => Plan::Free,
+    let plan = match &node.action {
+        // No limit here: nothing to replace others with either.
+        Action::None => return (Plan::Free, &[]),
         Action::Unlimited => Plan::Unlimited,
         Action::Ban { name, unit, shadow } => Plan::Ban {
             label: Cow::Borrowed(name),
@@ -366,27 +371,8 @@ fn plan<'a>(domain: &'a super::Domain, d: &'a RateLimitDescriptor) -> Plan<'a> {
             shown: &node.name,
             node: Some(node),
         },
-    }
-}
-
-/// The names of the limits that matched nodes replace (an override's
-/// descriptor replaces nothing, as in envoyproxy/ratelimit).
-fn replaced<'a>(domain: &'a super::Domain, req: &'a RateLimitRequest) -> HashSet<&'a str> {
-    let mut out = HashSet::new();
-    for d in &req.descriptors {
-        if d.limit.is_some() {
-            continue;
-        }
-        let entries: Vec<(&str, &str)> = d
-            .entries
-            .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()))
-            .collect();
-        if let Some(m) = find(&domain.nodes, &entries) {
-            out.extend(m.node.replaces.iter().map(String::as_str));
-        }
-    }
-    out
+    };
+    (plan, &node.replaces)
 }
 
 fn ok_status() -> DescriptorStatus {
@@ -488,20 +474,26 @@ pub async fn should_rate_limit(
             ..RateLimitResponse::default()
         });
     }
-    let replaced = replaced(domain, &req);
-    let mut plans: Vec<Plan<'_>> = req.descriptors.iter().map(|d| plan(domain, d)).collect();
+    let mut plans: Vec<Plan<'_>> = Vec::with_capacity(n);
+    // Names of the limits matched nodes replace (rarely any).
+    let mut replaced: Vec<&str> = Vec::new();
+    for d in &req.descriptors {
+        let (p, replaces) = plan(domain, d);
+        plans.push(p);
+        replaced.extend(replaces.iter().map(String::as_str));
+    }
     for p in &mut plans {
         let gone = match p {
             Plan::Limit {
                 rule,
                 node: Some(_),
                 ..
-            } => replaced.contains(rule.get().name()),
+            } => replaced.contains(&rule.get().name()),
             Plan::Ban {
                 label,
                 node: Some(_),
                 ..
-            } => replaced.contains(label.as_ref()),
+            } => replaced.contains(&label.as_ref()),
             _ => false,
         };
         if gone {

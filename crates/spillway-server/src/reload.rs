@@ -82,6 +82,14 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
     let started =
         crate::config::load_all(&opts.source, &opts.envoy_files, opts.config.merge_domains)
             .unwrap_or_else(|_| opts.config.clone());
+    // The `--envoy-config` paths that are directories: one that goes away
+    // later fails the reload rather than dropping its domains.
+    let dirs: Vec<PathBuf> = opts
+        .envoy_files
+        .iter()
+        .filter(|p| p.is_dir())
+        .cloned()
+        .collect();
     let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
@@ -137,7 +145,7 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
         }
         pending = None;
         considered = text;
-        if let Some(q) = reload(&state, &opts, &started) {
+        if let Some(q) = reload(&state, &opts, &started, &dirs) {
             quiet = q;
         }
     }
@@ -149,28 +157,33 @@ pub(crate) fn reload(
     state: &Reloader,
     opts: &ServeOptions,
     started: &crate::config::Config,
+    dirs: &[PathBuf],
 ) -> Option<std::time::Duration> {
-    let loaded =
-        crate::config::reload_all(&opts.source, &opts.envoy_files, opts.config.merge_domains)
-            .and_then(|(config, gone)| {
-                if config.has_rules {
-                    return Ok((config, gone));
-                }
-                let file = match &opts.source {
-                    Source::File(p) => p.display().to_string(),
-                    Source::Example => "<examples/rules.yaml>".to_string(),
-                };
-                Err(crate::config::ConfigErrors(vec![
-                    crate::config::ConfigError {
-                        file,
-                        line: 0,
-                        column: 0,
-                        message: "no `rules:` key (an empty or cut-short file?): not applied; \
+    let loaded = crate::config::reload_all(
+        &opts.source,
+        &opts.envoy_files,
+        opts.config.merge_domains,
+        dirs,
+    )
+    .and_then(|(config, gone)| {
+        if config.has_rules {
+            return Ok((config, gone));
+        }
+        let file = match &opts.source {
+            Source::File(p) => p.display().to_string(),
+            Source::Example => "<examples/rules.yaml>".to_string(),
+        };
+        Err(crate::config::ConfigErrors(vec![
+            crate::config::ConfigError {
+                file,
+                line: 0,
+                column: 0,
+                message: "no `rules:` key (an empty or cut-short file?): not applied; \
                       write `rules: []` to remove every rule"
-                            .to_string(),
-                    },
-                ]))
-            });
+                    .to_string(),
+            },
+        ]))
+    });
     match loaded {
         Ok((config, gone)) => {
             for f in &gone {

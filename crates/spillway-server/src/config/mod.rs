@@ -205,13 +205,14 @@ pub fn load_all(
     envoy: &[PathBuf],
     merge_domains: bool,
 ) -> Result<Config, ConfigErrors> {
-    load_with(source, envoy, merge_domains, false).map(|(c, _)| c)
+    load_with(source, envoy, merge_domains, None).map(|(c, _)| c)
 }
 
 /// As [`load_all`], for a reload: an `--envoy-config` file that is gone
 /// drops its domain (and is returned) instead of failing the load. A
-/// directory that is gone still fails it: an unmounted volume is not a
-/// request to drop every domain.
+/// directory that is gone (one of `dirs`, the paths that were directories
+/// at start) still fails it: an unmounted volume is not a request to drop
+/// every domain.
 ///
 /// # Errors
 /// As [`load_all`].
@@ -219,15 +220,17 @@ pub fn reload_all(
     source: &Source,
     envoy: &[PathBuf],
     merge_domains: bool,
+    dirs: &[PathBuf],
 ) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
-    load_with(source, envoy, merge_domains, true)
+    load_with(source, envoy, merge_domains, Some(dirs))
 }
 
+/// `reload`: a file gone is dropped, unless it is one of these directories.
 fn load_with(
     source: &Source,
     envoy: &[PathBuf],
     merge_domains: bool,
-    gone_ok: bool,
+    reload: Option<&[PathBuf]>,
 ) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
     let mut errors = Vec::new();
     let mut config = match source.load() {
@@ -249,7 +252,7 @@ fn load_with(
         .into_iter()
         .map(|d| (d, source_name.clone()))
         .collect();
-    let (domains, gone) = envoy_domains(start, envoy, merge_domains, gone_ok, &mut errors);
+    let (domains, gone) = envoy_domains(start, envoy, merge_domains, reload, &mut errors);
     match config {
         Some(mut c) if errors.is_empty() => {
             c.domains = domains;
@@ -270,7 +273,7 @@ pub fn load_envoy_all(
     merge_domains: bool,
 ) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
     let mut errors = Vec::new();
-    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, false, &mut errors);
+    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, None, &mut errors);
     if errors.is_empty() {
         Ok(domains)
     } else {
@@ -278,19 +281,19 @@ pub fn load_envoy_all(
     }
 }
 
-/// `start`'s domains and those of every `--envoy-config` path; and, when
-/// `gone_ok`, the files found gone.
+/// `start`'s domains and those of every `--envoy-config` path; and, on a
+/// `reload` (the paths that were directories), the files found gone.
 fn envoy_domains(
     mut domains: Vec<(crate::grpc::Domain, String)>,
     envoy: &[PathBuf],
     merge_domains: bool,
-    gone_ok: bool,
+    reload: Option<&[PathBuf]>,
     errors: &mut Vec<ConfigError>,
 ) -> (Vec<crate::grpc::Domain>, Vec<PathBuf>) {
     let mut gone = Vec::new();
     let mut files = Vec::new();
     for p in envoy {
-        if p.is_dir() {
+        if p.is_dir() || reload.is_some_and(|dirs| dirs.contains(p)) {
             match envoy_dir_files(p) {
                 Ok(list) => files.extend(list),
                 Err(e) => errors.push(ConfigError {
@@ -300,7 +303,7 @@ fn envoy_domains(
                     message: format!("cannot read the directory: {e}"),
                 }),
             }
-        } else if gone_ok && !p.exists() {
+        } else if reload.is_some() && !p.exists() {
             gone.push(p.clone());
         } else {
             files.push(p.clone());

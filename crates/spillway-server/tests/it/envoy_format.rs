@@ -907,3 +907,43 @@ fn check_config_reads_a_directory() {
         "{err}"
     );
 }
+
+/// A named `--envoy-config FILE` removed drops its domain on reload; a
+/// directory gone (an unmounted volume, say) keeps the last good domains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_file_drops_its_domain_and_a_vanished_directory_does_not() {
+    let dir = TempDir::new("envoy-gone");
+    let conf = TempDir::new("envoy-gone-conf");
+    let file = dir.write(
+        "alone.yaml",
+        "domain: alone\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 0 }\n",
+    );
+    conf.write(
+        "kept.yaml",
+        "domain: kept\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour }\n",
+    );
+    let (s, ch) = start(
+        &dir,
+        "reload: { quiet: 100ms }\nrules: []\n",
+        &[
+            "--envoy-config",
+            path_str(&file),
+            "--envoy-config",
+            path_str(&conf.0),
+        ],
+    )
+    .await;
+    assert_eq!(code(&ch, "alone", &[("k", "x")]).await, Code::OverLimit);
+    std::fs::remove_file(&file).unwrap();
+    eventually("the removed file's domain is gone", || {
+        let ch = ch.clone();
+        async move { ok_unlimited(&call(&ch, req("alone", &[("k", "x")], 1)).await) }
+    })
+    .await;
+    s.wait_line("envoy config file is gone");
+    let moved = conf.0.with_extension("moved");
+    std::fs::rename(&conf.0, &moved).unwrap();
+    s.wait_line("cannot read the directory");
+    assert_eq!(code(&ch, "kept", &[("k", "x")]).await, Code::OverLimit);
+    std::fs::rename(&moved, &conf.0).unwrap();
+}

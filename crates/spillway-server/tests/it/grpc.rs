@@ -1021,6 +1021,20 @@ async fn ratelimit_headers_come_from_the_environment_or_the_file() {
         assert!(ok(&r), "{i}");
         assert_eq!(r.statuses[0].code == Code::OverLimit as i32, i == 3);
     }
+    // QUOTA_MODE: every limit in quota mode; the call is refused only
+    // when every descriptor is over.
+    let rig = start_rig(On::Memory, rules, &["env", "QUOTA_MODE=1"], &[]).await;
+    let two = || req("h", vec![desc(&[("a", "3")]), desc(&[("b", "3")])]);
+    for _ in 0..3 {
+        assert!(ok(&call(&rig.ch, two()).await.unwrap()));
+    }
+    let r = call(&rig.ch, two()).await.unwrap();
+    assert!(ok(&r), "b has room: {r:?}");
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    let r = call(&rig.ch, req("h", vec![desc(&[("a", "3")])]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
     // A bad value stops the start, saying where it came from.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
         .env("NEAR_LIMIT_RATIO", "2")

@@ -225,32 +225,23 @@ pub struct ServeOptions {
     pub config: Config,
     /// How often to look at the rules file for changes.
     pub poll_interval: Duration,
-    /// envoyproxy/ratelimit configuration files (one domain each).
+    /// envoyproxy/ratelimit configuration files and directories.
     pub envoy_files: Vec<std::path::PathBuf>,
 }
 
 impl ServeOptions {
-    /// Loads the rules file (or the built-in example) and every Envoy file.
+    /// Loads the rules file (or the built-in example) and every Envoy
+    /// file or directory, as `serve` does (see [`config::load_all`];
+    /// a domain given twice is an error unless `merge_domains`).
     ///
     /// # Errors
     /// Every problem in every file.
     pub fn load(
         source: &Source,
-        envoy_files: &[std::path::PathBuf],
+        envoy: &[std::path::PathBuf],
+        merge_domains: bool,
     ) -> Result<Config, config::ConfigErrors> {
-        let mut config = source.load()?;
-        let mut errors = Vec::new();
-        for f in envoy_files {
-            match config::load_envoy(f) {
-                Ok(d) => config.domains.push(d),
-                Err(e) => errors.extend(e.0),
-            }
-        }
-        if errors.is_empty() {
-            Ok(config)
-        } else {
-            Err(config::ConfigErrors(errors))
-        }
+        config::load_all(source, envoy, merge_domains)
     }
 }
 

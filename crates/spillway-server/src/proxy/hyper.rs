@@ -335,11 +335,11 @@ struct Settling<B> {
     /// The answer's head: fields found there were charged already.
     head: HeaderMap,
     /// A charge under way, and the trailers frame held back until it ends.
-    pending: Option<(
-        Pin<Box<dyn Future<Output = bool> + Send>>,
-        hyper::body::Frame<Bytes>,
-    )>,
+    pending: Option<(Charging, hyper::body::Frame<Bytes>)>,
 }
+
+/// A charge of a trailer's cost, under way.
+type Charging = Pin<Box<dyn Future<Output = bool> + Send>>;
 
 impl<B> Settling<B> {
     fn new(inner: B, settle: Arc<Settle>, head: HeaderMap) -> Settling<B> {

@@ -275,7 +275,7 @@ async fn in_process(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<std::io::Result<()>>,
 ) {
-    let config = ServeOptions::load(&source, &[]).unwrap();
+    let config = ServeOptions::load(&source, &[], false).unwrap();
     let opts = ServeOptions {
         source,
         config,

@@ -183,12 +183,13 @@ enum Group {
     /// Every check.
     Check,
     /// The request's cost on every descriptor not in quota mode, all or
-    /// none: a request one of them refuses is counted by none.
+    /// none: a request one of them refuses is counted by none. Only a
+    /// check if the call is refused already (by a ban, or a check).
     Request(u64),
     /// The request's cost on one descriptor in quota mode (descriptor,
     /// cost), on its own: one over its quota does not keep the others
     /// from being counted, since the call passes unless all are over. Only
-    /// a check if the request group refused the call.
+    /// a check if the call is refused already.
     Quota(usize, u64),
     /// Every charge of one cost.
     Charge(u64),
@@ -565,7 +566,14 @@ pub async fn should_rate_limit(
             groups.entry(g).or_default().push(i);
         }
     }
-    let mut refused = false;
+    let quota = |i: usize| settings.quota_mode || plans[i].quota();
+    // Whether the call is already refused (by a ban, a check, or the
+    // request group): then the request's cost is counted nowhere, its
+    // groups only checked.
+    let mut refused = plans
+        .iter()
+        .enumerate()
+        .any(|(i, p)| matches!(p, Plan::Ban { shadow: false, .. }) && !quota(i));
     for (g, group) in groups {
         let keys: Vec<Key<'_>> = group
             .iter()
@@ -587,10 +595,19 @@ pub async fn should_rate_limit(
             .collect();
         let limiter = &state.shared.limiter;
         let (decision, store_error) = match g {
-            Group::Check => limiter.decide(&charges, 0).await,
+            Group::Check => {
+                let d = limiter.decide(&charges, 0).await;
+                refused |=
+                    d.0.rules
+                        .iter()
+                        .any(|rd| rd.outcome == Outcome::Denied && !quota(group[rd.rule]));
+                d
+            }
             Group::Request(cost) => {
-                let d = limiter.decide(&charges, cost).await;
-                refused = !d.0.allowed;
+                let d = limiter
+                    .decide(&charges, if refused { 0 } else { cost })
+                    .await;
+                refused |= !d.0.allowed;
                 d
             }
             Group::Quota(_, cost) => {
@@ -652,7 +669,6 @@ pub async fn should_rate_limit(
     // quota mode is; never with the global shadow mode.
     let unlimited = |i: usize| matches!(plans[i], Plan::Unlimited);
     let over = |i: usize| statuses[i].code == Code::OverLimit as i32;
-    let quota = |i: usize| settings.quota_mode || plans[i].quota();
     let limiting = (0..n).filter(|&i| !unlimited(i));
     let failed = limiting.clone().filter(|&i| over(i) && !quota(i)).count();
     let quotas = limiting.clone().filter(|&i| quota(i)).count();

@@ -1190,3 +1190,40 @@ async fn json_and_healthcheck_are_served_as_envoyproxy_ratelimit_serves_them() {
     assert_eq!(r.status(), 500);
     assert_eq!(r.text().await.unwrap(), "");
 }
+
+/// A call refused by a ban or by a check (hits_addend 0 on a key over its
+/// limit) counts its request cost on none of its other descriptors, as a
+/// call one descriptor's limit refuses counts on none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_counts_its_request_cost_nowhere() {
+    let (_s, ch, _d) = start(&[], RULES).await;
+    whole_window(60, 10).await;
+    let path = |p: &str| desc(&[("path", p)]);
+    for _ in 0..3 {
+        let r = call(
+            &ch,
+            req(
+                "edge",
+                vec![desc(&[("remote_address", "50.0.0.5")]), path("/r1")],
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+    let r = call(&ch, req("edge", vec![path("/r1")])).await.unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 4, "{r:?}");
+    // `api: v*` is 1 a minute: a charge of 2 puts v8 over.
+    let api = || desc(&[("api", "v8")]);
+    let r = call(&ch, req("edge", vec![with_hits(api(), 2)]))
+        .await
+        .unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let r = call(&ch, req("edge", vec![with_hits(api(), 0), path("/r2")]))
+        .await
+        .unwrap();
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let r = call(&ch, req("edge", vec![path("/r2")])).await.unwrap();
+    assert_eq!(r.statuses[0].limit_remaining, 4, "{r:?}");
+}

@@ -35,7 +35,8 @@
 --   cost (the client sends at most one more than the largest size in the
 --   call's rules, and below 2^53: above every size any cost is denied
 --   alike, and products of it with a period stay exact)
---   1 for a dry run (decide, write nothing), else 0
+--   1 for a dry run (decide, write nothing; also a check of cost 0), 2 to
+--   charge after the fact (below), else 0
 --   number of rules
 --   then per rule: its number in the list above, then per limit its field
 --   in its bucket (empty for the sliding log)
@@ -53,6 +54,13 @@
 -- knows the limit), for a soft rule twice: under the enforced (raised) size,
 -- then under the base size. (Redis turns each number into a reply element
 -- and the client parses each: the reply is kept to what the client lacks.)
+--
+-- A charge after the fact (a cost known once the request was served)
+-- counts `cost` on every limit of every rule, whatever the state, as
+-- crates/spillway-core's `charge` does: past the limit the key owes the
+-- excess (a TAT beyond the burst, a level above the capacity, a count
+-- above the limit; a sliding log keeps its newest limit + 1 entries), and
+-- its verdicts are checks of cost 0 on the state after the charge.
 --
 -- Every key written gets a TTL in the same call, so idle keys vanish.
 -- Counter states share small hashes: a Redis key costs about 110 bytes
@@ -319,6 +327,92 @@ local function log_entry(key, head, i)
   return tonumber(redis.call('LINDEX', key, i - 1))
 end
 
+-- Appends `cnt` entries at time `t` to a sliding log, and makes the
+-- list live until the newest leaves the window.
+local function log_push(key, t, cnt, a, now)
+  local items = {}
+  local ts = fmt('%d', t)
+  for i = 1, cnt do items[i] = ts end
+  -- RPUSH in chunks: Lua's unpack has a stack limit.
+  local i = 1
+  while i <= cnt do
+    local e = min(i + 999, cnt)
+    redis.call('RPUSH', key, unpack(items, i, e))
+    i = e + 1
+  end
+  redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
+end
+
+-- Charges `cost` after the fact to a sliding log of limit `size`: keeps
+-- its newest `size + 1` entries (a check asks for at most `size` live
+-- ones and entries leave oldest first, so these answer every later
+-- check as the whole log would).
+local function log_charge(key, size, a, now, cost)
+  local keep = size + 1
+  local len, dead, newest = log_read(key, a, now)
+  local live = len - dead
+  local cnt = min(cost, keep)
+  local drop = dead + max(live + cnt - keep, 0)
+  if drop > 0 then redis.call('LTRIM', key, drop, -1) end
+  local t = now
+  if live > 0 then t = max(now, newest) end
+  if cnt > 0 then log_push(key, t, cnt, a, now) end
+end
+
+-- A check of cost 0 on a sliding log of limit `size`, written to
+-- out[o + 1 .. o + 5].
+local function log_check(out, o, key, size, a, now)
+  local len, dead, newest, head = log_read(key, a, now)
+  local count = len - dead
+  local newest_end = 0
+  if len > 0 then newest_end = newest + a end
+  if count <= size then
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - count, max(now + a, newest_end) - now, 0
+  else
+    local retry = max(log_entry(key, head, dead + count - size) + a - now, 0)
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, 0, max(newest_end - now, 0), retry
+  end
+  out[o + 5] = 0
+end
+
+-- Charges `cost` after the fact to a counter algorithm's `state`: the
+-- state's expiry, until when its bucket is known to live, and its numbers
+-- (as `counter` returns them for an admission).
+local function charged(code, state, a, now, cost)
+  if code == 1 or code == 3 or code == 7 then
+    local tat, known = 0, nil
+    if state and #state >= 16 then tat, known = bunpack('>dd', state) end
+    local e = max(tat, now) + cost * a
+    return e, known, e
+  elseif code == 2 then
+    local drains, measured, known = 0, 0, nil
+    if state and #state >= 24 then drains, measured, known = bunpack('>ddd', state) end
+    local at = max(now, measured)
+    local level = max(max(drains - measured, 0) - (at - measured), 0)
+    local nd = at + level + cost * a
+    return nd, known, nd, at
+  elseif code == 4 then
+    local e, count, known = 0, 0, nil
+    if state and #state >= 24 then e, count, known = bunpack('>ddd', state) end
+    if now >= e then e, count = now - fmod(now, a) + a, 0 end
+    return e, known, e, count + cost
+  end
+  -- 6: sliding window counter, rolled forward as `counter` does.
+  local expires, cur0, prev0, known = 0, 0, 0, nil
+  if state and #state >= 32 then expires, cur0, prev0, known = bunpack('>dddd', state) end
+  local w = a
+  local stored_end = max(expires - w, 0)
+  local e, cur, prev
+  if expires == 0 or now >= expires then
+    e, cur, prev = now - fmod(now, w) + w, 0, 0
+  elseif now >= stored_end then
+    e, cur, prev = stored_end + w, 0, cur0
+  else
+    e, cur, prev = stored_end, cur0, prev0
+  end
+  return e + w, known, e + w, min(cur + cost, 4294967295), prev
+end
+
 local time_now = nil
 
 local A = cmsgpack.unpack(ARGV[1])
@@ -359,11 +453,43 @@ for _ = 1, ndecisions do
   end
   local cost = A[p + 1]
   local dry = A[p + 2] == 1
+  local after = A[p + 2] == 2
   local nrules = A[p + 3]
   p = p + 4
 
   local rp1 = nrules == 1 and RS[A[p]]
-  if rp1 and A[rp1 + 1] == 1 and A[rp1] ~= 1 and A[rp1 + 2] ~= 5 then
+  if after then
+    -- A charge after the fact: every limit of every rule (shadow ones
+    -- too), whatever its state; then a check of cost 0 of each.
+    local k = 1
+    for _ = 1, nrules do
+      local rp = RS[A[p]]
+      p = p + 1
+      local two, nl = A[rp] == 1, A[rp + 1]
+      rp = rp + 2
+      for _ = 1, nl do
+        local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
+        rp = rp + 5
+        local field = A[p]
+        p = p + 1
+        local key = KEYS[key_base + k]
+        if code == 5 then
+          log_charge(key, enf, a, now, cost)
+          log_check(out, n, key, enf, a, now)
+          if two then log_check(out, n + 5, key, base, a, now) end
+        else
+          local e, known, v1, v2, v3 = charged(code, redis.call('HGET', key, field), a, now, cost)
+          store(key, field, code, e, now, known, v1, v2, v3)
+          local st = packed(code, known or 0, v1, v2, v3)
+          counter(out, n, code, st, enf, a, b, now, 0)
+          if two then counter(out, n + 5, code, st, base, a, b, now, 0) end
+        end
+        n = n + (two and 10 or 5)
+        k = k + 1
+      end
+    end
+    key_base = key_base + k - 1
+  elseif rp1 and A[rp1 + 1] == 1 and A[rp1] ~= 1 and A[rp1 + 2] ~= 5 then
     -- The common case, one rule of one counter limit, not soft: decided and
     -- written without the bookkeeping of the general case below (a tenth
     -- of the script's time per decision, measured).
@@ -452,18 +578,7 @@ for _ = 1, ndecisions do
               if dead > 0 then redis.call('LTRIM', key, dead, -1) end
               local t = now
               if len > dead then t = max(now, newest) end
-              local cnt = min(cost, L[q + 4])
-              local items = {}
-              local ts = fmt('%d', t)
-              for i = 1, cnt do items[i] = ts end
-              -- RPUSH in chunks: Lua's unpack has a stack limit.
-              local i = 1
-              while i <= cnt do
-                local e = min(i + 999, cnt)
-                redis.call('RPUSH', key, unpack(items, i, e))
-                i = e + 1
-              end
-              redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
+              log_push(key, t, min(cost, L[q + 4]), a, now)
             else
               store(key, L[q + 3], L[q + 1], L[q + 6], now, L[q + 7], L[q + 8], L[q + 9], L[q + 10])
             end

@@ -1,6 +1,6 @@
 //! Key names and the script's arguments.
 
-use std::fmt::Write;
+use std::fmt::Write as _;
 
 use redis::{Cmd, Script};
 use smallvec::SmallVec;
@@ -96,10 +96,21 @@ impl RulePart {
 pub(crate) struct Part {
     now_us: u64,
     cost: u64,
-    dry: bool,
+    write: Write,
     rules: SmallVec<[RulePart; 1]>,
     /// How many numbers the script answers for this decision.
     pub(crate) reply_len: usize,
+}
+
+/// What a decision writes (the script's third number per decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Charge the request if admitted: 0.
+    IfAdmitted = 0,
+    /// Decide only (a dry run, or a check of cost 0): 1.
+    Dry = 1,
+    /// Charge after the fact, whatever the state: 2.
+    Always = 2,
 }
 
 /// Above this the script's numbers (doubles) stop being exact integers.
@@ -124,7 +135,13 @@ pub(crate) fn script_cost(charges: &[Charge<'_>], cost: u64) -> u64 {
 }
 
 /// The part of a script call deciding `charges`.
-pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, dry: bool) -> Part {
+pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write) -> Part {
+    // A cost of 0 is a check: it writes nothing.
+    let write = if cost == 0 && write == Write::IfAdmitted {
+        Write::Dry
+    } else {
+        write
+    };
     let rules = charges
         .iter()
         .map(|c| {
@@ -147,8 +164,15 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, dry: bool) ->
         .collect();
     Part {
         now_us,
-        cost: script_cost(charges, cost),
-        dry,
+        // A charge is never refused, so it is sent whole (as far as the
+        // script's doubles are exact integers: 2^53 units, far past any
+        // limit's size; the debt then lasts beyond any clock).
+        cost: if write == Write::Always {
+            cost.min(MAX_EXACT)
+        } else {
+            script_cost(charges, cost)
+        },
+        write,
         rules,
         reply_len: crate::reply::reply_len(charges),
     }
@@ -213,7 +237,7 @@ pub(crate) fn command<'a>(
     msgpack::push_uint(&mut a, ndecisions);
     let mut next = index.into_iter();
     for p in parts {
-        for v in [p.now_us, p.cost, u64::from(p.dry), p.rules.len() as u64] {
+        for v in [p.now_us, p.cost, p.write as u64, p.rules.len() as u64] {
             msgpack::push_uint(&mut a, v);
         }
         for r in &p.rules {
@@ -298,9 +322,14 @@ mod tests {
         let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
         let charge = |rule, key| Charge { rule, key };
         let parts = [
-            part(&[charge(&window, &a)], 1, 0, false),
-            part(&[charge(&log, &b), charge(&window, &b)], 2, 0, false),
-            part(&[charge(&window, &b)], 1, 7, true),
+            part(&[charge(&window, &a)], 1, 0, Write::IfAdmitted),
+            part(
+                &[charge(&log, &b), charge(&window, &b)],
+                2,
+                0,
+                Write::IfAdmitted,
+            ),
+            part(&[charge(&window, &b)], 1, 7, Write::Dry),
         ];
         let cmd = command(&Script::new("return 1"), "p:", 16, parts.iter());
         let args: Vec<Vec<u8>> = cmd

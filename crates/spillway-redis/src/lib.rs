@@ -46,6 +46,7 @@
 mod breaker;
 mod fault;
 mod keys;
+use keys::Write;
 mod msgpack;
 mod reply;
 
@@ -324,7 +325,21 @@ impl RedisStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, StoreError> {
-        self.run(charges, cost, now_us).await
+        self.run(charges, cost, now_us, Write::IfAdmitted).await
+    }
+
+    /// Charges after the fact with `now_us` as the time, as
+    /// [`decide_at`](Self::decide_at) decides.
+    ///
+    /// # Errors
+    /// As [`Store::charge`].
+    pub async fn charge_at(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
+        self.run(charges, cost, now_us, Write::Always).await
     }
 
     async fn run(
@@ -332,6 +347,7 @@ impl RedisStore {
         charges: &[Charge<'_>],
         cost: u64,
         now_us: u64,
+        write: Write,
     ) -> Result<Decision, StoreError> {
         if charges.is_empty() {
             return Ok(Decision::unlimited());
@@ -355,12 +371,12 @@ impl RedisStore {
         // and inline it made every decision's future 1,200 bytes, copied
         // at each await up the stack.
         let result = match conn {
-            Conn::Single(_) => self.call_single(charges, cost, now_us).await,
+            Conn::Single(_) => self.call_single(charges, cost, now_us, write).await,
             Conn::Cluster(c) => {
                 let _due = spillway_store::due::Awaiting::new();
                 Box::pin(tokio::time::timeout(
                     inner.config.timeout,
-                    self.call_cluster(c.clone(), charges, cost, now_us),
+                    self.call_cluster(c.clone(), charges, cost, now_us, write),
                 ))
                 .await
                 .unwrap_or_else(|_| Err(timed_out()))
@@ -393,10 +409,11 @@ impl RedisStore {
         charges: &[Charge<'_>],
         cost: u64,
         now_us: u64,
+        write: Write,
     ) -> redis::RedisResult<Decision> {
         let (reply, answer) = oneshot::channel();
         let queued = self.inner.queue.try_send(Pending {
-            part: keys::part(charges, cost, now_us, false),
+            part: keys::part(charges, cost, now_us, write),
             reply,
             deadline: tokio::time::Instant::now() + self.inner.config.timeout,
         });
@@ -406,7 +423,7 @@ impl RedisStore {
         let out = answer
             .await
             .map_err(|_| std::io::Error::other("redis batcher stopped"))??;
-        Ok(reply::decision(charges, &out, cost))
+        Ok(replay(charges, &out, cost, write))
     }
 
     /// A decision on a cluster: one call when its rules share a slot, else
@@ -417,11 +434,12 @@ impl RedisStore {
         charges: &[Charge<'_>],
         cost: u64,
         now_us: u64,
+        write: Write,
     ) -> redis::RedisResult<Decision> {
         let buckets = self.inner.config.buckets;
         let groups = keys::slot_groups(buckets, charges);
         if groups.len() == 1 {
-            let part = keys::part(charges, cost, now_us, false);
+            let part = keys::part(charges, cost, now_us, write);
             let cmd = keys::command(
                 &self.inner.script,
                 &self.inner.config.prefix,
@@ -429,17 +447,26 @@ impl RedisStore {
                 std::iter::once(&part),
             );
             let out = eval(&mut c, &cmd, &self.inner.script).await?;
-            return Ok(reply::decision(charges, &out, cost));
+            return Ok(replay(charges, &out, cost, write));
+        }
+        if write == Write::Always {
+            // A charge is never refused: no dry run first, and it is
+            // counted in every slot it reaches (not all-or-none across
+            // slots; nothing is ever refused to undo).
+            let outs = self
+                .cluster_round(&mut c, &groups, charges, cost, now_us, Write::Always)
+                .await?;
+            return Ok(reply::charged_from_parts(charges, &parts(&outs), cost));
         }
         let dry = self
-            .cluster_round(&mut c, &groups, charges, cost, now_us, true)
+            .cluster_round(&mut c, &groups, charges, cost, now_us, Write::Dry)
             .await?;
         let d = reply::decision_from_parts(charges, &parts(&dry), cost);
         if !d.allowed {
             return Ok(d);
         }
         let outs = self
-            .cluster_round(&mut c, &groups, charges, cost, now_us, false)
+            .cluster_round(&mut c, &groups, charges, cost, now_us, Write::IfAdmitted)
             .await?;
         Ok(reply::decision_from_parts(charges, &parts(&outs), cost))
     }
@@ -452,14 +479,14 @@ impl RedisStore {
         charges: &[Charge<'_>],
         cost: u64,
         now_us: u64,
-        dry: bool,
+        write: Write,
     ) -> redis::RedisResult<Vec<Vec<i64>>> {
         let prefix = &self.inner.config.prefix;
         let buckets = self.inner.config.buckets;
         let mut outs = vec![Vec::new(); charges.len()];
         for group in groups {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
-            let args = keys::part(&part, cost, now_us, dry);
+            let args = keys::part(&part, cost, now_us, write);
             let cmd = keys::command(&self.inner.script, prefix, buckets, std::iter::once(&args));
             let out = eval(c, &cmd, &self.inner.script).await?;
             for (&i, numbers) in group.iter().zip(reply::split(&part, &out)) {
@@ -683,19 +710,25 @@ impl Store for RedisStore {
         charges: &[Charge<'_>],
         cost: u64,
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
-        self.run(charges, cost, 0)
+        self.run(charges, cost, 0, Write::IfAdmitted)
     }
 
     fn charge(
         &self,
-        _charges: &[Charge<'_>],
-        _cost: u64,
+        charges: &[Charge<'_>],
+        cost: u64,
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
-        // In progress (issue 16): the script's charge mode.
-        std::future::ready(Err(err(
-            false,
-            "charging after the fact is not supported by the redis store yet".to_string(),
-        )))
+        self.run(charges, cost, 0, Write::Always)
+    }
+}
+
+/// The decision a script reply over `charges` gives: replayed through
+/// core's `decide`, or after a charge through core's `charge`.
+fn replay(charges: &[Charge<'_>], out: &[i64], cost: u64, write: Write) -> Decision {
+    if write == Write::Always {
+        reply::charged_from_parts(charges, &reply::split(charges, out), cost)
+    } else {
+        reply::decision(charges, out, cost)
     }
 }
 

@@ -111,3 +111,11 @@ pub(crate) fn decision_from_parts(charges: &[Charge<'_>], parts: &[&[i64]], cost
     let mut view = Replay { charges, parts };
     decide(&rules, &mut view, Nanos::ZERO, cost)
 }
+
+/// The decision after a charge (the script's charge mode, whose verdicts
+/// are checks of cost 0 after it), from each charge's own numbers.
+pub(crate) fn charged_from_parts(charges: &[Charge<'_>], parts: &[&[i64]], cost: u64) -> Decision {
+    let rules: SmallVec<[&spillway_core::Rule; 1]> = charges.iter().map(|c| c.rule).collect();
+    let mut view = Replay { charges, parts };
+    spillway_core::charge(&rules, &mut view, Nanos::ZERO, cost)
+}

@@ -126,10 +126,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Both stores give the same decisions for the same requests at the same
-    /// times (microsecond times and parameters; Redis works in microseconds).
+    /// times (microsecond times and parameters; Redis works in microseconds):
+    /// requests, checks of cost 0 and charges after the fact.
     #[test]
     fn redis_and_memory_stores_agree(
-        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], costs()), 1..300)
+        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], costs(), prop_oneof![6 => Just(0u8), 1 => Just(1u8), 2 => Just(2u8)]), 1..300)
     ) {
         let server = RedisServer::start();
         let rt = rt();
@@ -137,13 +138,31 @@ proptest! {
         let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
         let rules = rules();
         let mut now_us = T0_US;
-        for (i, (rule, user, gap, cost)) in ops.into_iter().enumerate() {
+        for (i, (rule, user, gap, cost, kind)) in ops.into_iter().enumerate() {
             now_us += gap;
             let name = format!("u{user}");
             let key = Key::from_parts([name.as_str()]);
             let charges = [Charge { rule: &rules[rule], key: &key }];
-            let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
-            let r = rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap();
+            let at = Nanos(now_us * 1000);
+            let (m, r) = match kind {
+                // A charge after the fact, of up to four times a limit.
+                2 => {
+                    let cost = cost % 20;
+                    (
+                        memory.charge_at(&charges, cost, at),
+                        rt.block_on(redis.charge_at(&charges, cost, now_us)).unwrap(),
+                    )
+                }
+                // A check: cost 0.
+                1 => (
+                    memory.decide_at(&charges, 0, at),
+                    rt.block_on(redis.decide_at(&charges, 0, now_us)).unwrap(),
+                ),
+                _ => (
+                    memory.decide_at(&charges, cost, at),
+                    rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap(),
+                ),
+            };
             // Redis works in whole microseconds: a retry time that falls
             // between two microseconds is rounded up there (never earlier).
             let mut r_cmp = r.clone();
@@ -183,8 +202,20 @@ proptest! {
         let mut now_us = T0_US;
         for (i, (gap, cost)) in ops.into_iter().enumerate() {
             now_us += gap;
-            let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
-            let r = rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap();
+            let at = Nanos(now_us * 1000);
+            // One op in five a charge after the fact, past the limit at times.
+            let (m, r) = if i % 5 == 4 {
+                let cost = cost * 30;
+                (
+                    memory.charge_at(&charges, cost, at),
+                    rt.block_on(redis.charge_at(&charges, cost, now_us)).unwrap(),
+                )
+            } else {
+                (
+                    memory.decide_at(&charges, cost, at),
+                    rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap(),
+                )
+            };
             prop_assert_eq!(&m, &r, "op {}", i);
         }
     }
@@ -833,4 +864,48 @@ fn costs_past_every_limit_are_denied_not_store_errors() {
         assert!(r.allowed, "{}", rule.name());
     }
     assert!(redis.is_healthy());
+}
+
+/// Issue 16 on Redis: 1,000 tokens a minute, each request checked first
+/// (cost 0) and charged 600 once served: exactly two are served. A check
+/// writes nothing: every key, field and TTL is as it was.
+#[test]
+fn a_token_budget_is_checked_then_charged_and_checks_write_nothing() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let minute = Nanos::from_secs(60);
+    let t0 = T0_US - T0_US % 60_000_000;
+    for (i, limit) in [
+        Limit::FixedWindow(FixedWindow::new(1000, minute).unwrap()),
+        Limit::SlidingCounter(SlidingCounter::new(1000, minute).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(1000, Rate::new(1000, minute).unwrap()).unwrap()),
+        Limit::Gcra(Gcra::new(Rate::new(1000, minute).unwrap(), 1000).unwrap()),
+        Limit::SlidingLog(SlidingLog::new(1000, minute).unwrap()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rule = user_rule(&format!("tokens{i}"), vec![limit], Mode::Hard);
+        let key = Key::from_parts(["u"]);
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        let mut served = 0;
+        for s in 0..10 {
+            let now = t0 + s * SEC_US;
+            let dump = || {
+                server.cli(&["--no-raw", "EVAL", "local o = {} for _, k in ipairs(redis.call('KEYS', '*')) do o[#o + 1] = k; o[#o + 1] = redis.call('DUMP', k); o[#o + 1] = redis.call('PEXPIRETIME', k) end return o", "0"])
+            };
+            let before = dump();
+            let check = rt.block_on(redis.decide_at(&charges, 0, now)).unwrap();
+            assert_eq!(dump(), before, "a check wrote to redis");
+            if check.allowed {
+                served += 1;
+                rt.block_on(redis.charge_at(&charges, 600, now)).unwrap();
+            }
+        }
+        assert_eq!(served, 2, "{}", rule.name());
+    }
 }

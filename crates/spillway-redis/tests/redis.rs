@@ -909,3 +909,58 @@ fn a_token_budget_is_checked_then_charged_and_checks_write_nothing() {
         assert_eq!(served, 2, "{}", rule.name());
     }
 }
+
+/// The over-limit cache: once Redis says a key is over its limit, further
+/// requests for it are refused without a script call until the refusal
+/// runs out, other keys and charges after the fact still go to Redis,
+/// and with the cache off every request does.
+#[test]
+fn keys_over_their_limit_are_refused_without_a_round_trip() {
+    use spillway_store::Store;
+    let server = RedisServer::start();
+    let rt = rt();
+    for entries in [spillway_redis::DEFAULT_OVER_LIMIT_CACHE, 0] {
+        let redis = rt.block_on(async {
+            let s = RedisStore::new(RedisConfig {
+                over_limit_cache: entries,
+                prefix: format!("c{entries}:"),
+                ..config(server.url())
+            })
+            .unwrap();
+            assert!(s.wait_connected(Duration::from_secs(10)).await);
+            s
+        });
+        let rule = user_rule("two", vec![fixed_window(2, 3600)], Mode::Hard);
+        let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
+        let ca = [Charge {
+            rule: &rule,
+            key: &a,
+        }];
+        let cb = [Charge {
+            rule: &rule,
+            key: &b,
+        }];
+        for _ in 0..2 {
+            assert!(rt.block_on(redis.decide(&ca, 1)).unwrap().allowed);
+        }
+        let d = rt.block_on(redis.decide(&ca, 1)).unwrap();
+        assert!(!d.allowed);
+        let calls = script_calls(&server);
+        for _ in 0..50 {
+            let d = rt.block_on(redis.decide(&ca, 1)).unwrap();
+            assert!(!d.allowed);
+            let retry = d.deciding.unwrap().verdict.retry_after;
+            assert!(
+                retry > Nanos::ZERO && retry <= Nanos::from_secs(3600),
+                "{retry:?}"
+            );
+        }
+        let saved = if entries > 0 { 50 } else { 0 };
+        assert_eq!(script_calls(&server) - calls, 50 - saved);
+        assert_eq!(redis.over_limit_cache_hits(), saved);
+        // Another key, and a charge to the cached one, go to Redis.
+        assert!(rt.block_on(redis.decide(&cb, 1)).unwrap().allowed);
+        assert!(!rt.block_on(redis.charge(&ca, 1)).unwrap().allowed);
+        assert_eq!(script_calls(&server) - calls, 52 - saved);
+    }
+}

@@ -104,8 +104,9 @@ impl ServerStore {
 
     /// The store's own counters, as Prometheus text: decisions made
     /// against the memory store's shared overflow state (a full table whose
-    /// every candidate for eviction was limiting), and Redis outages (times
-    /// its circuit breaker opened).
+    /// every candidate for eviction was limiting), Redis outages (times
+    /// its circuit breaker opened) and decisions the over-limit cache
+    /// answered.
     pub fn metrics(&self) -> String {
         let (name, help, value) = match self {
             ServerStore::Memory(m) => (
@@ -119,7 +120,15 @@ impl ServerStore {
                 r.outages(),
             ),
         };
-        format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n")
+        let mut out = format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
+        if let ServerStore::Redis(r) = self {
+            let name = "spillway_redis_over_limit_cache_hits_total";
+            out.push_str(&format!(
+                "# HELP {name} Decisions refused from the over-limit cache, without a Redis round trip.\n# TYPE {name} counter\n{name} {}\n",
+                r.over_limit_cache_hits()
+            ));
+        }
+        out
     }
 
     /// A name for logs.

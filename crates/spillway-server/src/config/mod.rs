@@ -582,6 +582,9 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
     }
 }
 
+/// Most slots of the Redis over-limit cache (about 40 bytes each).
+const MAX_OVER_LIMIT_CACHE: usize = 1 << 24;
+
 /// Most Redis buckets: more would only cost memory (one key each).
 const MAX_BUCKETS: u32 = 1 << 24;
 
@@ -638,6 +641,15 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
         match u32::try_from(n) {
             Ok(n) if n <= MAX_BUCKETS => cfg.buckets = n,
             _ => errs.at(b, format!("redis.buckets: at most {MAX_BUCKETS}")),
+        }
+    }
+    if let Some(n) = &raw.over_limit_cache {
+        match usize::try_from(n.value) {
+            Ok(v) if v <= MAX_OVER_LIMIT_CACHE => cfg.over_limit_cache = v,
+            _ => errs.at(
+                n,
+                format!("redis.over_limit_cache: 0 (off) to {MAX_OVER_LIMIT_CACHE} entries"),
+            ),
         }
     }
     if let Some(p) = &raw.prefix {
@@ -936,6 +948,31 @@ mod tests {
             let e = parse("f.yaml", &with(bad)).unwrap_err();
             assert_eq!(e.0[0].line, 4, "{bad}: {e}");
             assert!(e.0[0].message.contains("buckets"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn redis_over_limit_cache() {
+        let with = |n: &str| {
+            format!(
+                "store:\n  redis:\n    url: redis://h:1\n    over_limit_cache: {n}\nrules: []\n"
+            )
+        };
+        for (n, want) in [("0", 0), ("100", 100)] {
+            let c = parse("f.yaml", &with(n)).unwrap();
+            assert!(matches!(c.store, StoreConfig::Redis(r) if r.over_limit_cache == want));
+        }
+        let c = parse(
+            "f.yaml",
+            "store:\n  redis:\n    url: redis://h:1\nrules: []\n",
+        )
+        .unwrap();
+        assert!(matches!(c.store, StoreConfig::Redis(r)
+            if r.over_limit_cache == spillway_redis::DEFAULT_OVER_LIMIT_CACHE));
+        for bad in ["-1", "99999999999"] {
+            let e = parse("f.yaml", &with(bad)).unwrap_err();
+            assert_eq!(e.0[0].line, 4, "{bad}: {e}");
+            assert!(e.0[0].message.contains("over_limit_cache"), "{bad}: {e}");
         }
     }
 }

@@ -281,6 +281,8 @@ pub(crate) struct RawRedis {
     pub(crate) probe_interval: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) buckets: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) over_limit_cache: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -86,7 +86,7 @@ async fn run(url: &str, entries: usize, secs: u64, conc: usize) {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let (rule, name) = if x % 10 == 0 {
+                let (rule, name) = if x.is_multiple_of(10) {
                     (&cold, format!("c{}", x % 100))
                 } else {
                     (&hot, format!("h{}", x % 900))

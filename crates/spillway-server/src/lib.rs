@@ -414,6 +414,9 @@ async fn serve_with<H: Handler>(
         None => None,
         Some(at) => Some(bind(at, "gRPC").await?),
     };
+    // SIGHUP's handler, before the line that tells the world we listen.
+    #[cfg(unix)]
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
     tracing::info!(
         %addr,
@@ -433,6 +436,8 @@ async fn serve_with<H: Handler>(
         shared: parts.shared.clone(),
         domains: parts.grpc.domains.clone(),
         status: parts.admin.reload.clone(),
+        #[cfg(unix)]
+        hup,
     };
     let reloader = tokio::spawn(reload::watch(reloader, opts.clone(), stop_rx.clone()));
     let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx));

@@ -39,6 +39,10 @@ pub(crate) struct Reloader {
     pub(crate) shared: Shared,
     pub(crate) domains: Arc<ArcSwap<Domains>>,
     pub(crate) status: Arc<Mutex<ReloadStatus>>,
+    /// SIGHUP, taken over before the server says it listens: a SIGHUP
+    /// that came before the handler was installed would end the process.
+    #[cfg(unix)]
+    pub(crate) hup: Option<tokio::signal::unix::Signal>,
 }
 
 /// Every watched file's path and text (`None`: unreadable or gone), an
@@ -64,7 +68,11 @@ fn snapshot(paths: &[PathBuf]) -> Snapshot {
     out
 }
 
-pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn watch(
+    mut state: Reloader,
+    opts: ServeOptions,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut paths: Vec<PathBuf> = opts.envoy_files.clone();
     if let Source::File(p) = &opts.source {
         paths.push(p.clone());
@@ -93,7 +101,7 @@ pub(crate) async fn watch(state: Reloader, opts: ServeOptions, mut stop: watch::
     let mut watcher = Watcher::new(&paths);
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut hup = state.hup.take();
     loop {
         #[cfg(unix)]
         let sighup = async {

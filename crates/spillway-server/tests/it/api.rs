@@ -264,8 +264,8 @@ async fn malformed_input_gets_a_clear_4xx_json_error() {
             400,
         ),
         (
-            "zero cost",
-            c.post(s.url("/v1/check")).body(r#"{"cost": 0}"#),
+            "negative cost",
+            c.post(s.url("/v1/check")).body(r#"{"cost": -1}"#),
             400,
         ),
         (

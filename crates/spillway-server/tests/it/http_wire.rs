@@ -147,7 +147,7 @@ async fn direct_and_hyper_paths_give_the_same_answers() {
         for body in [
             format!(r#"{{"user":"{user}"}}"#),
             format!(r#"{{"user":"{user}"}}"#),
-            r#"{"cost": 0}"#.to_string(),
+            r#"{"cost": -1}"#.to_string(),
         ] {
             let req = if chunked {
                 post_check_chunked(&body)

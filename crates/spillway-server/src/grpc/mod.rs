@@ -343,33 +343,6 @@ pub fn envoy_rule(
     .map_err(|e| e.to_string())
 }
 
-/// A limit as Envoy reports it: requests per unit. Windows that are a whole
-/// unit map directly; others are scaled to the largest unit they span.
-pub fn envoy_rate(limit: &Limit) -> (u32, Unit) {
-    let w = limit.window().as_u64();
-    let size = limit.size();
-    for unit in [
-        Unit::Second,
-        Unit::Minute,
-        Unit::Hour,
-        Unit::Day,
-        Unit::Week,
-        Unit::Month,
-        Unit::Year,
-    ] {
-        if w == unit.seconds() * 1_000_000_000 {
-            return (u32::try_from(size).unwrap_or(u32::MAX), unit);
-        }
-    }
-    let unit = [Unit::Day, Unit::Hour, Unit::Minute]
-        .into_iter()
-        .find(|u| w >= u.seconds() * 1_000_000_000)
-        .unwrap_or(Unit::Second);
-    let per =
-        (u128::from(size) * u128::from(unit.seconds()) * 1_000_000_000) / u128::from(w.max(1));
-    (u32::try_from(per).unwrap_or(u32::MAX), unit)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,14 +603,5 @@ mod tests {
                 proptest::prop_assert!(m.node.value.as_deref().is_none_or(|p| wildcard_match(p, v)));
             }
         }
-    }
-
-    #[test]
-    fn rates_map_to_envoy_units() {
-        let fw = |n, s| Limit::FixedWindow(FixedWindow::new(n, Nanos::from_secs(s)).unwrap());
-        assert_eq!(envoy_rate(&fw(10, 60)), (10, Unit::Minute));
-        assert_eq!(envoy_rate(&fw(10, 3600)), (10, Unit::Hour));
-        assert_eq!(envoy_rate(&fw(10, 120)), (5, Unit::Minute));
-        assert_eq!(envoy_rate(&fw(10, 5)), (2, Unit::Second));
     }
 }

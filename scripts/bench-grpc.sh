@@ -4,7 +4,9 @@
 # with four descriptors (rules) per call: examples/grpc_load.rs drives
 # ShouldRateLimit (remote_address random over 100,000; with four, also
 # user over 100,000, tenant over 1,000 and path over 100), wrk drives
-# POST /v1/check with the equivalent rules (ip; user, tenant, path).
+# POST /v1/check with the equivalent rules (ip; user, tenant, path). Each
+# line also gives the server's CPU time per call (user + system), which
+# the shared cores make a steadier figure than the rates.
 # Usage: scripts/bench-grpc.sh [SECONDS]   (SPILLWAY_BIN=FILE: another binary)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,10 +65,18 @@ YAML
   RUST_LOG=warn "$bin" serve --config "$work/rules-$store.yaml" --listen "127.0.0.1:$hp" --grpc-listen "127.0.0.1:$gp" 2>/dev/null &
   pid=$!
   wait_port "$hp"; wait_port "$gp"; sleep 0.5
+  hz=$(getconf CLK_TCK)
   for n in 1 4; do
-    echo "[$store] $(target/release/examples/grpc_load "127.0.0.1:$gp" "$secs" 64 4 "$n")"
+    c0=$(cpu_ticks "$pid")
+    out=$(target/release/examples/grpc_load "127.0.0.1:$gp" "$secs" 64 4 "$n")
+    calls=$(sed -E 's/.*calls_per_s=([0-9]+).*/\1/' <<<"$out")
+    cpu=$(( ($(cpu_ticks "$pid") - c0) * 1000000 / hz ))
+    echo "[$store] $out server_cpu_us_per_call=$(awk -v c="$cpu" -v n="$calls" -v s="$secs" 'BEGIN { printf "%.1f", c / (n * s) }')"
+    c0=$(cpu_ticks "$pid")
     out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/load$n.lua" "http://127.0.0.1:$hp/v1/check")
-    echo "[$store] http rules=$n rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out")"
+    rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+    cpu=$(( ($(cpu_ticks "$pid") - c0) * 1000000 / hz ))
+    echo "[$store] http rules=$n rps=$rps p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") server_cpu_us_per_call=$(awk -v c="$cpu" -v n="$rps" -v s="$secs" 'BEGIN { printf "%.1f", c / (n * s) }')"
   done
   kill "$pid"; wait "$pid" 2>/dev/null || true
 done

@@ -32,9 +32,10 @@
 -- then     number of decisions, and per decision:
 --   now in microseconds, or 0 to use this server's TIME (the default:
 --   instances with skewed clocks then agree; read once per call)
---   cost (the client sends at most one more than the largest size in the
---   call's rules, and below 2^53: above every size any cost is denied
---   alike, and products of it with a period stay exact)
+--   cost (for a request the client sends at most one more than the
+--   largest size in the call's rules, and below 2^53: above every size
+--   any cost is denied alike, and products of it with a period stay
+--   exact; for a charge after the fact, the cost itself below 2^53)
 --   1 for a dry run (decide, write nothing; also a check of cost 0), 2 to
 --   charge after the fact (below), else 0
 --   number of rules
@@ -55,12 +56,22 @@
 -- then under the base size. (Redis turns each number into a reply element
 -- and the client parses each: the reply is kept to what the client lacks.)
 --
--- A charge after the fact (a cost known once the request was served)
--- counts `cost` on every limit of every rule, whatever the state, as
--- crates/spillway-core's `charge` does: past the limit the key owes the
--- excess (a TAT beyond the burst, a level above the capacity, a count
--- above the limit; a sliding log keeps its newest limit + 1 entries), and
--- its verdicts are checks of cost 0 on the state after the charge.
+-- A charge after the fact (flag 2: a cost known once the request was
+-- served) counts `cost` on every limit of every rule (shadow ones too),
+-- whatever the state, as crates/spillway-core's `charge` does: past the
+-- limit the key owes the excess (a TAT beyond the burst, a level above
+-- the capacity, a count above the limit; a sliding log keeps its newest
+-- limit + 1 entries), repaid at the algorithm's own rate. Every state
+-- charged is written with its TTL as for an admitted request, so it lives
+-- until it is fresh again (debt included). Its verdicts are checks of
+-- cost 0 on the state after the charge (for a soft rule both, raised
+-- then as written). The client sends the cost whole below 2^53; the
+-- script caps a time-based debt at DEBT (about 71 years) and a window's
+-- count at 2^53 - 1 (see `charged`), so a huge charge denies for
+-- decades instead of failing the call.
+--
+-- A request of cost 0 is a check: the client sends it as a dry run, so it
+-- writes nothing and changes no TTL.
 --
 -- Every key written gets a TTL in the same call, so idle keys vanish.
 -- Counter states share small hashes: a Redis key costs about 110 bytes
@@ -375,14 +386,30 @@ local function log_check(out, o, key, size, a, now)
   out[o + 5] = 0
 end
 
+-- The longest debt a charge leaves on a time-based state (a schedule or
+-- a leaky bucket's level), in microseconds: 2^51, about 71 years. A
+-- charge whose cost times the period would reach further is capped
+-- there, so every number stays an exact integer (now + 1.5 x this, the
+-- bucket's life, is below 2^53 until the year 2148) and every TTL a
+-- valid PEXPIRE; without it a cost of 2^53 made PEXPIRE fail the call,
+-- and the charge was lost. A count (fixed window) stops at 2^53 - 1.
+local DEBT = 2251799813685248
+local MAX_COUNT = 9007199254740991
+
 -- Charges `cost` after the fact to a counter algorithm's `state`: the
 -- state's expiry, until when its bucket is known to live, and its numbers
--- (as `counter` returns them for an admission).
+-- (as `counter` returns them for an admission). `cost` is below 2^53;
+-- `cost * a` may not be exact, but then it is past the cap (rounding
+-- keeps the order), and the cap is what is kept. A cap never lowers a
+-- state (a clock that stepped back).
 local function charged(code, state, a, now, cost)
   if code == 1 or code == 3 or code == 7 then
     local tat, known = 0, nil
     if state and #state >= 16 then tat, known = bunpack('>dd', state) end
-    local e = max(tat, now) + cost * a
+    local start = max(tat, now)
+    local e = start + cost * a
+    local cap = max(start, now + DEBT)
+    if e > cap then e = cap end
     return e, known, e
   elseif code == 2 then
     local drains, measured, known = 0, 0, nil
@@ -390,12 +417,14 @@ local function charged(code, state, a, now, cost)
     local at = max(now, measured)
     local level = max(max(drains - measured, 0) - (at - measured), 0)
     local nd = at + level + cost * a
+    local cap = max(at + level, now + DEBT)
+    if nd > cap then nd = cap end
     return nd, known, nd, at
   elseif code == 4 then
     local e, count, known = 0, 0, nil
     if state and #state >= 24 then e, count, known = bunpack('>ddd', state) end
     if now >= e then e, count = now - fmod(now, a) + a, 0 end
-    return e, known, e, count + cost
+    return e, known, e, min(count + cost, MAX_COUNT)
   end
   -- 6: sliding window counter, rolled forward as `counter` does.
   local expires, cur0, prev0, known = 0, 0, 0, nil

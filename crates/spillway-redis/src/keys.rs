@@ -134,6 +134,22 @@ pub(crate) fn script_cost(charges: &[Charge<'_>], cost: u64) -> u64 {
     cost.min(largest.saturating_add(1)).min(MAX_EXACT)
 }
 
+/// The cost the script is sent for a charge after the fact of `cost`: the
+/// cost itself, up to [`MAX_EXACT`] (2^53 - 1, so the script's doubles hold
+/// it exactly). A charge is never refused, so it cannot be clamped to the
+/// sizes as a request is ([`script_cost`]): a charge past a size is debt.
+/// The script then caps what it keeps, never failing the call: a
+/// time-based debt (token bucket, GCRA, shaper, leaky bucket) at 2^51 µs,
+/// about 71 years after the charge, and a fixed window's count at
+/// 2^53 - 1 (a sliding counter's stops at 2^32 - 1 and a sliding log
+/// keeps its newest limit + 1 entries, as in core). Below those caps the
+/// charge is exact and agrees with the memory store; past them the key
+/// is refused for decades, where the memory store saturates its
+/// nanoseconds at 2^64 (the year 2554).
+pub(crate) fn charge_cost(cost: u64) -> u64 {
+    cost.min(MAX_EXACT)
+}
+
 /// The part of a script call deciding `charges`.
 pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write) -> Part {
     // A cost of 0 is a check: it writes nothing.
@@ -164,11 +180,8 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write)
         .collect();
     Part {
         now_us,
-        // A charge is never refused, so it is sent whole (as far as the
-        // script's doubles are exact integers: 2^53 units, far past any
-        // limit's size; the debt then lasts beyond any clock).
         cost: if write == Write::Always {
-            cost.min(MAX_EXACT)
+            charge_cost(cost)
         } else {
             script_cost(charges, cost)
         },

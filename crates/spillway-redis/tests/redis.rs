@@ -964,3 +964,71 @@ fn keys_over_their_limit_are_refused_without_a_round_trip() {
         assert_eq!(script_calls(&server) - calls, 52 - saved);
     }
 }
+
+/// A charge of any size is counted, never a store error (one of 2^53 made
+/// the script's PEXPIRE fail, and the charge was lost): the script caps a
+/// time-based debt at 2^51 µs (about 71 years) and a window's count at
+/// 2^53 - 1. Past the cap Redis denies for decades where the memory store
+/// saturates at 2^64 ns; below it, and for the windows and the log, both
+/// stores agree.
+#[test]
+fn huge_charges_cap_the_debt_and_never_fail() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+    let years = |n: u64| Nanos::from_secs(n * 365 * 86_400);
+    // Equal, or both refusing for decades (past Redis's cap).
+    let agree =
+        |m: &spillway_core::Decision, r: &spillway_core::Decision, decades: Nanos, what: &str| {
+            assert_eq!(m.allowed, r.allowed, "{what}");
+            assert_eq!(m.rules.len(), r.rules.len(), "{what}");
+            for (a, b) in m.rules.iter().zip(&r.rules) {
+                assert_eq!((a.outcome, a.limit), (b.outcome, b.limit), "{what}");
+                let (va, vb) = (a.verdict, b.verdict);
+                assert_eq!(
+                    (va.allowed, va.remaining),
+                    (vb.allowed, vb.remaining),
+                    "{what}"
+                );
+                let capped = va.retry_after >= decades && vb.retry_after >= decades;
+                let (x, y) = (va.retry_after.as_u64(), vb.retry_after.as_u64());
+                assert!(capped || (y >= x && y - x < 1000), "{what}: {va:?} {vb:?}");
+            }
+        };
+    for rule in &rules() {
+        for cost in [1 << 30, 1 << 40, 1 << 53, u64::MAX] {
+            let name = format!("{cost}");
+            let key = Key::from_parts([name.as_str()]);
+            let charges = [Charge { rule, key: &key }];
+            let what = format!("{} charged {cost}", rule.name());
+            let r = rt
+                .block_on(redis.charge_at(&charges, cost, T0_US))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let m = memory.charge_at(&charges, cost, Nanos(T0_US * 1000));
+            agree(&m, &r, years(70), &what);
+            assert_ne!(
+                r.rules[0].outcome,
+                spillway_core::Outcome::Allowed,
+                "{what}"
+            );
+            // Ten years on: the schedules still owe, the windows are new.
+            let later = T0_US + 10 * 365 * 86_400 * SEC_US;
+            for c in [0, 1] {
+                let r = rt.block_on(redis.decide_at(&charges, c, later)).unwrap();
+                let m = memory.decide_at(&charges, c, Nanos(later * 1000));
+                agree(&m, &r, years(60), &format!("{what}, then {c} ten years on"));
+            }
+        }
+    }
+    assert!(redis.is_healthy());
+    // Every state lives as long as its debt: the longest TTL covers the cap.
+    let keys = server.cli(&["--scan", "--pattern", "spillway:*"]);
+    let mut longest = 0;
+    for k in keys.lines().filter(|l| !l.is_empty()) {
+        let ttl: i64 = server.cli(&["PTTL", k]).trim().parse().unwrap();
+        assert!(ttl > 0, "{k}: {ttl}");
+        longest = longest.max(ttl);
+    }
+    assert!(longest >= (1i64 << 51) / 1000, "{longest} ms");
+}

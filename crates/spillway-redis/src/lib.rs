@@ -42,6 +42,39 @@
 //!   Rules in different slots cannot share a script call; they are decided by
 //!   a dry run on every slot and then charged slot by slot, which is
 //!   all-or-none unless a concurrent request changes a counter in between.
+//! - **Checks**: a request of cost 0 is a check (is any key over its
+//!   limit?) and a dry run: it writes nothing and changes no TTL, as in
+//!   the memory store (on a cluster, the dry run alone).
+//! - **Charges after the fact** ([`Store::charge`], and
+//!   [`RedisStore::charge_at`] on a virtual clock): a cost known only once
+//!   the request was served (an LLM answer's tokens, Envoy's
+//!   `hits_addend` on stream done) is counted on every limit of every
+//!   rule, shadow ones too, whatever the state, as
+//!   [`spillway_core::charge`] does: past a limit the key is in debt,
+//!   and checks are refused until the algorithm has paid it back at its
+//!   own rate. The state is written with a TTL that covers the debt. The
+//!   decision is a check of cost 0 after the charge. The script is sent
+//!   the cost whole below 2^53 and caps what it keeps rather than fail:
+//!   a time-based debt (token bucket, GCRA, shaper, leaky bucket) at
+//!   2^51 µs, about 71 years, and a fixed window's count at 2^53 - 1;
+//!   below those caps a charge is exact. On a cluster a charge over rules
+//!   in several slots is one call per slot, each counted (nothing is
+//!   refused, so nothing is undone), and the decision is replayed from
+//!   all of them.
+//! - **Over-limit cache** ([`RedisConfig::over_limit_cache`], default
+//!   [`DEFAULT_OVER_LIMIT_CACHE`] slots, 0 off): keys Redis refused are
+//!   refused locally, without a round trip, until the instant Redis gave
+//!   (`retry_after` counted from when the call was sent, so never longer
+//!   than Redis would refuse them: at most a round trip shorter). A
+//!   refused request of cost 1 says every request of cost 1 or more is
+//!   refused until then; a refused check, or a charge that leaves a key
+//!   in debt, says checks are too. Charges after the fact always go to
+//!   Redis, shadow rules are never cached, and only decisions on the
+//!   server's clock use it ([`RedisStore::decide_at`] never does). A
+//!   fixed direct-mapped table of 32-byte slots. Denied requests are not
+//!   charged, so the answer is the one Redis would give, all-or-none.
+//!   [`RedisStore::over_limit_cache_hits`] counts its answers and
+//!   [`RedisStore::script_calls`] the round trips made.
 
 mod breaker;
 mod fault;
@@ -52,6 +85,7 @@ pub use over::DEFAULT_ENTRIES as DEFAULT_OVER_LIMIT_CACHE;
 mod msgpack;
 mod reply;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -94,10 +128,12 @@ pub struct RedisConfig {
     pub breaker_failures: u32,
     /// While open, how often one request may probe the server.
     pub probe_interval: Duration,
-    /// Slots of the over-limit cache (0 turns it off): keys Redis said
-    /// are over their limit are refused locally, without a round trip,
-    /// until they may pass again (never longer than Redis would refuse
-    /// them). About 40 bytes a slot. Default [`DEFAULT_OVER_LIMIT_CACHE`].
+    /// Slots of the over-limit cache (0 turns it off; rounded up to a
+    /// power of two): keys Redis said are over their limit are refused
+    /// locally, without a round trip, until they may pass again (never
+    /// longer than Redis would refuse them). One slot per rule, limit and
+    /// key, 32 bytes each; a new key takes the slot of whatever hashed
+    /// there. Default [`DEFAULT_OVER_LIMIT_CACHE`] (16,384: 512 KiB).
     pub over_limit_cache: usize,
 }
 
@@ -143,6 +179,8 @@ struct Inner {
     queue: mpsc::Sender<Pending>,
     /// Keys known to be over their limit (see [`over`]).
     over: Option<over::OverLimit>,
+    /// Script calls sent (see [`RedisStore::script_calls`]).
+    calls: AtomicU64,
 }
 
 /// While this many script calls to a single server are under way, new
@@ -258,6 +296,7 @@ impl RedisStore {
                 connected: tokio::sync::Notify::new(),
                 connect_error: Mutex::new(None),
                 queue,
+                calls: AtomicU64::new(0),
             }),
         };
         tokio::spawn(connect_loop(Arc::downgrade(&store.inner), target));
@@ -310,9 +349,19 @@ impl RedisStore {
         self.inner.breaker.outages()
     }
 
-    /// Decisions the over-limit cache answered without a round trip.
+    /// Decisions the over-limit cache answered without a round trip
+    /// (see [`RedisConfig::over_limit_cache`]).
     pub fn over_limit_cache_hits(&self) -> u64 {
         self.inner.over.as_ref().map_or(0, over::OverLimit::hits)
+    }
+
+    /// Script calls sent to Redis so far, each one round trip: on a single
+    /// server one per batch (carrying up to 64 decisions), on a cluster one
+    /// per slot group and round, plus the repeat after a `NOSCRIPT`. With
+    /// [`over_limit_cache_hits`](Self::over_limit_cache_hits) and a count
+    /// of decisions, what the over-limit cache saves.
+    pub fn script_calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
     }
 
     /// Waits until connected or `timeout` passes; returns whether connected.
@@ -370,12 +419,13 @@ impl RedisStore {
         }
         let inner = &self.inner;
         // Only on the server's clock: a caller that gives the time (tests
-        // on a virtual clock) is not answered from real instants.
-        let over = inner
-            .over
-            .as_ref()
-            .filter(|_| write == Write::IfAdmitted && now_us == 0);
-        if let Some(d) = over.and_then(|o| o.answer(charges, cost)) {
+        // on a virtual clock) is not answered from real instants. Charges
+        // after the fact are never answered from it (they are never
+        // refused), but what they say after them is learned.
+        let over = inner.over.as_ref().filter(|_| now_us == 0);
+        if write == Write::IfAdmitted
+            && let Some(d) = over.and_then(|o| o.answer(charges, cost))
+        {
             return Ok(d);
         }
         let sent = std::time::Instant::now();
@@ -412,7 +462,7 @@ impl RedisStore {
             Ok(d) => {
                 inner.breaker.success();
                 if let Some(o) = over {
-                    o.learn(charges, cost, &d, sent);
+                    o.learn(charges, cost, write == Write::Always, &d, sent);
                 }
                 Ok(d)
             }
@@ -475,7 +525,7 @@ impl RedisStore {
                 buckets,
                 std::iter::once(&part),
             );
-            let out = eval(&mut c, &cmd, &self.inner.script).await?;
+            let out = eval(&mut c, &cmd, &self.inner).await?;
             return Ok(replay(charges, &out, cost, write));
         }
         if write == Write::Always {
@@ -491,7 +541,8 @@ impl RedisStore {
             .cluster_round(&mut c, &groups, charges, cost, now_us, Write::Dry)
             .await?;
         let d = reply::decision_from_parts(charges, &parts(&dry), cost);
-        if !d.allowed {
+        // A check (cost 0) is the dry run alone: it charges nothing.
+        if !d.allowed || cost == 0 {
             return Ok(d);
         }
         let outs = self
@@ -517,7 +568,7 @@ impl RedisStore {
             let part: Vec<Charge<'_>> = group.iter().map(|&i| charges[i]).collect();
             let args = keys::part(&part, cost, now_us, write);
             let cmd = keys::command(&self.inner.script, prefix, buckets, std::iter::once(&args));
-            let out = eval(c, &cmd, &self.inner.script).await?;
+            let out = eval(c, &cmd, &self.inner).await?;
             for (&i, numbers) in group.iter().zip(reply::split(&part, &out)) {
                 outs[i] = numbers.to_vec();
             }
@@ -579,7 +630,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
                     // Bounded by its decisions' deadlines, so a call to a
                     // hung server answers them in time and gives its slot
                     // back.
-                    let call = eval(&mut c, &cmd, &inner.script);
+                    let call = eval(&mut c, &cmd, &inner);
                     let _due = spillway_store::due::Awaiting::new();
                     match tokio::time::timeout_at(deadline, call).await {
                         Ok(r) => r,
@@ -631,11 +682,13 @@ fn answer(batch: Vec<Pending>, result: redis::RedisResult<Vec<i64>>) {
 async fn eval<C: redis::aio::ConnectionLike>(
     c: &mut C,
     cmd: &redis::Cmd,
-    script: &Script,
+    inner: &Inner,
 ) -> redis::RedisResult<Vec<i64>> {
+    inner.calls.fetch_add(1, Ordering::Relaxed);
     let packed: Vec<u8> = match cmd.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(c).await?;
+            inner.script.load_async(c).await?;
+            inner.calls.fetch_add(1, Ordering::Relaxed);
             cmd.query_async(c).await?
         }
         other => other?,

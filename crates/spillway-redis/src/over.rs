@@ -1,33 +1,51 @@
 //! The over-limit cache: keys Redis said are over their limit, answered
-//! here until they may pass again, without a round trip.
+//! here until they may pass again, without a round trip (as
+//! envoyproxy/ratelimit's `LOCAL_CACHE_SIZE_IN_BYTES` does).
 //!
 //! Under attack or a retry storm most calls hit keys already over their
 //! limit, and each costs a Redis round trip that can only say no (and
-//! charges nothing: a denied request is not charged). The cache remembers,
-//! per rule, limit and key, the local instant before which Redis would
-//! refuse any request of cost 1 or more, and refuses such requests itself
-//! until then.
+//! charges nothing: a denied request is not charged, so answering it here
+//! keeps the decision all-or-none). The cache remembers, per rule, limit
+//! and key, the local instant before which Redis would refuse it, and
+//! refuses such requests itself until then.
 //!
 //! - **Never longer than Redis would.** The instant is the time the call
-//!   was *sent* plus the `retry_after` Redis answered; Redis decided after
-//!   the call was sent, so its own instant is later, never earlier: the
-//!   cache may let a request reach Redis slightly early (Redis refuses it
-//!   again), never refuse one Redis would admit. Clocks of the instances
-//!   do not enter: only this process's monotonic clock.
-//! - **Only what any request would be refused.** Filled from denials of
-//!   a request of cost 0 or 1 by a hard or soft rule (a larger cost's
-//!   denial says nothing of a smaller one), and used only for requests of
-//!   cost 1 or more: a check of cost 0 passes an exhausted key that does
-//!   not owe anything, and goes to Redis. Shadow rules are never cached;
-//!   charges after the fact always go to Redis.
-//! - **Bounded.** A fixed table of `entries` slots, each a tag and an
-//!   instant under its own small lock, indexed by the tag: a new key takes
-//!   its slot from whatever was there (direct-mapped, no allocation).
+//!   was *sent* (before it waited in the batcher's queue) plus the
+//!   `retry_after` Redis answered. Redis decided after the call was sent,
+//!   so its own instant is later, never earlier: the cache may let a
+//!   request reach Redis early by up to the round trip (Redis refuses it
+//!   again), and never refuses one Redis would admit. Only this
+//!   process's monotonic clock enters, so the skew of the instances' (or
+//!   Redis's) clocks does not. This rests on two facts: `retry_after` is
+//!   a time before which the same request is refused anyway, and nothing
+//!   but time makes a key less over (other requests and charges only add
+//!   to it). A state Redis lost (a flush, a failover to a replica behind)
+//!   may pass earlier than the cache says, for at most that
+//!   `retry_after`.
+//! - **What a denial says.** A denial of a request of cost 1 says that
+//!   any request of cost 1 or more is refused until then, and nothing of
+//!   a check of cost 0 (an exhausted key that owes nothing passes a check).
+//!   A denial of a check of cost 0, or the check that answers a charge
+//!   after the fact, says the key owes (it is in debt): every request,
+//!   checks included, is refused until then. A denial of a larger cost
+//!   says nothing of a smaller one and is not learned.
+//! - **What it answers.** Requests (cost 1 or more, or checks of keys in
+//!   debt) whose hard or soft rules include a cached key. Charges after
+//!   the fact always go to Redis (they are never refused), and shadow
+//!   rules are neither learned nor answered. A decision answered here
+//!   lists the one refusing rule (a shadow rule's would-be outcome and the
+//!   other rules' verdicts are unknown), as the limiter does for a cost
+//!   no limit could admit.
+//! - **Bounded.** A fixed table of `entries` slots (rounded up to a power
+//!   of two), each a tag and two instants under its own small lock,
+//!   indexed by the tag: a new key takes its slot from whatever was there
+//!   (direct-mapped, no allocation, no sweep; an entry past its instant
+//!   is simply ignored).
 //!
-//! A rule set replaced on reload keeps the entries of its unchanged rules
-//! (they are keyed by the rule's fingerprint); a rule that turns shadow
-//! or looser may refuse from the cache until its entries run out, at most
-//! the `retry_after` Redis last gave.
+//! The tag covers the rule's fingerprint (its name, key and limits), the
+//! limit and its enforced size: a rule changed on reload, or made soft
+//! with another tolerance, does not use the old entries. One made shadow
+//! is no longer answered.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,18 +54,18 @@ use std::time::{Duration, Instant};
 use spillway_core::{Decision, Mode, Nanos, Outcome, RuleDecision, RuleDecisions, Verdict};
 use spillway_store::Charge;
 
-/// The default number of slots (about 40 bytes each).
+/// The default number of slots (32 bytes each: 512 KiB).
 pub const DEFAULT_ENTRIES: usize = 16_384;
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     /// The rule, limit and key (0: empty).
     tag: u64,
-    /// Nanoseconds after `OverLimit::base` before which the key is over.
-    until: u64,
-    /// The limit's size and its index in the rule, for the answer.
-    size: u64,
-    limit: u32,
+    /// Nanoseconds after `OverLimit::base` before which a request of cost
+    /// 1 or more is refused.
+    requests: u64,
+    /// Before which everything is refused, checks included (the key owes).
+    checks: u64,
 }
 
 /// See the module documentation.
@@ -66,7 +84,9 @@ impl OverLimit {
         if entries == 0 {
             return None;
         }
-        let n = entries.next_power_of_two();
+        let n = entries
+            .checked_next_power_of_two()
+            .unwrap_or(1 << (usize::BITS - 1));
         Some(OverLimit {
             slots: (0..n).map(|_| Mutex::new(Slot::default())).collect(),
             base: Instant::now(),
@@ -80,88 +100,122 @@ impl OverLimit {
         self.hits.load(Ordering::Relaxed)
     }
 
+    /// The tag of limit `limit` of a charge's rule for its key.
     fn tag(&self, c: &Charge<'_>, limit: usize) -> u64 {
-        let h = c.key.hash(c.rule.fingerprint(), self.seed);
+        let size = c.rule.enforced_limits().get(limit).map_or(0, |l| l.size());
+        let h = c
+            .key
+            .hash(c.rule.fingerprint() ^ size.rotate_left(17), self.seed);
         let t = h ^ (limit as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         if t == 0 { 1 } else { t }
     }
 
-    fn slot(&self, tag: u64) -> &Mutex<Slot> {
-        &self.slots[(tag as usize) & (self.slots.len() - 1)]
+    fn slot(&self, tag: u64) -> std::sync::MutexGuard<'_, Slot> {
+        self.slots[(tag as usize) & (self.slots.len() - 1)]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn nanos(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A denial for a request of `cost` over `charges`, if one of their
-    /// keys is known to be over its limit now.
+    /// A denial for a request of `cost` (0: a check) over `charges`, if
+    /// one of their keys is known to refuse it now: the key refusing
+    /// longest decides.
     pub(crate) fn answer(&self, charges: &[Charge<'_>], cost: u64) -> Option<Decision> {
-        if cost == 0 {
-            return None;
-        }
         let now = self.nanos(Instant::now());
+        let mut found: Option<(usize, usize, u64)> = None;
         for (j, c) in charges.iter().enumerate() {
             if c.rule.mode() == Mode::Shadow {
                 continue;
             }
             for li in 0..c.rule.enforced_limits().len() {
                 let tag = self.tag(c, li);
-                let s = *self.slot(tag).lock().unwrap_or_else(|e| e.into_inner());
-                if s.tag != tag || s.until <= now {
+                let s = *self.slot(tag);
+                if s.tag != tag {
                     continue;
                 }
-                self.hits.fetch_add(1, Ordering::Relaxed);
-                let wait = Nanos(s.until - now);
-                let rd = RuleDecision {
-                    rule: j,
-                    limit: s.limit as usize,
-                    verdict: Verdict {
-                        allowed: false,
-                        limit: s.size,
-                        remaining: 0,
-                        reset: wait,
-                        retry_after: wait,
-                        wait: Nanos::ZERO,
-                    },
-                    outcome: Outcome::Denied,
+                let until = if cost == 0 {
+                    s.checks
+                } else {
+                    s.requests.max(s.checks)
                 };
-                let mut rules = RuleDecisions::new();
-                rules.push(rd);
-                return Some(Decision {
-                    allowed: false,
-                    wait: Nanos::ZERO,
-                    deciding: Some(rd),
-                    rules,
-                });
+                if until > now && found.is_none_or(|(_, _, u)| until > u) {
+                    found = Some((j, li, until));
+                }
             }
         }
-        None
+        let (j, li, until) = found?;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        let wait = Nanos(until - now);
+        let rd = RuleDecision {
+            rule: j,
+            limit: li,
+            verdict: Verdict {
+                allowed: false,
+                limit: charges[j].rule.enforced_limits()[li].size(),
+                remaining: 0,
+                reset: wait,
+                retry_after: wait,
+                wait: Nanos::ZERO,
+            },
+            outcome: Outcome::Denied,
+        };
+        let mut rules = RuleDecisions::new();
+        rules.push(rd);
+        Some(Decision {
+            allowed: false,
+            wait: Nanos::ZERO,
+            deciding: Some(rd),
+            rules,
+        })
     }
 
-    /// Remembers the keys `d` (the answer to a request of `cost` over
-    /// `charges`, sent at `sent`) says are over their limit.
-    pub(crate) fn learn(&self, charges: &[Charge<'_>], cost: u64, d: &Decision, sent: Instant) {
-        if cost > 1 || d.allowed {
+    /// Remembers the keys `d` says are over their limit: `d` is Redis's
+    /// answer to a request of `cost` over `charges` (or, if `after`, to a
+    /// charge after the fact: its verdicts are checks of cost 0), sent at
+    /// `sent`.
+    pub(crate) fn learn(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+        d: &Decision,
+        sent: Instant,
+    ) {
+        let check = after || cost == 0;
+        if d.allowed || !(check || cost == 1) {
             return;
         }
         for rd in d.rules.iter().filter(|r| r.outcome == Outcome::Denied) {
             let (Some(c), v) = (charges.get(rd.rule), rd.verdict) else {
                 continue;
             };
-            if v.retry_after.is_never() || v.retry_after == Nanos::ZERO {
+            if c.rule.mode() == Mode::Shadow
+                || v.retry_after.is_never()
+                || v.retry_after == Nanos::ZERO
+            {
                 continue;
             }
             let Some(until) = sent.checked_add(Duration::from_nanos(v.retry_after.as_u64())) else {
                 continue;
             };
+            let until = self.nanos(until);
             let tag = self.tag(c, rd.limit);
-            *self.slot(tag).lock().unwrap_or_else(|e| e.into_inner()) = Slot {
-                tag,
-                until: self.nanos(until),
-                size: v.limit,
-                limit: u32::try_from(rd.limit).unwrap_or(u32::MAX),
-            };
+            let mut s = self.slot(tag);
+            if s.tag != tag {
+                *s = Slot {
+                    tag,
+                    ..Slot::default()
+                };
+            }
+            // Both instants only ever come from refusals, each no later
+            // than Redis's own: the later one is still no later.
+            s.requests = s.requests.max(until);
+            if check {
+                s.checks = s.checks.max(until);
+            }
         }
     }
 
@@ -224,21 +278,67 @@ mod tests {
         let ca = [Charge { rule: &r, key: &a }];
         let cb = [Charge { rule: &r, key: &b }];
         assert!(cache.answer(&ca, 1).is_none());
-        cache.learn(&ca, 1, &denied(Nanos::from_secs(30)), Instant::now());
+        let sent = Instant::now();
+        cache.learn(&ca, 1, false, &denied(Nanos::from_secs(30)), sent);
         let d = cache.answer(&ca, 1).expect("cached");
         assert!(!d.allowed);
-        assert!(d.rules[0].verdict.retry_after <= Nanos::from_secs(30));
+        assert_eq!(d.rules.len(), 1);
+        assert_eq!(d.rules[0].outcome, Outcome::Denied);
+        assert_eq!(d.rules[0].verdict.limit, 5);
+        // Counted from when the call was sent: no longer than Redis said.
+        let left = d.rules[0].verdict.retry_after;
+        assert!(left <= Nanos::from_secs(30), "{left:?}");
         assert!(
             cache.answer(&ca, 3).is_some(),
             "a larger cost is refused too"
         );
-        assert!(cache.answer(&ca, 0).is_none(), "a check goes to redis");
+        assert!(
+            cache.answer(&ca, 0).is_none(),
+            "a check of an exhausted key goes to redis"
+        );
         assert!(cache.answer(&cb, 1).is_none(), "another key is not");
         assert_eq!(cache.hits(), 2);
-        // An instant in the past: no longer over.
+        // Sent 31 s ago with 30 s to wait: no longer over.
         let past = Instant::now() - Duration::from_secs(31);
-        cache.learn(&ca, 1, &denied(Nanos::from_secs(30)), past);
-        assert!(cache.answer(&ca, 1).is_none());
+        let other = [Charge { rule: &r, key: &b }];
+        cache.learn(&other, 1, false, &denied(Nanos::from_secs(30)), past);
+        assert!(cache.answer(&other, 1).is_none());
+        // Sent 29 s ago with 30 s to wait: refused for at most a second more.
+        let k = Key::from_parts(["c"]);
+        let c = [Charge { rule: &r, key: &k }];
+        let sent = Instant::now() - Duration::from_secs(29);
+        cache.learn(&c, 1, false, &denied(Nanos::from_secs(30)), sent);
+        let left = cache.answer(&c, 1).expect("still over").rules[0]
+            .verdict
+            .retry_after;
+        assert!(left <= Nanos::from_secs(1), "{left:?}");
+    }
+
+    #[test]
+    fn a_key_in_debt_refuses_checks_too() {
+        let cache = OverLimit::new(16).unwrap();
+        let r = rule(Mode::Hard);
+        let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
+        let ca = [Charge { rule: &r, key: &a }];
+        let cb = [Charge { rule: &r, key: &b }];
+        // A check refused, and a charge whose check after it is refused.
+        cache.learn(&ca, 0, false, &denied(Nanos::from_secs(30)), Instant::now());
+        cache.learn(
+            &cb,
+            600,
+            true,
+            &denied(Nanos::from_secs(30)),
+            Instant::now(),
+        );
+        for c in [&ca, &cb] {
+            assert!(cache.answer(c, 0).is_some(), "a check");
+            assert!(cache.answer(c, 1).is_some(), "a request");
+        }
+        // A later refusal of a request keeps the debt known.
+        cache.learn(&ca, 1, false, &denied(Nanos::from_secs(40)), Instant::now());
+        assert!(cache.answer(&ca, 0).is_some());
+        let one = cache.answer(&ca, 1).unwrap().rules[0].verdict.retry_after;
+        assert!(one > Nanos::from_secs(30), "{one:?}");
     }
 
     #[test]
@@ -247,9 +347,9 @@ mod tests {
         let r = rule(Mode::Hard);
         let k = Key::from_parts(["a"]);
         let c = [Charge { rule: &r, key: &k }];
-        cache.learn(&c, 4, &denied(Nanos::from_secs(30)), Instant::now());
+        cache.learn(&c, 4, false, &denied(Nanos::from_secs(30)), Instant::now());
         assert!(cache.answer(&c, 1).is_none(), "a denial of cost 4");
-        cache.learn(&c, 1, &denied(Nanos::MAX), Instant::now());
+        cache.learn(&c, 1, false, &denied(Nanos::MAX), Instant::now());
         assert!(cache.answer(&c, 1).is_none(), "a denial that never clears");
         let shadow = rule(Mode::Shadow);
         let s = [Charge {
@@ -258,20 +358,32 @@ mod tests {
         }];
         let mut d = denied(Nanos::from_secs(30));
         d.rules[0].outcome = Outcome::ShadowDenied;
-        cache.learn(&s, 1, &d, Instant::now());
+        cache.learn(&s, 1, false, &d, Instant::now());
         assert!(cache.answer(&s, 1).is_none(), "a shadow rule");
+        // A rule made shadow on reload is no longer answered.
+        cache.learn(&c, 1, false, &denied(Nanos::from_secs(30)), Instant::now());
+        assert!(cache.answer(&c, 1).is_some());
+        assert!(cache.answer(&s, 1).is_none(), "the same rule, shadow");
+        // A soft tolerance changes the enforced size: another tag.
+        let soft = rule(Mode::Soft { percent: 100 });
+        let sc = [Charge {
+            rule: &soft,
+            key: &k,
+        }];
+        assert!(cache.answer(&sc, 1).is_none(), "the same rule, soft");
         assert!(OverLimit::new(0).is_none());
     }
 
     #[test]
     fn a_flood_of_keys_stays_within_the_table() {
+        assert_eq!(std::mem::size_of::<Mutex<Slot>>(), 32, "as documented");
         let cache = OverLimit::new(64).unwrap();
         let r = rule(Mode::Hard);
         for i in 0..10_000u32 {
             let name = i.to_string();
             let k = Key::from_parts([name.as_str()]);
             let c = [Charge { rule: &r, key: &k }];
-            cache.learn(&c, 1, &denied(Nanos::from_secs(30)), Instant::now());
+            cache.learn(&c, 1, false, &denied(Nanos::from_secs(30)), Instant::now());
         }
         assert_eq!(cache.len(), 64);
         let live = (0..10_000u32)
@@ -282,5 +394,6 @@ mod tests {
             })
             .count();
         assert!(live <= 64, "{live}");
+        assert!(live > 0);
     }
 }

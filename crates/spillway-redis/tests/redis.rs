@@ -122,60 +122,159 @@ fn costs() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// What one step of a conformance run does.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// A request of its cost.
+    Request,
+    /// A check: cost 0.
+    Check,
+    /// A charge after the fact, of its cost modulo 20 (up to four times
+    /// a limit).
+    Charge,
+}
+
+fn kinds() -> impl Strategy<Value = Kind> {
+    prop_oneof![6 => Just(Kind::Request), 2 => Just(Kind::Check), 2 => Just(Kind::Charge)]
+}
+
+/// One step: the (rule, user) pairs it decides together (distinct), the
+/// microseconds since the last step, the cost and what it does.
+type Op = (Vec<(usize, u8)>, u64, u64, Kind);
+
+fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
+    let pairs = prop_oneof![
+        6 => prop::collection::vec((0usize..10, 0u8..2), 1..=1),
+        2 => prop::collection::vec((0usize..10, 0u8..2), 2..=3),
+    ];
+    let gap = prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US];
+    prop::collection::vec((pairs, gap, costs(), kinds()), 1..max)
+}
+
+/// Runs `ops` on the memory store and on `redis` (a server or a cluster)
+/// at the same virtual times, and says where their decisions first differ.
+/// Redis works in whole microseconds: a retry time that falls between two
+/// microseconds is rounded up there (never earlier), and only that may
+/// differ.
+fn conformance(
+    rt: &tokio::runtime::Runtime,
+    redis: &RedisStore,
+    ops: Vec<Op>,
+) -> Result<(), String> {
+    let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+    let rules = rules();
+    let names: Vec<String> = (0..2).map(|u| format!("u{u}")).collect();
+    let mut now_us = T0_US;
+    for (i, (mut pairs, gap, cost, kind)) in ops.into_iter().enumerate() {
+        now_us += gap;
+        let mut seen = std::collections::HashSet::new();
+        pairs.retain(|p| seen.insert(*p));
+        let keys: Vec<Key<'_>> = pairs
+            .iter()
+            .map(|&(_, u)| Key::from_parts([names[usize::from(u)].as_str()]))
+            .collect();
+        let charges: Vec<Charge<'_>> = pairs
+            .iter()
+            .zip(&keys)
+            .map(|(&(r, _), key)| Charge {
+                rule: &rules[r],
+                key,
+            })
+            .collect();
+        let at = Nanos(now_us * 1000);
+        let (m, r) = match kind {
+            Kind::Charge => {
+                let cost = cost % 20;
+                (
+                    memory.charge_at(&charges, cost, at),
+                    rt.block_on(redis.charge_at(&charges, cost, now_us)),
+                )
+            }
+            Kind::Check => (
+                memory.decide_at(&charges, 0, at),
+                rt.block_on(redis.decide_at(&charges, 0, now_us)),
+            ),
+            Kind::Request => (
+                memory.decide_at(&charges, cost, at),
+                rt.block_on(redis.decide_at(&charges, cost, now_us)),
+            ),
+        };
+        let what = || {
+            let names: Vec<&str> = pairs.iter().map(|&(r, _)| rules[r].name()).collect();
+            format!("op {i} ({kind:?}, cost {cost}) over {names:?}")
+        };
+        let mut r = r.map_err(|e| format!("{}: {e}", what()))?;
+        for (rm, rr) in m.rules.iter().zip(r.rules.iter_mut()) {
+            let (a, b) = (
+                rm.verdict.retry_after.as_u64(),
+                rr.verdict.retry_after.as_u64(),
+            );
+            if b >= a && b - a < 1000 {
+                rr.verdict.retry_after = rm.verdict.retry_after;
+            }
+        }
+        r.deciding = r.deciding.map(|d| r.rules[d.rule]);
+        if m != r {
+            return Err(format!("{}:\nmemory {m:?}\nredis  {r:?}", what()));
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// Both stores give the same decisions for the same requests at the same
     /// times (microsecond times and parameters; Redis works in microseconds):
-    /// requests, checks of cost 0 and charges after the fact.
+    /// requests, checks of cost 0 and charges after the fact, over every
+    /// algorithm and mode, one rule at a time or several together.
     #[test]
-    fn redis_and_memory_stores_agree(
-        ops in prop::collection::vec((0usize..10, 0u8..2, prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US], costs(), prop_oneof![6 => Just(0u8), 1 => Just(1u8), 2 => Just(2u8)]), 1..300)
-    ) {
+    fn redis_and_memory_stores_agree(ops in ops(300)) {
         let server = RedisServer::start();
         let rt = rt();
         let redis = rt.block_on(connected(server.url()));
-        let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
-        let rules = rules();
-        let mut now_us = T0_US;
-        for (i, (rule, user, gap, cost, kind)) in ops.into_iter().enumerate() {
-            now_us += gap;
-            let name = format!("u{user}");
-            let key = Key::from_parts([name.as_str()]);
-            let charges = [Charge { rule: &rules[rule], key: &key }];
-            let at = Nanos(now_us * 1000);
-            let (m, r) = match kind {
-                // A charge after the fact, of up to four times a limit.
-                2 => {
-                    let cost = cost % 20;
-                    (
-                        memory.charge_at(&charges, cost, at),
-                        rt.block_on(redis.charge_at(&charges, cost, now_us)).unwrap(),
-                    )
-                }
-                // A check: cost 0.
-                1 => (
-                    memory.decide_at(&charges, 0, at),
-                    rt.block_on(redis.decide_at(&charges, 0, now_us)).unwrap(),
-                ),
-                _ => (
-                    memory.decide_at(&charges, cost, at),
-                    rt.block_on(redis.decide_at(&charges, cost, now_us)).unwrap(),
-                ),
-            };
-            // Redis works in whole microseconds: a retry time that falls
-            // between two microseconds is rounded up there (never earlier).
-            let mut r_cmp = r.clone();
-            for (rm, rr) in m.rules.iter().zip(r_cmp.rules.iter_mut()) {
-                let (a, b) = (rm.verdict.retry_after.as_u64(), rr.verdict.retry_after.as_u64());
-                if b >= a && b - a < 1000 {
-                    rr.verdict.retry_after = rm.verdict.retry_after;
-                }
-            }
-            r_cmp.deciding = r_cmp.deciding.map(|d| r_cmp.rules[d.rule]);
-            prop_assert_eq!(&m, &r_cmp, "op {} rule {}", i, rules[rule].name());
+        if let Err(e) = conformance(&rt, &redis, ops) {
+            prop_assert!(false, "{}", e);
         }
     }
+}
+
+/// The same on a cluster, where rules in different slots are decided by
+/// a dry run in each slot and then charged slot by slot, and charges after
+/// the fact go to each slot: without concurrent requests, exactly the
+/// memory store's decisions. A few fixed sequences (a cluster is slow to
+/// start), generated as the property test generates them.
+#[test]
+fn a_cluster_and_the_memory_store_agree() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRng, TestRunner};
+    let cluster = RedisCluster::start();
+    let rt = rt();
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let mut slots = 0;
+    for round in 0..6 {
+        let ops = ops(300).new_tree(&mut runner).unwrap().current();
+        slots += ops.iter().filter(|(p, _, _, _)| p.len() > 1).count();
+        // Each round its own keys: a fresh prefix.
+        let redis = rt.block_on(async {
+            let s = RedisStore::new(RedisConfig {
+                cluster: cluster.urls(),
+                timeout: TIMEOUT,
+                prefix: format!("r{round}:"),
+                ..RedisConfig::default()
+            })
+            .unwrap();
+            assert!(s.wait_connected(Duration::from_secs(10)).await);
+            s
+        });
+        if let Err(e) = conformance(&rt, &redis, ops) {
+            panic!("round {round}: {e}");
+        }
+    }
+    assert!(slots > 50, "{slots} decisions of several rules");
 }
 
 proptest! {
@@ -910,26 +1009,33 @@ fn a_token_budget_is_checked_then_charged_and_checks_write_nothing() {
     }
 }
 
+/// A store with the over-limit cache of `entries` slots (0: off), its
+/// keys under their own prefix.
+fn cached(rt: &tokio::runtime::Runtime, server: &RedisServer, entries: usize) -> RedisStore {
+    rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            over_limit_cache: entries,
+            prefix: format!("c{entries}:"),
+            ..config(server.url())
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(10)).await);
+        s
+    })
+}
+
 /// The over-limit cache: once Redis says a key is over its limit, further
 /// requests for it are refused without a script call until the refusal
 /// runs out, other keys and charges after the fact still go to Redis,
-/// and with the cache off every request does.
+/// and with the cache off every request does. The store's own count of
+/// script calls agrees with Redis's.
 #[test]
 fn keys_over_their_limit_are_refused_without_a_round_trip() {
     use spillway_store::Store;
     let server = RedisServer::start();
     let rt = rt();
     for entries in [spillway_redis::DEFAULT_OVER_LIMIT_CACHE, 0] {
-        let redis = rt.block_on(async {
-            let s = RedisStore::new(RedisConfig {
-                over_limit_cache: entries,
-                prefix: format!("c{entries}:"),
-                ..config(server.url())
-            })
-            .unwrap();
-            assert!(s.wait_connected(Duration::from_secs(10)).await);
-            s
-        });
+        let redis = cached(&rt, &server, entries);
         let rule = user_rule("two", vec![fixed_window(2, 3600)], Mode::Hard);
         let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
         let ca = [Charge {
@@ -945,24 +1051,153 @@ fn keys_over_their_limit_are_refused_without_a_round_trip() {
         }
         let d = rt.block_on(redis.decide(&ca, 1)).unwrap();
         assert!(!d.allowed);
+        let redis_said = d.deciding.unwrap().verdict.retry_after;
         let calls = script_calls(&server);
+        let own = redis.script_calls();
         for _ in 0..50 {
             let d = rt.block_on(redis.decide(&ca, 1)).unwrap();
             assert!(!d.allowed);
             let retry = d.deciding.unwrap().verdict.retry_after;
-            assert!(
-                retry > Nanos::ZERO && retry <= Nanos::from_secs(3600),
-                "{retry:?}"
-            );
+            assert!(retry > Nanos::ZERO && retry <= redis_said, "{retry:?}");
         }
         let saved = if entries > 0 { 50 } else { 0 };
         assert_eq!(script_calls(&server) - calls, 50 - saved);
+        assert_eq!(redis.script_calls() - own, 50 - saved);
         assert_eq!(redis.over_limit_cache_hits(), saved);
         // Another key, and a charge to the cached one, go to Redis.
         assert!(rt.block_on(redis.decide(&cb, 1)).unwrap().allowed);
         assert!(!rt.block_on(redis.charge(&ca, 1)).unwrap().allowed);
         assert_eq!(script_calls(&server) - calls, 52 - saved);
+        assert_eq!(redis.script_calls() - own, 52 - saved);
     }
+}
+
+/// Issue 16's loop with the cache: a charge that leaves a key in debt
+/// tells the cache, and the checks (cost 0) that follow are refused
+/// without Redis until the debt is paid; a key that is only exhausted
+/// (it owes nothing) still passes a check, at Redis; shadow rules and
+/// charges always go to Redis.
+#[test]
+fn checks_of_a_key_in_debt_are_refused_without_a_round_trip() {
+    use spillway_store::Store;
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = cached(&rt, &server, 1024);
+    // Token buckets: no window boundary on the real clock to cross.
+    let hourly = |n| {
+        Limit::TokenBucket(
+            TokenBucket::new(n, Rate::new(n, Nanos::from_secs(3600)).unwrap()).unwrap(),
+        )
+    };
+    let tokens = user_rule("tokens", vec![hourly(1000)], Mode::Hard);
+    let key = Key::from_parts(["llm"]);
+    let c = [Charge {
+        rule: &tokens,
+        key: &key,
+    }];
+    let calls = |n: u64| redis.script_calls() - n;
+    // (The first call loads the script: NOSCRIPT, then a second call.)
+    assert!(rt.block_on(redis.decide(&c, 0)).unwrap().allowed);
+    let start = redis.script_calls();
+    let charged = rt.block_on(redis.charge(&c, 1500)).unwrap();
+    assert!(!charged.allowed, "500 tokens owed");
+    let owed = charged.deciding.unwrap().verdict.retry_after;
+    assert_eq!(calls(start), 1);
+    for cost in [0, 0, 0, 1, 7] {
+        let d = rt.block_on(redis.decide(&c, cost)).unwrap();
+        assert!(!d.allowed);
+        let rd = d.deciding.unwrap();
+        assert_eq!(rd.outcome, spillway_core::Outcome::Denied);
+        assert!(rd.verdict.retry_after <= owed, "{:?}", rd.verdict);
+    }
+    assert_eq!(calls(start), 1, "answered without redis");
+    assert_eq!(redis.over_limit_cache_hits(), 5);
+    // A charge goes to Redis, cached or not.
+    assert!(!rt.block_on(redis.charge(&c, 10)).unwrap().allowed);
+    assert_eq!(calls(start), 2);
+
+    // Exhausted, not in debt: requests are refused from the cache, checks
+    // go to Redis and pass.
+    let two = user_rule("two", vec![hourly(2)], Mode::Hard);
+    let key = Key::from_parts(["tight"]);
+    let c = [Charge {
+        rule: &two,
+        key: &key,
+    }];
+    let start = redis.script_calls();
+    for allowed in [true, true, false] {
+        assert_eq!(rt.block_on(redis.decide(&c, 1)).unwrap().allowed, allowed);
+    }
+    assert!(!rt.block_on(redis.decide(&c, 1)).unwrap().allowed);
+    assert_eq!(calls(start), 3);
+    assert!(rt.block_on(redis.decide(&c, 0)).unwrap().allowed);
+    assert_eq!(calls(start), 4, "a check of an exhausted key goes to redis");
+
+    // A shadow rule over its limit: every decision goes to Redis, and is
+    // admitted.
+    let shadow = user_rule("shadow", vec![hourly(1)], Mode::Shadow);
+    let c = [Charge {
+        rule: &shadow,
+        key: &key,
+    }];
+    let (start, hits) = (redis.script_calls(), redis.over_limit_cache_hits());
+    for cost in [1, 1, 1, 0, 1, 1] {
+        let d = rt.block_on(redis.decide(&c, cost)).unwrap();
+        assert!(d.allowed);
+    }
+    assert!(!rt.block_on(redis.charge(&c, 5)).unwrap().rules.is_empty());
+    for cost in [0, 1] {
+        let d = rt.block_on(redis.decide(&c, cost)).unwrap();
+        assert_eq!(
+            d.rules[0].outcome,
+            spillway_core::Outcome::ShadowDenied,
+            "{d:?}"
+        );
+    }
+    assert_eq!(calls(start), 9, "a shadow rule is never cached");
+    assert_eq!(redis.over_limit_cache_hits(), hits);
+}
+
+/// A cached refusal ends when Redis said the key may pass, counted from
+/// when the call was sent (never later than Redis's own instant): the
+/// first request after it goes to Redis, which admits it.
+#[test]
+fn a_cached_refusal_ends_at_retry_after() {
+    use spillway_store::Store;
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = cached(&rt, &server, 64);
+    // One per 300 ms, no burst: the second request at once waits ~300 ms.
+    let rule = user_rule(
+        "gcra",
+        vec![Limit::Gcra(
+            Gcra::new(Rate::new(1, Nanos::from_millis(300)).unwrap(), 1).unwrap(),
+        )],
+        Mode::Hard,
+    );
+    let key = Key::from_parts(["soon"]);
+    let c = [Charge {
+        rule: &rule,
+        key: &key,
+    }];
+    assert!(rt.block_on(redis.decide(&c, 1)).unwrap().allowed);
+    let d = rt.block_on(redis.decide(&c, 1)).unwrap();
+    let answered = Instant::now();
+    assert!(!d.allowed);
+    let retry = Duration::from_nanos(d.deciding.unwrap().verdict.retry_after.as_u64());
+    assert!(retry > Duration::ZERO && retry <= Duration::from_millis(300));
+    let start = redis.script_calls();
+    let d = rt.block_on(redis.decide(&c, 1)).unwrap();
+    assert!(!d.allowed);
+    assert_eq!(redis.script_calls(), start, "refused from the cache");
+    // The cache's instant is no later than `answered + retry`; Redis's no
+    // later either (it decided before it answered). A few milliseconds
+    // more cover clock rates.
+    let due = answered + retry + Duration::from_millis(5);
+    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    let d = rt.block_on(redis.decide(&c, 1)).unwrap();
+    assert_eq!(redis.script_calls(), start + 1, "past retry_after: redis");
+    assert!(d.allowed, "{d:?}");
 }
 
 /// A charge of any size is counted, never a store error (one of 2^53 made

@@ -965,6 +965,77 @@ fn costs_past_every_limit_are_denied_not_store_errors() {
     assert!(redis.is_healthy());
 }
 
+/// Every key of `server`, its serialized value and its expiry instant:
+/// what a check must leave as it was.
+fn dump(server: &RedisServer) -> String {
+    server.cli(&[
+        "--no-raw",
+        "EVAL",
+        "local o = {} for _, k in ipairs(redis.call('KEYS', '*')) do o[#o + 1] = k; o[#o + 1] = redis.call('DUMP', k); o[#o + 1] = redis.call('PEXPIRETIME', k) end return o",
+        "0",
+    ])
+}
+
+/// A check (cost 0) is a dry run on every algorithm and mode, alone or
+/// beside other rules, whatever the state: fresh, with room, exhausted or
+/// in debt, and at later times (when a write would roll a window, expire
+/// log entries or sweep a bucket).
+#[test]
+fn checks_write_nothing_on_any_rule() {
+    let server = RedisServer::start();
+    let rt = rt();
+    // One bucket: every state shares it, and a write would sweep it.
+    let redis = rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            buckets: 1,
+            ..config(server.url())
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(5)).await);
+        s
+    });
+    let rules = rules();
+    let users: Vec<String> = (0..12).map(|u| format!("u{u}")).collect();
+    let keys: Vec<Key<'_>> = users
+        .iter()
+        .map(|u| Key::from_parts([u.as_str()]))
+        .collect();
+    let mut now = T0_US;
+    for (step, cost) in [0, 1, 3, 20].into_iter().enumerate() {
+        // Traffic first: requests of `cost`, a charge of `cost` on some.
+        for (i, key) in keys.iter().enumerate() {
+            for rule in &rules {
+                let c = [Charge { rule, key }];
+                rt.block_on(redis.decide_at(&c, cost, now)).unwrap();
+                if i % 3 == step % 3 {
+                    rt.block_on(redis.charge_at(&c, cost, now)).unwrap();
+                }
+            }
+        }
+        let before = dump(&server);
+        for (i, key) in keys.iter().enumerate() {
+            for later in [0, 1, 400_000, 3 * SEC_US] {
+                for (r, rule) in rules.iter().enumerate() {
+                    let other = &rules[(r + i) % rules.len()];
+                    let alone = [Charge { rule, key }];
+                    let two = [
+                        Charge { rule, key },
+                        Charge {
+                            rule: other,
+                            key: &keys[(i + 1) % keys.len()],
+                        },
+                    ];
+                    for c in [&alone[..], &two[..]] {
+                        rt.block_on(redis.decide_at(c, 0, now + later)).unwrap();
+                    }
+                }
+            }
+        }
+        assert_eq!(dump(&server), before, "step {step}: a check wrote to redis");
+        now += 700_000;
+    }
+}
+
 /// Issue 16 on Redis: 1,000 tokens a minute, each request checked first
 /// (cost 0) and charged 600 once served: exactly two are served. A check
 /// writes nothing: every key, field and TTL is as it was.
@@ -994,12 +1065,9 @@ fn a_token_budget_is_checked_then_charged_and_checks_write_nothing() {
         let mut served = 0;
         for s in 0..10 {
             let now = t0 + s * SEC_US;
-            let dump = || {
-                server.cli(&["--no-raw", "EVAL", "local o = {} for _, k in ipairs(redis.call('KEYS', '*')) do o[#o + 1] = k; o[#o + 1] = redis.call('DUMP', k); o[#o + 1] = redis.call('PEXPIRETIME', k) end return o", "0"])
-            };
-            let before = dump();
+            let before = dump(&server);
             let check = rt.block_on(redis.decide_at(&charges, 0, now)).unwrap();
-            assert_eq!(dump(), before, "a check wrote to redis");
+            assert_eq!(dump(&server), before, "a check wrote to redis");
             if check.allowed {
                 served += 1;
                 rt.block_on(redis.charge_at(&charges, 600, now)).unwrap();

@@ -71,7 +71,8 @@
 //!   in debt, says checks are too. Charges after the fact always go to
 //!   Redis, shadow rules are never cached, and only decisions on the
 //!   server's clock use it ([`RedisStore::decide_at`] never does). A
-//!   fixed direct-mapped table of 32-byte slots. Denied requests are not
+//!   fixed table of 32-byte slots, two per hash (a new key takes the one
+//!   whose refusal ends first). Denied requests are not
 //!   charged, so the answer is the one Redis would give, all-or-none.
 //!   [`RedisStore::over_limit_cache_hits`] counts its answers and
 //!   [`RedisStore::script_calls`] the round trips made.
@@ -132,8 +133,9 @@ pub struct RedisConfig {
     /// power of two): keys Redis said are over their limit are refused
     /// locally, without a round trip, until they may pass again (never
     /// longer than Redis would refuse them). One slot per rule, limit and
-    /// key, 32 bytes each; a new key takes the slot of whatever hashed
-    /// there. Default [`DEFAULT_OVER_LIMIT_CACHE`] (16,384: 512 KiB).
+    /// key, 32 bytes each, out of two its hash allows: a new key takes the
+    /// one whose refusal ends first. Default [`DEFAULT_OVER_LIMIT_CACHE`]
+    /// (16,384: 512 KiB).
     pub over_limit_cache: usize,
 }
 

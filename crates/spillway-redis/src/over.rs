@@ -37,10 +37,11 @@
 //!   other rules' verdicts are unknown), as the limiter does for a cost
 //!   no limit could admit.
 //! - **Bounded.** A fixed table of `entries` slots (rounded up to a power
-//!   of two), each a tag and two instants under its own small lock,
-//!   indexed by the tag: a new key takes its slot from whatever was there
-//!   (direct-mapped, no allocation, no sweep; an entry past its instant
-//!   is simply ignored).
+//!   of two, at least two), each a tag and two instants under its own
+//!   small lock. A tag may take either slot of one pair: a new key takes
+//!   the one whose entry ends first (an ended one, if any), so two keys
+//!   that hash alike do not evict each other (no allocation, no sweep;
+//!   an entry past its instant is simply ignored, then replaced).
 //!
 //! The tag covers the rule's fingerprint (its name, key and limits), the
 //! limit and its enforced size: a rule changed on reload, or made soft
@@ -85,6 +86,7 @@ impl OverLimit {
             return None;
         }
         let n = entries
+            .max(2)
             .checked_next_power_of_two()
             .unwrap_or(1 << (usize::BITS - 1));
         Some(OverLimit {
@@ -110,8 +112,16 @@ impl OverLimit {
         if t == 0 { 1 } else { t }
     }
 
-    fn slot(&self, tag: u64) -> std::sync::MutexGuard<'_, Slot> {
-        self.slots[(tag as usize) & (self.slots.len() - 1)]
+    /// The two slots a tag may take: a pair, so two keys that hash
+    /// alike (about one in twenty of 900 keys in 16,384 single slots) do
+    /// not keep evicting each other.
+    fn pair(&self, tag: u64) -> [usize; 2] {
+        let i = (tag as usize) & (self.slots.len() - 1) & !1;
+        [i, (i + 1) & (self.slots.len() - 1)]
+    }
+
+    fn slot(&self, i: usize) -> std::sync::MutexGuard<'_, Slot> {
+        self.slots[i]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -132,17 +142,19 @@ impl OverLimit {
             }
             for li in 0..c.rule.enforced_limits().len() {
                 let tag = self.tag(c, li);
-                let s = *self.slot(tag);
-                if s.tag != tag {
-                    continue;
-                }
-                let until = if cost == 0 {
-                    s.checks
-                } else {
-                    s.requests.max(s.checks)
-                };
-                if until > now && found.is_none_or(|(_, _, u)| until > u) {
-                    found = Some((j, li, until));
+                for i in self.pair(tag) {
+                    let s = *self.slot(i);
+                    if s.tag != tag {
+                        continue;
+                    }
+                    let until = if cost == 0 {
+                        s.checks
+                    } else {
+                        s.requests.max(s.checks)
+                    };
+                    if until > now && found.is_none_or(|(_, _, u)| until > u) {
+                        found = Some((j, li, until));
+                    }
                 }
             }
         }
@@ -203,7 +215,21 @@ impl OverLimit {
             };
             let until = self.nanos(until);
             let tag = self.tag(c, rd.limit);
-            let mut s = self.slot(tag);
+            // The slot of the pair that holds the tag, else the one whose
+            // entry ends first (an ended or empty one ended at 0). Two
+            // learners racing may both take a slot: each holds an instant
+            // no later than Redis's, and the lookup takes the later.
+            let [a, b] = self.pair(tag);
+            let (sa, sb) = (*self.slot(a), *self.slot(b));
+            let ends = |s: &Slot| s.requests.max(s.checks);
+            let i = if sa.tag == tag {
+                a
+            } else if sb.tag == tag || ends(&sb) < ends(&sa) {
+                b
+            } else {
+                a
+            };
+            let mut s = self.slot(i);
             if s.tag != tag {
                 *s = Slot {
                     tag,
@@ -372,6 +398,38 @@ mod tests {
         }];
         assert!(cache.answer(&sc, 1).is_none(), "the same rule, soft");
         assert!(OverLimit::new(0).is_none());
+    }
+
+    #[test]
+    fn two_keys_that_hash_alike_share_a_pair() {
+        // Two slots: every tag falls in the one pair.
+        let cache = OverLimit::new(1).unwrap();
+        assert_eq!(cache.len(), 2);
+        let r = rule(Mode::Hard);
+        let keys: Vec<Key<'_>> = ["a", "b", "c"]
+            .into_iter()
+            .map(|k| Key::from_parts([k]))
+            .collect();
+        let c = |i: usize| {
+            [Charge {
+                rule: &r,
+                key: &keys[i],
+            }]
+        };
+        let now = Instant::now();
+        cache.learn(&c(0), 1, false, &denied(Nanos::from_secs(30)), now);
+        cache.learn(&c(1), 1, false, &denied(Nanos::from_secs(20)), now);
+        assert!(cache.answer(&c(0), 1).is_some());
+        assert!(cache.answer(&c(1), 1).is_some());
+        // A third takes the slot that ends first.
+        cache.learn(&c(2), 1, false, &denied(Nanos::from_secs(10)), now);
+        assert!(cache.answer(&c(0), 1).is_some());
+        assert!(cache.answer(&c(1), 1).is_none());
+        assert!(cache.answer(&c(2), 1).is_some());
+        // Learning again about a held key updates its own slot.
+        cache.learn(&c(2), 0, false, &denied(Nanos::from_secs(15)), now);
+        assert!(cache.answer(&c(0), 1).is_some());
+        assert!(cache.answer(&c(2), 0).is_some());
     }
 
     #[test]

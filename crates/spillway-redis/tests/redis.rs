@@ -1268,6 +1268,64 @@ fn a_cached_refusal_ends_at_retry_after() {
     assert!(d.allowed, "{d:?}");
 }
 
+/// A charge's debt outlives no state: each key charged lives at least
+/// until its state is fresh again (a GCRA an hour and more in debt, a
+/// leaky bucket's level, a sliding log's newest entry), and a check just
+/// before then is still refused.
+#[test]
+fn a_charge_leaves_a_ttl_that_covers_its_debt() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let per_second = Rate::new(1, Nanos::from_secs(1)).unwrap();
+    let cases = [
+        (Limit::Gcra(Gcra::new(per_second, 1).unwrap()), 7200, 7199),
+        (
+            Limit::LeakyBucket(LeakyBucket::new(10, per_second).unwrap()),
+            7200,
+            7189,
+        ),
+        (
+            Limit::SlidingLog(SlidingLog::new(10, Nanos::from_secs(3600)).unwrap()),
+            50,
+            3599,
+        ),
+    ];
+    for (i, (limit, cost, owed_secs)) in cases.into_iter().enumerate() {
+        // Each case its own keys.
+        let redis = rt.block_on(async {
+            let s = RedisStore::new(RedisConfig {
+                prefix: format!("d{i}:"),
+                ..config(server.url())
+            })
+            .unwrap();
+            assert!(s.wait_connected(Duration::from_secs(5)).await);
+            s
+        });
+        let name = limit.algorithm_name();
+        let rule = user_rule(name, vec![limit], Mode::Hard);
+        let user = format!("debtor{i}");
+        let key = Key::from_parts([user.as_str()]);
+        let c = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        let d = rt.block_on(redis.charge_at(&c, cost, T0_US)).unwrap();
+        assert!(!d.allowed, "{name}");
+        let keys = server.cli(&["--scan", "--pattern", &format!("d{i}:*")]);
+        let mut longest = 0;
+        assert!(keys.lines().any(|l| !l.is_empty()), "{name}: no key");
+        for k in keys.lines().filter(|l| !l.is_empty()) {
+            longest = longest.max(server.cli(&["PTTL", k]).trim().parse::<i64>().unwrap());
+        }
+        assert!(longest >= owed_secs * 1000, "{name}: {longest} ms");
+        let almost = T0_US + (owed_secs as u64 - 1) * SEC_US;
+        assert!(
+            !rt.block_on(redis.decide_at(&c, 0, almost)).unwrap().allowed,
+            "{name}: still owed"
+        );
+    }
+}
+
 /// A charge of any size is counted, never a store error (one of 2^53 made
 /// the script's PEXPIRE fail, and the charge was lost): the script caps a
 /// time-based debt at 2^51 µs (about 71 years) and a window's count at

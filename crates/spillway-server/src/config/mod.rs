@@ -582,7 +582,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
     }
 }
 
-/// Most slots of the Redis over-limit cache (about 40 bytes each).
+/// Most slots of the Redis over-limit cache (32 bytes each).
 const MAX_OVER_LIMIT_CACHE: usize = 1 << 24;
 
 /// Most Redis buckets: more would only cost memory (one key each).

@@ -24,22 +24,11 @@ use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
 use spillway_redis::{DEFAULT_OVER_LIMIT_CACHE, RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Store};
 
-/// Script calls so far (INFO commandstats).
+mod common;
+
+/// Script calls so far, as Redis counts them (INFO commandstats).
 fn script_calls(url: &str) -> u64 {
-    let client = redis::Client::open(url).expect("url");
-    let mut c = client.get_connection().expect("connect");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut c)
-        .expect("INFO");
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("cmdstat_evalsha:")
-                .or_else(|| l.strip_prefix("cmdstat_eval:"))
-        })
-        .filter_map(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .filter_map(|v| v.trim().parse::<u64>().ok())
-        .sum()
+    common::script_stats(url).0 as u64
 }
 
 fn rule(name: &str, limit: u64) -> Rule {

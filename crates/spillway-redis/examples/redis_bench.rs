@@ -20,6 +20,9 @@ use spillway_core::{FixedWindow, Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule, 
 use spillway_redis::{RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Store};
 
+mod common;
+use common::script_stats;
+
 /// A numeric `field:value` line of an INFO section.
 fn info_field(url: &str, section: &str, field: &str) -> f64 {
     let client = redis::Client::open(url).expect("url");
@@ -29,34 +32,6 @@ fn info_field(url: &str, section: &str, field: &str) -> f64 {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-/// Script calls so far and the microseconds Redis spent in them (INFO
-/// commandstats: `cmdstat_evalsha:calls=N,usec=M,...`).
-fn script_stats(url: &str) -> (f64, f64) {
-    let client = redis::Client::open(url).expect("url");
-    let mut c = client.get_connection().expect("connect");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut c)
-        .expect("INFO");
-    let (mut calls, mut usec) = (0.0, 0.0);
-    for line in info.lines() {
-        let Some(rest) = line
-            .strip_prefix("cmdstat_evalsha:")
-            .or_else(|| line.strip_prefix("cmdstat_eval:"))
-        else {
-            continue;
-        };
-        for kv in rest.split(',') {
-            match kv.split_once('=') {
-                Some(("calls", v)) => calls += v.trim().parse::<f64>().unwrap_or(0.0),
-                Some(("usec", v)) => usec += v.trim().parse::<f64>().unwrap_or(0.0),
-                _ => {}
-            }
-        }
-    }
-    (calls, usec)
 }
 
 #[tokio::main(flavor = "multi_thread")]

@@ -37,7 +37,9 @@
 --   any cost is denied alike, and products of it with a period stay
 --   exact; for a charge after the fact, the cost itself below 2^53)
 --   1 for a dry run (decide, write nothing; also a check of cost 0), 2 to
---   charge after the fact (below), else 0
+--   charge after the fact (below), 3 to refund (below: the first number
+--   is then the time the units were taken, and the present is TIME), 4 to
+--   lease (below), else 0
 --   number of rules
 --   then per rule: its number in the list above, then per limit its field
 --   in its bucket (empty for the sliding log)
@@ -48,9 +50,15 @@
 --   5 sliding log       a = window
 --   6 sliding counter   a = window
 --   7 gcra              a = microseconds per request
+-- ARGV[2], ARGV[3]  (optional: the sync header of an exchange, see below)
+--          an instance's name and a sequence number below 2^53, in
+--          decimal; with them the last of KEYS is the hash of the last
+--          sequence number of each instance
 --
 -- Returns one flat list, packed with MessagePack (cmsgpack, built into
--- Redis's Lua): per decision, per limit, a verdict of five numbers
+-- Redis's Lua): with the sync header first its two numbers (below); then
+-- per decision (for a lease first the units it took), per limit, a
+-- verdict of five numbers
 -- (allowed 1/0, remaining, reset, retry after (-1 = never), wait; the caller
 -- knows the limit), for a soft rule twice: under the enforced (raised) size,
 -- then under the base size. (Redis turns each number into a reply element
@@ -69,6 +77,50 @@
 -- script caps a time-based debt at DEBT (about 71 years) and a window's
 -- count at 2^53 - 1 (see `charged`), so a huge charge denies for
 -- decades instead of failing the call.
+--
+-- A refund (flag 3: units a lease took and did not use, given back) takes
+-- `cost` units off every limit of every rule (shadow ones too) as the
+-- charge that took them moved the state, never below empty; the units
+-- were taken at `since` (the decision's first number, never TIME; the
+-- present is TIME): a schedule (token bucket, shaper, GCRA) moves back,
+-- to max(now, time - cost x a); a leaky bucket's level drops by cost x a,
+-- not below 0; a fixed window's count drops by cost, not below 0, only if
+-- `since` is in the state's current window (a later window never counted
+-- those units); a sliding counter's current window, or the previous one,
+-- whichever holds `since` (neither: nothing); a sliding log drops up to
+-- `cost` of its newest entries at or after `since`. A state changed is
+-- written with its TTL as a charge's; one that is already empty or
+-- unaffected is left alone. Its verdicts are checks of cost 0 after it,
+-- as a charge's.
+--
+-- A lease (flag 4) takes up to `cost` units now, all-or-none over the
+-- rules as a request: the most every hard and soft rule admits is the
+-- smallest `remaining` of their limits' checks of cost 0 (enforced
+-- sizes; 0 where a check is refused). For every algorithm that is the
+-- largest cost the limit admits: a schedule admits c while c x a fits in
+-- what is left of its horizon (a shaper also while its wait fits, and a
+-- refused check then leases nothing), a window or a log while count + c
+-- is at most its size, a sliding counter while its estimate + c is. The
+-- lease decides a request of c = min(cost, that) as flag 0 would (shadow
+-- rules neither limit nor refuse it, and are charged if they admit it);
+-- should it still be refused (the sliding counter's estimate rounds), or
+-- c be 0, nothing is written and the verdicts are a check's of cost 0.
+-- Its reply is c, then its verdicts.
+--
+-- The sync header (ARGV[2] and ARGV[3], an exchange of a local-first
+-- instance): the reply starts with two more numbers, 1 if the call was
+-- applied (else 0), and TIME in microseconds (read at the start, the
+-- "now" of every decision without one). With an instance name, the call
+-- is applied only if its sequence number is above the last one stored
+-- for that instance (none stored: any), which it then stores: a push
+-- sent again (a retry after a lost reply) changes nothing. Not applied,
+-- every decision runs as a check of cost 0 (a dry run at TIME; a lease
+-- answers 0 units), so the reply has the same shape. With an empty name
+-- the call is always applied and nothing is stored. The hash holds per
+-- instance two big-endian doubles, the number and the TIME it was
+-- stored; it lives a day past its last write, and a write to a hash of
+-- more than 8 instances drops those among 16 sampled that wrote nothing
+-- for a day (instances that come and go leave no trail).
 --
 -- A request of cost 0 is a check: the client sends it as a dry run, so it
 -- writes nothing and changes no TTL.
@@ -107,6 +159,21 @@ local bpack, bunpack = struct.pack, struct.unpack
 local function first(v)
   if v and #v >= 8 then return (bunpack('>d', v)) end
   return nil
+end
+
+-- A sliding window counter's state rolled forward to the window `now`
+-- falls in: that window's end, its count, the previous window's count,
+-- and until when the bucket is known to live (nil without a state).
+local function slide(state, w, now)
+  local expires, cur0, prev0, known = 0, 0, 0, nil
+  if state and #state >= 32 then expires, cur0, prev0, known = bunpack('>dddd', state) end
+  local stored_end = max(expires - w, 0)
+  if expires == 0 or now >= expires then
+    return now - fmod(now, w) + w, 0, 0, known
+  elseif now >= stored_end then
+    return stored_end + w, 0, cur0, known
+  end
+  return stored_end, cur0, prev0, known
 end
 
 -- Decides one counter algorithm for `size` and writes the verdict to
@@ -186,18 +253,9 @@ local function counter(out, o, code, state, size, a, b, now, cost)
       if cost > size then retry = NEVER end
     end
   else -- 6: sliding window counter
-    local expires, cur0, prev0 = 0, 0, 0
-    if state and #state >= 32 then expires, cur0, prev0, known = bunpack('>dddd', state) end
     local w = a
-    local stored_end = max(expires - w, 0)
     local e, cur, prev
-    if expires == 0 or now >= expires then
-      e, cur, prev = now - fmod(now, w) + w, 0, 0
-    elseif now >= stored_end then
-      e, cur, prev = stored_end + w, 0, cur0
-    else
-      e, cur, prev = stored_end, cur0, prev0
-    end
+    e, cur, prev, known = slide(state, w, now)
     local start = e - w
     local elapsed = max(now, start) - start
     -- prev*(W-elapsed) + (cur+cost)*W <= size*W: exact while the products
@@ -427,22 +485,95 @@ local function charged(code, state, a, now, cost)
     return e, known, e, min(count + cost, MAX_COUNT)
   end
   -- 6: sliding window counter, rolled forward as `counter` does.
-  local expires, cur0, prev0, known = 0, 0, 0, nil
-  if state and #state >= 32 then expires, cur0, prev0, known = bunpack('>dddd', state) end
-  local w = a
-  local stored_end = max(expires - w, 0)
-  local e, cur, prev
-  if expires == 0 or now >= expires then
-    e, cur, prev = now - fmod(now, w) + w, 0, 0
-  elseif now >= stored_end then
-    e, cur, prev = stored_end + w, 0, cur0
-  else
-    e, cur, prev = stored_end, cur0, prev0
-  end
-  return e + w, known, e + w, min(cur + cost, 4294967295), prev
+  local e, cur, prev, known = slide(state, a, now)
+  return e + a, known, e + a, min(cur + cost, 4294967295), prev
 end
 
+-- Refunds `cost` units taken at `since` from a counter algorithm's
+-- `state` (see the header): what `charged` returns, or nil when the
+-- state has nothing to give back (then it is left alone).
+local function refunded(code, state, a, now, cost, since)
+  if code == 1 or code == 3 or code == 7 then
+    if not (state and #state >= 16) then return nil end
+    local tat, known = bunpack('>dd', state)
+    if tat <= now then return nil end
+    local e = max(now, tat - cost * a)
+    return e, known, e
+  elseif code == 2 then
+    if not (state and #state >= 24) then return nil end
+    local drains, measured, known = bunpack('>ddd', state)
+    local at = max(now, measured)
+    local level = max(max(drains - measured, 0) - (at - measured), 0)
+    if level == 0 then return nil end
+    local nd = at + max(level - cost * a, 0)
+    return nd, known, nd, at
+  elseif code == 4 then
+    if not (state and #state >= 24) then return nil end
+    local e, count, known = bunpack('>ddd', state)
+    -- Only the window that counted the units gives them back.
+    if now >= e or since < e - a or since >= e or count == 0 then return nil end
+    return e, known, e, max(count - cost, 0)
+  end
+  -- 6: sliding window counter, rolled forward as `counter` does: the
+  -- units are in the window that holds `since`, if it still counts.
+  if not state then return nil end
+  local e, cur, prev, known = slide(state, a, now)
+  local start = e - a
+  if since >= start and since < e then
+    if cur == 0 then return nil end
+    cur = max(cur - cost, 0)
+  elseif since >= start - a and since < start then
+    if prev == 0 then return nil end
+    prev = max(prev - cost, 0)
+  else
+    return nil
+  end
+  return e + a, known, e + a, cur, prev
+end
+
+-- Refunds `cost` units taken at `since` from a sliding log: drops up to
+-- `cost` of its newest entries at or after `since` (entries are in time
+-- order, so they are its last ones), read from its tail in chunks.
+local function log_refund(key, since, cost)
+  local len = redis.call('LLEN', key)
+  local k = 0
+  while k < cost and k < len do
+    local m = min(CHUNK, len - k, cost - k)
+    local part = redis.call('LRANGE', key, -(k + m), -(k + 1))
+    local older = false
+    for i = #part, 1, -1 do
+      if tonumber(part[i]) < since then
+        older = true
+        break
+      end
+      k = k + 1
+    end
+    if older or #part < m then break end
+  end
+  if k > 0 then
+    if k >= len then
+      redis.call('DEL', key)
+    else
+      redis.call('LTRIM', key, 0, -(k + 1))
+    end
+  end
+end
+
+-- How long the sync header's hash keeps an instance's sequence number
+-- after its last write, in microseconds: a day.
+local SEQ_LIFE = 86400000000
+
 local time_now = nil
+
+-- This server's TIME in microseconds, read once per call (instances with
+-- skewed clocks then agree).
+local function clock()
+  if not time_now then
+    local t = redis.call('TIME')
+    time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return time_now
+end
 
 local A = cmsgpack.unpack(ARGV[1])
 -- Rule r's mode at A[RS[r]], its number of limits after it, then five
@@ -469,27 +600,199 @@ local n = 0
 -- Reused by each decision in turn.
 local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 local R = { false, 0, 0 }
+
+-- Decides a request of `cost` at `now` over the `nrules` rules of the
+-- decision whose first rule number is at A[p], its keys from
+-- KEYS[kb + 1]: writes the verdicts from out[n + 1] and, if every rule
+-- admits it and not `dry`, charges the rules to charge. The general
+-- case: any number of rules, limits and modes. Returns where the next
+-- decision's rules start in A, the next free place in out, how many
+-- keys it used, and whether the request was admitted.
+local function decide(p, n, kb, nrules, now, cost, dry)
+  -- Locals, not upvalues, in the loops below.
+  local A, RS, KEYS, out, L, R = A, RS, KEYS, out, L, R
+  local k = 1
+  local allowed = true
+  for r = 1, nrules do
+    local rp = RS[A[p]]
+    p = p + 1
+    local mode, nl = A[rp], A[rp + 1]
+    rp = rp + 2
+    R[3 * r - 1], R[3 * r] = k, nl
+    local hard_ok, enf_ok = true, true
+    -- A soft rule's limits get two verdicts: raised, and as written.
+    local two = mode == 1
+    for _ = 1, nl do
+      local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
+      rp = rp + 5
+      local field = A[p]
+      p = p + 1
+      local key = KEYS[kb + k]
+      local q = 10 * k - 10
+      L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
+      if code == 5 then
+        -- The sliding log: a list of admission times, oldest first.
+        local len, dead, newest, head = log_read(key, a, now)
+        L[q + 8], L[q + 9], L[q + 10] = len, dead, newest
+        local count = len - dead
+        local newest_end = 0
+        if len > 0 then newest_end = newest + a end
+        for pass = 1, two and 2 or 1 do
+          local size, o = enf, n
+          if pass == 2 then size, o = base, n + 5 end
+          local total = count + cost
+          if total <= size then
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - total, max(now + a, newest_end) - now, 0
+          else
+            local retry = NEVER
+            if cost <= size then retry = max(log_entry(key, head, dead + total - size) + a - now, 0) end
+            out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, max(size - count, 0), max(newest_end - now, 0), retry
+          end
+          out[o + 5] = 0
+        end
+      else
+        local state = redis.call('HGET', key, field)
+        L[q + 6], L[q + 7], L[q + 8], L[q + 9], L[q + 10] = counter(out, n, code, state, enf, a, b, now, cost)
+        if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
+      end
+      enf_ok = enf_ok and out[n + 1] == 1
+      if two then
+        hard_ok = hard_ok and out[n + 6] == 1
+        n = n + 10
+      else
+        hard_ok = hard_ok and out[n + 1] == 1
+        n = n + 5
+      end
+      k = k + 1
+    end
+    local charge, admits = hard_ok, hard_ok
+    if mode == 1 then
+      charge, admits = enf_ok, enf_ok
+    elseif mode == 2 then
+      admits = true
+    end
+    R[3 * r - 2] = charge
+    allowed = allowed and admits
+  end
+
+  if allowed and not dry then
+    for r = 1, nrules do
+      if R[3 * r - 2] then
+        for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
+          local q = 10 * j - 10
+          local key, a = L[q + 2], L[q + 5]
+          if L[q + 1] == 5 then
+            local len, dead, newest = L[q + 8], L[q + 9], L[q + 10]
+            if dead > 0 then redis.call('LTRIM', key, dead, -1) end
+            local t = now
+            if len > dead then t = max(now, newest) end
+            log_push(key, t, min(cost, L[q + 4]), a, now)
+          else
+            store(key, L[q + 3], L[q + 1], L[q + 6], now, L[q + 7], L[q + 8], L[q + 9], L[q + 10])
+          end
+        end
+      end
+    end
+  end
+  return p, n, k - 1, allowed
+end
+
+-- The most a lease over the decision's rules (first rule number at
+-- A[p]) may take: the smallest `remaining` of the checks of cost 0
+-- written from out[n + 1] by `decide`, over the limits of its hard and
+-- soft rules (a soft rule's first verdict, under its enforced size), 0
+-- for a refused check; huge when only shadow rules apply.
+local function room(p, n, nrules)
+  local m = math.huge
+  for _ = 1, nrules do
+    local rp = RS[A[p]]
+    local mode, nl = A[rp], A[rp + 1]
+    p = p + 1 + nl
+    for _ = 1, nl do
+      if mode ~= 2 then
+        local rem = 0
+        if out[n + 1] == 1 then rem = out[n + 2] end
+        if rem < m then m = rem end
+      end
+      if mode == 1 then n = n + 10 else n = n + 5 end
+    end
+  end
+  return m
+end
+
+-- The sync header (see the top): applied or not, and TIME, first in the
+-- reply. Without it, this one lookup is all it costs.
+local instance = ARGV[2]
+if instance then
+  local now = clock()
+  local applied = 1
+  if instance ~= '' then
+    local seqs = KEYS[#KEYS]
+    local seq = tonumber(ARGV[3])
+    local last = first(redis.call('HGET', seqs, instance))
+    if last and seq <= last then
+      -- A push seen already: every decision a check of cost 0 at TIME
+      -- (a lease keeps its flag: of 0 units it takes none).
+      applied = 0
+      local q = p
+      for _ = 1, ndecisions do
+        if A[q + 2] ~= 4 then A[q + 2] = 1 end
+        A[q], A[q + 1] = 0, 0
+        local nrules = A[q + 3]
+        q = q + 4
+        for _ = 1, nrules do q = q + 1 + A[RS[A[q]] + 1] end
+      end
+    else
+      redis.call('HSET', seqs, instance, bpack('>dd', seq, now))
+      redis.call('PEXPIRE', seqs, SEQ_LIFE / 1000)
+      if redis.call('HLEN', seqs) > 8 then
+        local sample = redis.call('HRANDFIELD', seqs, 16, 'WITHVALUES')
+        local gone = {}
+        for s = 1, #sample, 2 do
+          local v = sample[s + 1]
+          if #v < 16 or select(2, bunpack('>dd', v)) + SEQ_LIFE <= now then gone[#gone + 1] = sample[s] end
+        end
+        if #gone > 0 then redis.call('HDEL', seqs, unpack(gone)) end
+      end
+    end
+  end
+  out[1], out[2] = applied, now
+  n = 2
+end
+
 local key_base = 0
 
 for _ = 1, ndecisions do
-  local now = A[p]
-  if now == 0 then
-    if not time_now then
-      local t = redis.call('TIME')
-      time_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    end
-    now = time_now
-  end
+  local at = A[p]
+  local now = at
+  if now == 0 then now = time_now or clock() end
   local cost = A[p + 1]
-  local dry = A[p + 2] == 1
-  local after = A[p + 2] == 2
+  local flag = A[p + 2]
   local nrules = A[p + 3]
   p = p + 4
 
   local rp1 = nrules == 1 and RS[A[p]]
-  if after then
-    -- A charge after the fact: every limit of every rule (shadow ones
-    -- too), whatever its state; then a check of cost 0 of each.
+  if flag == 4 then
+    -- A lease: a check of cost 0 first, then a request of what it admits.
+    local g = n + 1
+    n = n + 1
+    local next_p, next_n, used = decide(p, n, key_base, nrules, now, 0, true)
+    local c = min(cost, room(p, n, nrules))
+    if c >= 1 then
+      local _, _, _, ok = decide(p, n, key_base, nrules, now, c, false)
+      if not ok then
+        c = 0
+        decide(p, n, key_base, nrules, now, 0, true)
+      end
+    end
+    out[g] = c
+    p, n, key_base = next_p, next_n, key_base + used
+  elseif flag >= 2 then
+    -- A charge after the fact (2) or a refund (3): every limit of every
+    -- rule (shadow ones too), whatever its state; then a check of cost 0
+    -- of each.
+    local refund = flag == 3
+    if refund then now = clock() end
     local k = 1
     for _ = 1, nrules do
       local rp = RS[A[p]]
@@ -503,13 +806,25 @@ for _ = 1, ndecisions do
         p = p + 1
         local key = KEYS[key_base + k]
         if code == 5 then
-          log_charge(key, enf, a, now, cost)
+          if refund then
+            log_refund(key, at, cost)
+          else
+            log_charge(key, enf, a, now, cost)
+          end
           log_check(out, n, key, enf, a, now)
           if two then log_check(out, n + 5, key, base, a, now) end
         else
-          local e, known, v1, v2, v3 = charged(code, redis.call('HGET', key, field), a, now, cost)
-          store(key, field, code, e, now, known, v1, v2, v3)
-          local st = packed(code, known or 0, v1, v2, v3)
+          local st = redis.call('HGET', key, field)
+          local e, known, v1, v2, v3
+          if refund then
+            e, known, v1, v2, v3 = refunded(code, st, a, now, cost, at)
+          else
+            e, known, v1, v2, v3 = charged(code, st, a, now, cost)
+          end
+          if e then
+            store(key, field, code, e, now, known, v1, v2, v3)
+            st = packed(code, known or 0, v1, v2, v3)
+          end
           counter(out, n, code, st, enf, a, b, now, 0)
           if two then counter(out, n + 5, code, st, base, a, b, now, 0) end
         end
@@ -528,94 +843,13 @@ for _ = 1, ndecisions do
     local state = redis.call('HGET', key, field)
     local code = A[rp1 + 2]
     local e, known, v1, v2, v3 = counter(out, n, code, state, A[rp1 + 4], A[rp1 + 5], A[rp1 + 6], now, cost)
-    if out[n + 1] == 1 and not dry then store(key, field, code, e, now, known, v1, v2, v3) end
+    if out[n + 1] == 1 and flag ~= 1 then store(key, field, code, e, now, known, v1, v2, v3) end
     n = n + 5
     key_base = key_base + 1
   else
-    local k = 1
-    local allowed = true
-    for r = 1, nrules do
-      local rp = RS[A[p]]
-      p = p + 1
-      local mode, nl = A[rp], A[rp + 1]
-      rp = rp + 2
-      R[3 * r - 1], R[3 * r] = k, nl
-      local hard_ok, enf_ok = true, true
-      -- A soft rule's limits get two verdicts: raised, and as written.
-      local two = mode == 1
-      for _ = 1, nl do
-        local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
-        rp = rp + 5
-        local field = A[p]
-        p = p + 1
-        local key = KEYS[key_base + k]
-        local q = 10 * k - 10
-        L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
-        if code == 5 then
-          -- The sliding log: a list of admission times, oldest first.
-          local len, dead, newest, head = log_read(key, a, now)
-          L[q + 8], L[q + 9], L[q + 10] = len, dead, newest
-          local count = len - dead
-          local newest_end = 0
-          if len > 0 then newest_end = newest + a end
-          for pass = 1, two and 2 or 1 do
-            local size, o = enf, n
-            if pass == 2 then size, o = base, n + 5 end
-            local total = count + cost
-            if total <= size then
-              out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - total, max(now + a, newest_end) - now, 0
-            else
-              local retry = NEVER
-              if cost <= size then retry = max(log_entry(key, head, dead + total - size) + a - now, 0) end
-              out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, max(size - count, 0), max(newest_end - now, 0), retry
-            end
-            out[o + 5] = 0
-          end
-        else
-          local state = redis.call('HGET', key, field)
-          L[q + 6], L[q + 7], L[q + 8], L[q + 9], L[q + 10] = counter(out, n, code, state, enf, a, b, now, cost)
-          if two then counter(out, n + 5, code, state, base, a, b, now, cost) end
-        end
-        enf_ok = enf_ok and out[n + 1] == 1
-        if two then
-          hard_ok = hard_ok and out[n + 6] == 1
-          n = n + 10
-        else
-          hard_ok = hard_ok and out[n + 1] == 1
-          n = n + 5
-        end
-        k = k + 1
-      end
-      local charge, admits = hard_ok, hard_ok
-      if mode == 1 then
-        charge, admits = enf_ok, enf_ok
-      elseif mode == 2 then
-        admits = true
-      end
-      R[3 * r - 2] = charge
-      allowed = allowed and admits
-    end
-
-    if allowed and not dry then
-      for r = 1, nrules do
-        if R[3 * r - 2] then
-          for j = R[3 * r - 1], R[3 * r - 1] + R[3 * r] - 1 do
-            local q = 10 * j - 10
-            local key, a = L[q + 2], L[q + 5]
-            if L[q + 1] == 5 then
-              local len, dead, newest = L[q + 8], L[q + 9], L[q + 10]
-              if dead > 0 then redis.call('LTRIM', key, dead, -1) end
-              local t = now
-              if len > dead then t = max(now, newest) end
-              log_push(key, t, min(cost, L[q + 4]), a, now)
-            else
-              store(key, L[q + 3], L[q + 1], L[q + 6], now, L[q + 7], L[q + 8], L[q + 9], L[q + 10])
-            end
-          end
-        end
-      end
-    end
-    key_base = key_base + k - 1
+    local used
+    p, n, used = decide(p, n, key_base, nrules, now, cost, flag == 1)
+    key_base = key_base + used
   end
 end
 

@@ -13,7 +13,10 @@ use spillway_store::Charge;
 /// the same) over the rule's fingerprint and the client's values. 64 bits, as
 /// in the memory store: two clients share a counter with odds of about 1 in
 /// 2^64 per pair, and whatever a client sends, its keys have a fixed size.
-pub(crate) fn tag(charge: &Charge<'_>) -> u64 {
+/// The Redis store names a charge's state by it (its bucket, its field), so
+/// two charges with one tag share their state: a caller may key its own
+/// records of Redis's states by it.
+pub fn tag(charge: &Charge<'_>) -> u64 {
     charge.key.hash(charge.rule.fingerprint(), 0)
 }
 
@@ -111,6 +114,12 @@ pub(crate) enum Write {
     Dry = 1,
     /// Charge after the fact, whatever the state: 2.
     Always = 2,
+    /// Give back units taken at the decision's time (sent in its `now`):
+    /// 3. Its verdicts are checks of cost 0 after it.
+    Refund = 3,
+    /// Take up to the cost, as much as every limit admits: 4. Its reply
+    /// is one more number, the units taken, before its verdicts.
+    Lease = 4,
 }
 
 /// Above this the script's numbers (doubles) stop being exact integers.
@@ -150,6 +159,23 @@ pub(crate) fn charge_cost(cost: u64) -> u64 {
     cost.min(MAX_EXACT)
 }
 
+/// The part of a script call deciding one rule for the key whose
+/// [`tag`] is `tag` (a sync exchange keeps tags, not clients' values).
+pub(crate) fn part_tagged(
+    rule: &spillway_core::Rule,
+    tag: u64,
+    cost: u64,
+    now_us: u64,
+    write: Write,
+) -> Part {
+    let key = spillway_store::Key::default();
+    let mut p = part(&[Charge { rule, key: &key }], cost, now_us, write);
+    for r in p.rules.iter_mut() {
+        r.tag = tag;
+    }
+    p
+}
+
 /// The part of a script call deciding `charges`.
 pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write) -> Part {
     // A cost of 0 is a check: it writes nothing.
@@ -180,14 +206,16 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write)
         .collect();
     Part {
         now_us,
-        cost: if write == Write::Always {
-            charge_cost(cost)
-        } else {
-            script_cost(charges, cost)
+        // A refund's or a lease's cost is units, not a request's cost: a
+        // lease takes at most what its limits admit, and the script
+        // multiplies only that by a period.
+        cost: match write {
+            Write::Always | Write::Refund | Write::Lease => charge_cost(cost),
+            Write::IfAdmitted | Write::Dry => script_cost(charges, cost),
         },
         write,
         rules,
-        reply_len: crate::reply::reply_len(charges),
+        reply_len: crate::reply::reply_len(charges) + usize::from(write == Write::Lease),
     }
 }
 
@@ -201,6 +229,43 @@ pub(crate) fn command<'a>(
     prefix: &str,
     buckets: u32,
     parts: impl Iterator<Item = &'a Part> + Clone,
+) -> Cmd {
+    build(script, prefix, buckets, parts, None)
+}
+
+/// `<prefix>sync:seq`: the hash of each sync instance's last sequence
+/// number.
+pub(crate) fn seq_key(prefix: &str) -> String {
+    format!("{prefix}sync:seq")
+}
+
+/// `<prefix>sync:live`: the sorted set of live sync instances.
+pub(crate) fn live_key(prefix: &str) -> String {
+    format!("{prefix}sync:live")
+}
+
+/// The script call of a sync exchange: [`command`] with the sync header
+/// (see `lua/decide.lua`): `instance` (empty: always applied, nothing
+/// stored) and `seq` (at most [`MAX_EXACT`]) as ARGV[2] and ARGV[3], the
+/// hash of sequence numbers as the last key.
+pub(crate) fn exchange_command(
+    script: &Script,
+    prefix: &str,
+    buckets: u32,
+    parts: &[Part],
+    instance: &str,
+    seq: u64,
+) -> Cmd {
+    build(script, prefix, buckets, parts.iter(), Some((instance, seq)))
+}
+
+/// The call deciding `parts`, with the sync header if `sync`.
+fn build<'a>(
+    script: &Script,
+    prefix: &str,
+    buckets: u32,
+    parts: impl Iterator<Item = &'a Part> + Clone,
+    sync: Option<(&str, u64)>,
 ) -> Cmd {
     // The distinct rules, and each rule application's number among them.
     let mut distinct: Vec<&[u64]> = Vec::new();
@@ -225,8 +290,10 @@ pub(crate) fn command<'a>(
             nvalues += 1 + nl;
         }
     }
-    let mut cmd = Cmd::with_capacity(4 + nkeys, 64 + 40 * nkeys);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(nkeys);
+    let mut cmd = Cmd::with_capacity(6 + nkeys, 64 + 40 * nkeys);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(nkeys + usize::from(sync.is_some()));
     for p in parts.clone() {
         for r in &p.rules {
             let bucket = bucket_key(prefix, r.tag, buckets);
@@ -238,6 +305,9 @@ pub(crate) fn command<'a>(
                 }
             }
         }
+    }
+    if sync.is_some() {
+        cmd.arg(seq_key(prefix));
     }
     let mut a = Vec::with_capacity(16 * nvalues);
     msgpack::push_array_len(&mut a, nvalues);
@@ -265,6 +335,9 @@ pub(crate) fn command<'a>(
         }
     }
     cmd.arg(a);
+    if let Some((instance, seq)) = sync {
+        cmd.arg(instance).arg(seq);
+    }
     cmd
 }
 
@@ -387,6 +460,47 @@ mod tests {
         }
         assert_eq!(args.len(), 8, "the keys, then one argument");
         assert_eq!(args[7], blob);
+    }
+
+    #[test]
+    fn the_sync_header_follows_the_arguments_and_its_hash_the_keys() {
+        use spillway_core::{FixedWindow, KeySpec, Nanos, Rule};
+        use spillway_store::Key;
+        let limit = Limit::FixedWindow(FixedWindow::new(10, Nanos::from_secs(60)).unwrap());
+        let rule = Rule::new(
+            "w",
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![limit],
+            Mode::Hard,
+        )
+        .unwrap();
+        let key = Key::from_parts(["a"]);
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        let parts = [
+            part(&charges, 3, 0, Write::Lease),
+            part(&charges, 2, 1234, Write::Refund),
+        ];
+        assert_eq!(parts[0].reply_len, 6, "the units taken, then a verdict");
+        assert_eq!(parts[1].reply_len, 5);
+        let script = Script::new("return 1");
+        let cmd = exchange_command(&script, "p:", 16, &parts, "inst", 42);
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"?".to_vec(),
+            })
+            .collect();
+        assert_eq!(args[2], b"3", "a key per limit, then the hash");
+        assert!(args[3].starts_with(b"p:{") && args[4].starts_with(b"p:{"));
+        assert_eq!(args[5], b"p:sync:seq");
+        assert_eq!(args[7..], [b"inst".to_vec(), b"42".to_vec()]);
+        let plain = command(&script, "p:", 16, parts.iter());
+        assert_eq!(plain.args_iter().count(), 6, "no header: three keys fewer");
     }
 
     #[test]

@@ -76,15 +76,27 @@
 //!   charged, so the answer is the one Redis would give, all-or-none.
 //!   [`RedisStore::over_limit_cache_hits`] counts its answers and
 //!   [`RedisStore::script_calls`] the round trips made.
+//! - **Local-first sync** ([`RedisStore::exchange`], single server only):
+//!   an instance that decides in memory sends, every interval, one script
+//!   call of thousands of items ([`SyncItem`]): charges after the fact,
+//!   refunds of units a lease did not use, and leases of units to spend
+//!   locally (the most every limit admits, up to what it wants,
+//!   all-or-none). With a push (an instance's name and a sequence number)
+//!   the call is idempotent: a push sent again changes nothing, and says
+//!   so ([`SyncReply::applied`]). [`RedisStore::heartbeat`] keeps the set
+//!   of live instances (on a cluster too).
 
 mod breaker;
 mod fault;
 mod keys;
 mod over;
 use keys::Write;
+pub use keys::tag;
 pub use over::DEFAULT_ENTRIES as DEFAULT_OVER_LIMIT_CACHE;
 mod msgpack;
 mod reply;
+mod sync;
+pub use sync::{SyncItem, SyncItemReply, SyncOp, SyncReply};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -105,6 +117,9 @@ pub const DEFAULT_BUCKETS: u32 = 16_384;
 
 /// The decision script, with its KEYS/ARGV contract written at its top.
 pub const DECIDE_LUA: &str = include_str!("../lua/decide.lua");
+
+/// The script of [`RedisStore::heartbeat`], with its contract at its top.
+pub const HEARTBEAT_LUA: &str = include_str!("../lua/heartbeat.lua");
 
 /// Settings of a [`RedisStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +187,8 @@ struct Inner {
     /// by every decision without a lock.
     conn: OnceLock<Conn>,
     script: Script,
+    /// [`HEARTBEAT_LUA`].
+    heartbeat: Script,
     breaker: Breaker,
     connected: tokio::sync::Notify,
     /// Why the first connection has not been made yet (the connect loop's
@@ -295,6 +312,7 @@ impl RedisStore {
                 config,
                 conn: OnceLock::new(),
                 script: Script::new(DECIDE_LUA),
+                heartbeat: Script::new(HEARTBEAT_LUA),
                 connected: tokio::sync::Notify::new(),
                 connect_error: Mutex::new(None),
                 queue,
@@ -431,18 +449,7 @@ impl RedisStore {
             return Ok(d);
         }
         let sent = std::time::Instant::now();
-        if !inner.breaker.allow() {
-            let fault = inner.breaker.fault();
-            return Err(err(
-                fault.transient(),
-                format!("redis circuit breaker is open ({})", fault.name()),
-            ));
-        }
-        let Some(conn) = inner.conn.get() else {
-            let message = "not connected to redis yet";
-            inner.breaker.failure(Fault::NotConnected, message);
-            return Err(err(true, message));
-        };
+        let conn = self.connection()?;
         // A single server's decisions are bounded by the batcher (see
         // `Pending::deadline`); a cluster's by a timer here. The cluster's
         // future is boxed: it is large (its connection, its calls' futures),
@@ -468,20 +475,44 @@ impl RedisStore {
                 }
                 Ok(d)
             }
-            // Every failure counts against the breaker, whatever its kind:
-            // a server that answers each call with OOM or READONLY is as
-            // unusable as one that does not answer, and must show as such.
-            Err(e) => {
-                let fault = Fault::of(&e);
-                let message = if fault == Fault::Timeout {
-                    format!("redis did not answer within {:?}", inner.config.timeout)
-                } else {
-                    format!("redis: {}", fault::said(&e))
-                };
-                inner.breaker.failure(fault, &message);
-                Err(err(fault.transient(), message))
-            }
+            Err(e) => Err(self.failed(&e)),
         }
+    }
+
+    /// The connection for a call, if the circuit breaker lets one through
+    /// and a connection was made; else the error to answer (not being
+    /// connected yet counts as a failure).
+    fn connection(&self) -> Result<&Conn, StoreError> {
+        let inner = &self.inner;
+        if !inner.breaker.allow() {
+            let fault = inner.breaker.fault();
+            return Err(err(
+                fault.transient(),
+                format!("redis circuit breaker is open ({})", fault.name()),
+            ));
+        }
+        let Some(conn) = inner.conn.get() else {
+            let message = "not connected to redis yet";
+            inner.breaker.failure(Fault::NotConnected, message);
+            return Err(err(true, message));
+        };
+        Ok(conn)
+    }
+
+    /// Counts a failed call on the circuit breaker, and says why. Every
+    /// failure counts, whatever its kind: a server that answers each call
+    /// with OOM or READONLY is as unusable as one that does not answer,
+    /// and must show as such.
+    fn failed(&self, e: &redis::RedisError) -> StoreError {
+        let inner = &self.inner;
+        let fault = Fault::of(e);
+        let message = if fault == Fault::Timeout {
+            format!("redis did not answer within {:?}", inner.config.timeout)
+        } else {
+            format!("redis: {}", fault::said(e))
+        };
+        inner.breaker.failure(fault, &message);
+        err(fault.transient(), message)
     }
 
     /// A decision on a single server: queued for the batcher.
@@ -686,10 +717,21 @@ async fn eval<C: redis::aio::ConnectionLike>(
     cmd: &redis::Cmd,
     inner: &Inner,
 ) -> redis::RedisResult<Vec<i64>> {
+    eval_script(c, cmd, &inner.script, inner).await
+}
+
+/// [`eval`] of a call of `script`, whose reply is a MessagePack array of
+/// numbers too.
+async fn eval_script<C: redis::aio::ConnectionLike>(
+    c: &mut C,
+    cmd: &redis::Cmd,
+    script: &Script,
+    inner: &Inner,
+) -> redis::RedisResult<Vec<i64>> {
     inner.calls.fetch_add(1, Ordering::Relaxed);
     let packed: Vec<u8> = match cmd.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            inner.script.load_async(c).await?;
+            script.load_async(c).await?;
             inner.calls.fetch_add(1, Ordering::Relaxed);
             cmd.query_async(c).await?
         }

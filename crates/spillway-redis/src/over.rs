@@ -19,9 +19,11 @@
 //!   Redis's) clocks does not. This rests on two facts: `retry_after` is
 //!   a time before which the same request is refused anyway, and nothing
 //!   but time makes a key less over (other requests and charges only add
-//!   to it). A state Redis lost (a flush, a failover to a replica behind)
-//!   may pass earlier than the cache says, for at most that
-//!   `retry_after`.
+//!   to it; a sync refund gives units back, and drops what the cache
+//!   knows of its keys once Redis has applied it: a refusal learned from
+//!   a call that crossed the refund may still outlive it). A state Redis
+//!   lost (a flush, a failover to a replica behind) may pass earlier
+//!   than the cache says, for at most that `retry_after`.
 //! - **What a denial says.** A denial of a request of cost 1 says that
 //!   any request of cost 1 or more is refused until then, and nothing of
 //!   a check of cost 0 (an exhausted key that owes nothing passes a check).
@@ -242,6 +244,15 @@ impl OverLimit {
             if check {
                 s.checks = s.checks.max(until);
             }
+        }
+    }
+
+    /// Forgets everything: units were given back to some key (a sync
+    /// refund), the one thing besides time that makes a key less over, so
+    /// a refusal learned before may now be too long.
+    pub(crate) fn clear(&self) {
+        for i in 0..self.slots.len() {
+            *self.slot(i) = Slot::default();
         }
     }
 

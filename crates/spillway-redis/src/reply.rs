@@ -42,6 +42,19 @@ fn verdict(v: &[i64], size: u64) -> Verdict {
     }
 }
 
+/// The verdict of each limit of `charge`'s rule under its enforced size
+/// (a soft rule's raised one), in order, from the charge's numbers.
+pub(crate) fn enforced_verdicts(charge: &Charge<'_>, numbers: &[i64]) -> Vec<Verdict> {
+    let per_limit = if two_verdicts(charge.rule) { 2 } else { 1 } * PER_VERDICT;
+    charge
+        .rule
+        .enforced_limits()
+        .iter()
+        .zip(numbers.chunks_exact(per_limit))
+        .map(|(limit, v)| verdict(v, limit.size()))
+        .collect()
+}
+
 /// Each charge's numbers in a reply covering `charges` (empty where the
 /// reply is short).
 pub(crate) fn split<'o>(charges: &[Charge<'_>], out: &'o [i64]) -> SmallVec<[&'o [i64]; 1]> {

@@ -11,6 +11,9 @@ use spillway_redis::{BreakerState, RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Limiter, MemoryConfig, MemoryStore, RuleSet, Store};
 use spillway_testkit::{RedisCluster, RedisServer};
 
+#[path = "redis/sync.rs"]
+mod sync;
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

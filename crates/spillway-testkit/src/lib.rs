@@ -1,6 +1,7 @@
 //! Test fixtures: real `redis-server` processes on free loopback ports,
-//! stopped when dropped, a three-master Redis Cluster, and fake HTTP
-//! upstreams for the proxy's tests ([`upstream`]).
+//! stopped when dropped, a three-master Redis Cluster, fake HTTP
+//! upstreams for the proxy's tests ([`upstream`]), and a TCP [`Relay`]
+//! that slows, cuts or stalls a link for failure tests ([`relay`]).
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -11,7 +12,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod relay;
 pub mod upstream;
+
+pub use relay::Relay;
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {

@@ -1,0 +1,300 @@
+//! Local-first sync: an instance decides in memory and, every interval,
+//! exchanges with Redis what it counted ([`RedisStore::exchange`]), and
+//! says it is alive ([`RedisStore::heartbeat`]).
+//!
+//! An exchange is one call of the decision script (`lua/decide.lua`,
+//! whose header is the contract) carrying every item as a decision of its
+//! own: a charge after the fact, a refund of units a lease took and did
+//! not use, or a lease of units to spend locally. Rules shared by items
+//! are sent once. With a push (an instance's name and a sequence number)
+//! the call is idempotent: a push sent again after a lost reply is
+//! answered, but changes nothing.
+
+use std::time::Duration;
+
+use spillway_core::{Decision, Verdict};
+use spillway_store::{Charge, StoreError};
+
+use crate::keys::{self, Write};
+use crate::{Conn, RedisStore, err, eval, eval_script, reply, timed_out};
+
+/// What one item of an exchange does to its rule's limits for its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOp {
+    /// Charge `n` after the fact (the script's flag 2: always counted, debt allowed);
+    /// 0 is a check (dry run, writes nothing).
+    Charge(u64),
+    /// Give back `units` taken by a lease at `since_us` (Redis microseconds, as returned
+    /// by an earlier exchange's `now_us`).
+    Refund {
+        /// Units given back (0: a check).
+        units: u64,
+        /// When the lease took them: Redis's TIME in microseconds.
+        since_us: u64,
+    },
+    /// Take up to `want` units now: the largest c <= want that every limit admits
+    /// (all-or-none), charged as an admitted request of cost c; 0 if none.
+    Lease {
+        /// The most to take.
+        want: u64,
+    },
+}
+
+impl SyncOp {
+    /// The script's cost, time (0: Redis's TIME) and flag for this op.
+    fn script_op(self) -> (u64, u64, Write) {
+        match self {
+            SyncOp::Charge(0) | SyncOp::Refund { units: 0, .. } => (0, 0, Write::Dry),
+            SyncOp::Charge(n) => (n, 0, Write::Always),
+            SyncOp::Refund { units, since_us } => (units, since_us, Write::Refund),
+            SyncOp::Lease { want } => (want, 0, Write::Lease),
+        }
+    }
+}
+
+/// One item of an exchange: an op on one rule's limits for one key.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncItem<'a> {
+    /// The rule.
+    pub rule: &'a spillway_core::Rule,
+    /// The client's key under it, as [`tag`](crate::tag) names it: an
+    /// instance that shares counts keeps tags, not clients' values.
+    pub tag: u64,
+    /// What to do to them.
+    pub op: SyncOp,
+}
+
+impl SyncItem<'_> {
+    /// A charge standing for the item's rule, for the reply's replay
+    /// (which reads only the rule).
+    fn charge<'k>(&self, key: &'k spillway_store::Key<'k>) -> Charge<'k>
+    where
+        Self: 'k,
+    {
+        Charge {
+            rule: self.rule,
+            key,
+        }
+    }
+}
+
+/// What Redis answered for one item.
+#[derive(Debug, Clone)]
+pub struct SyncItemReply {
+    /// For Charge and Refund: a check of cost 0 after the op (as the charge mode answers today).
+    /// For Lease: the decision of the take of `granted` units (or of a check when 0 granted).
+    pub decision: Decision,
+    /// Units granted by a Lease (0 for the other ops).
+    pub granted: u64,
+    /// Each limit's verdict, the rule's limits in order, under their
+    /// enforced sizes (a soft rule's raised ones): the numbers `decision`
+    /// was made from, which names only the limit closest to refusing.
+    pub limits: Vec<Verdict>,
+}
+
+/// What Redis answered for an exchange.
+#[derive(Debug, Clone)]
+pub struct SyncReply {
+    /// False when the push was a replay (its seq was not above the last one stored
+    /// for that instance): then NO item changed any state (every op ran as a check),
+    /// but every item still has its reply.
+    pub applied: bool,
+    /// Redis's TIME in microseconds when the script ran.
+    pub now_us: u64,
+    /// One per item, in order.
+    pub items: Vec<SyncItemReply>,
+}
+
+impl RedisStore {
+    /// Runs `items` in one script call, each atomic on its own, in order
+    /// (a lease after a refund of the same key sees the units given
+    /// back). `push = Some((instance, seq))` makes the call idempotent:
+    /// the script stores the last `seq` per instance in the hash
+    /// `<prefix>sync:seq` and runs every op as a check when `seq` is not
+    /// above the one stored (then [`SyncReply::applied`] is false). With
+    /// `None` the ops always apply.
+    ///
+    /// The call goes straight to the connection (not through the batcher
+    /// of decisions), bounded by [`RedisConfig::timeout`](crate::RedisConfig::timeout);
+    /// it counts on the circuit breaker as decisions do, and in
+    /// [`script_calls`](Self::script_calls). Thousands of items fit one
+    /// call; it runs on Redis as long as that many decisions would.
+    ///
+    /// # Errors
+    /// As [`Store::decide`](spillway_store::Store::decide); and, not
+    /// transient, on a cluster (sync needs a single server: one call
+    /// touches keys in every slot), for an empty instance name, or a
+    /// `seq` above 2^53 - 1 (the script's numbers are doubles).
+    pub async fn exchange(
+        &self,
+        items: &[SyncItem<'_>],
+        push: Option<(&str, u64)>,
+    ) -> Result<SyncReply, StoreError> {
+        let inner = &self.inner;
+        if !inner.config.cluster.is_empty() {
+            return Err(err(
+                false,
+                "a sync exchange needs a single redis server, not a cluster",
+            ));
+        }
+        let (instance, seq) = push.unwrap_or(("", 0));
+        if push.is_some() && instance.is_empty() {
+            return Err(err(false, "a sync push needs an instance name"));
+        }
+        if seq > keys::MAX_EXACT {
+            return Err(err(
+                false,
+                format!("sync sequence number {seq} is above 2^53 - 1"),
+            ));
+        }
+        let parts: Vec<keys::Part> = items
+            .iter()
+            .map(|item| {
+                let (cost, now_us, write) = item.op.script_op();
+                keys::part_tagged(item.rule, item.tag, cost, now_us, write)
+            })
+            .collect();
+        let cmd = keys::exchange_command(
+            &inner.script,
+            &inner.config.prefix,
+            inner.config.buckets,
+            &parts,
+            instance,
+            seq,
+        );
+        let Conn::Single(c) = self.connection()? else {
+            return Err(err(
+                false,
+                "a sync exchange needs a single redis server, not a cluster",
+            ));
+        };
+        let mut c = c.clone();
+        let result = {
+            let _due = spillway_store::due::Awaiting::new();
+            tokio::time::timeout(inner.config.timeout, eval(&mut c, &cmd, inner))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))
+        };
+        match result.and_then(|out| sync_reply(items, &parts, &out)) {
+            Ok(reply) => {
+                inner.breaker.success();
+                // A refund makes a key less over its limit than time alone
+                // would: what the over-limit cache knew may be wrong now.
+                // (An instance that syncs decides locally and never asks
+                // this store's cache; this is for a store used both ways.)
+                if let Some(over) = inner.over.as_ref().filter(|_| reply.applied)
+                    && items
+                        .iter()
+                        .any(|i| matches!(i.op, SyncOp::Refund { units: 1.., .. }))
+                {
+                    over.clear();
+                }
+                Ok(reply)
+            }
+            Err(e) => Err(self.failed(&e)),
+        }
+    }
+
+    /// Records `instance` as alive at Redis's time in the sorted set
+    /// `<prefix>sync:live`, drops the members whose last heartbeat is
+    /// older than `ttl` (the set itself lives `ttl` after the last one),
+    /// and answers Redis's TIME in microseconds and the members left
+    /// (this one included). One small script call on one key, so it works
+    /// on a cluster too; bounded by
+    /// [`RedisConfig::timeout`](crate::RedisConfig::timeout), counted on
+    /// the circuit breaker and in [`script_calls`](Self::script_calls).
+    ///
+    /// # Errors
+    /// As [`Store::decide`](spillway_store::Store::decide).
+    pub async fn heartbeat(
+        &self,
+        instance: &str,
+        ttl: Duration,
+    ) -> Result<(u64, usize), StoreError> {
+        let inner = &self.inner;
+        let ttl_us = u64::try_from(ttl.as_micros())
+            .unwrap_or(u64::MAX)
+            .min(keys::MAX_EXACT);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(inner.heartbeat.get_hash())
+            .arg(1)
+            .arg(keys::live_key(&inner.config.prefix))
+            .arg(instance)
+            .arg(ttl_us);
+        let conn = self.connection()?.clone();
+        let call = async {
+            let _due = spillway_store::due::Awaiting::new();
+            match conn {
+                Conn::Single(mut c) => eval_script(&mut c, &cmd, &inner.heartbeat, inner).await,
+                Conn::Cluster(mut c) => eval_script(&mut c, &cmd, &inner.heartbeat, inner).await,
+            }
+        };
+        let result = Box::pin(tokio::time::timeout(inner.config.timeout, call))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+            .and_then(|out| match out[..] {
+                [now, live] => Ok((
+                    u64::try_from(now).unwrap_or(0),
+                    usize::try_from(live).unwrap_or(0),
+                )),
+                _ => Err(wrong_length()),
+            });
+        match result {
+            Ok(answer) => {
+                inner.breaker.success();
+                Ok(answer)
+            }
+            Err(e) => Err(self.failed(&e)),
+        }
+    }
+}
+
+fn wrong_length() -> redis::RedisError {
+    (redis::ErrorKind::Parse, "script reply of the wrong length").into()
+}
+
+/// The reply of an exchange of `items` (sent as `parts`): applied, TIME,
+/// then per item its numbers (a lease's first: the units it took).
+fn sync_reply(
+    items: &[SyncItem<'_>],
+    parts: &[keys::Part],
+    out: &[i64],
+) -> redis::RedisResult<SyncReply> {
+    let expected = 2 + parts.iter().map(|p| p.reply_len).sum::<usize>();
+    if out.len() != expected {
+        return Err(wrong_length());
+    }
+    let mut at = 2;
+    let items = items
+        .iter()
+        .zip(parts)
+        .map(|(item, part)| {
+            let key = spillway_store::Key::default();
+            let charge = item.charge(&key);
+            let charges = std::slice::from_ref(&charge);
+            let mut numbers = &out[at..at + part.reply_len];
+            at += part.reply_len;
+            let granted = match item.op {
+                SyncOp::Lease { .. } => {
+                    let g = u64::try_from(numbers[0]).unwrap_or(0);
+                    numbers = &numbers[1..];
+                    g
+                }
+                _ => 0,
+            };
+            // A charge's and a refund's verdicts are checks of cost 0
+            // after them; a lease's are the take's (of `granted`; 0: a
+            // check).
+            SyncItemReply {
+                decision: reply::decision(charges, numbers, granted),
+                granted,
+                limits: reply::enforced_verdicts(&charge, numbers),
+            }
+        })
+        .collect();
+    Ok(SyncReply {
+        applied: out[0] == 1,
+        now_us: u64::try_from(out[1]).unwrap_or(0),
+        items,
+    })
+}

@@ -40,6 +40,10 @@ pub enum FailPolicy {
     Allow,
     /// Deny (fail closed).
     Deny,
+    /// Each instance enforces its share of the limit, `limit / N`, N being
+    /// the live instances it last saw through the store (see
+    /// [`Rule::shared`]). A store that keeps no share admits, as `Allow`.
+    Share,
 }
 
 /// One part of a client's identity.
@@ -454,6 +458,30 @@ impl Rule {
     /// The mode.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// This rule with every limit cut to one instance's share of `n`
+    /// (see [`Limit::shared`]): what an instance enforces alone while the
+    /// store that shares the counts is unreachable. Same name, key, mode
+    /// and policies; a fingerprint of its own (its counters are not the
+    /// whole limit's). `n` of 0 or 1 is the rule itself.
+    pub fn shared(&self, n: u64) -> Rule {
+        if n <= 1 {
+            return self.clone();
+        }
+        let limits = self.limits.iter().map(|l| l.shared(n)).collect();
+        let mut rule = Rule::new(
+            self.name.clone(),
+            self.route.clone(),
+            self.by.clone(),
+            limits,
+            self.mode,
+        )
+        .unwrap_or_else(|_| self.clone());
+        rule.on_store_error = self.on_store_error;
+        rule.path_matching = self.path_matching;
+        rule.response_cost = self.response_cost.clone();
+        rule
     }
 
     /// The rule's own store-failure policy, if it sets one.

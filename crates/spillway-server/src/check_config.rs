@@ -82,12 +82,41 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                         );
                     }
                 }
+                config::StoreConfig::Sync(s) => {
+                    outln!(
+                        "store: redis {}, sync {} every {:?}{}",
+                        spillway_redis::redact(&s.redis.url),
+                        match s.sync.mode {
+                            spillway_sync::SyncMode::Eventual => "eventual",
+                            spillway_sync::SyncMode::Lease => "lease",
+                        },
+                        s.sync.interval,
+                        s.sync
+                            .region
+                            .as_ref()
+                            .map(|r| format!(", region {r}"))
+                            .unwrap_or_default()
+                    );
+                    for (name, r) in &s.regions {
+                        outln!("  region {name}: redis {}", spillway_redis::redact(&r.url));
+                    }
+                    let all = std::iter::once(("this region", &s.redis))
+                        .chain(s.regions.iter().map(|(n, r)| (n.as_str(), r)));
+                    for (name, r) in all {
+                        if let Err(e) = spillway_redis::probe(r, Duration::from_secs(1)) {
+                            outln!(
+                                "warning: redis of {name} is not reachable now ({e}); spillway serve will start anyway and connect when it is"
+                            );
+                        }
+                    }
+                }
             }
             outln!(
                 "on_store_error: {}",
                 match cfg.on_store_error {
                     spillway_core::FailPolicy::Allow => "allow",
                     spillway_core::FailPolicy::Deny => "deny",
+                    spillway_core::FailPolicy::Share => "share",
                 }
             );
             if let Some(a) = cfg.listen {

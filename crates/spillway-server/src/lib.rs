@@ -33,6 +33,7 @@ use axum::extract::ConnectInfo;
 use parking_lot::Mutex;
 use spillway_redis::RedisStore;
 use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, Store, SystemClock};
+use spillway_sync::{Fallback, SyncStore};
 use spillway_wire::Handler;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -47,8 +48,13 @@ use crate::metrics::Metrics;
 pub enum ServerStore {
     /// The embedded in-memory store.
     Memory(MemoryStore<SystemClock>),
-    /// Redis or Redis Cluster.
+    /// Redis or Redis Cluster, one call per decision.
     Redis(RedisStore),
+    /// Redis, one call per decision, with a per-instance share of every
+    /// limit while it is unreachable (`on_store_error: share`).
+    Shared(Fallback),
+    /// Local-first decisions shared through Redis (`store.redis.sync`).
+    Sync(SyncStore),
 }
 
 impl Store for ServerStore {
@@ -60,6 +66,8 @@ impl Store for ServerStore {
         match self {
             ServerStore::Memory(s) => s.decide(charges, cost).await,
             ServerStore::Redis(s) => s.decide(charges, cost).await,
+            ServerStore::Shared(s) => s.decide(charges, cost).await,
+            ServerStore::Sync(s) => s.decide(charges, cost).await,
         }
     }
 
@@ -71,34 +79,85 @@ impl Store for ServerStore {
         match self {
             ServerStore::Memory(s) => s.charge(charges, cost).await,
             ServerStore::Redis(s) => s.charge(charges, cost).await,
+            ServerStore::Shared(s) => s.charge(charges, cost).await,
+            ServerStore::Sync(s) => s.charge(charges, cost).await,
+        }
+    }
+
+    fn decide_share(
+        &self,
+        charges: &[spillway_store::Charge<'_>],
+        cost: u64,
+        after: bool,
+    ) -> Option<spillway_core::Decision> {
+        match self {
+            ServerStore::Shared(s) => s.decide_share(charges, cost, after),
+            ServerStore::Sync(s) => s.decide_share(charges, cost, after),
+            ServerStore::Memory(_) | ServerStore::Redis(_) => None,
         }
     }
 
     fn keys(&self) -> Option<usize> {
         match self {
             ServerStore::Memory(s) => s.keys(),
-            ServerStore::Redis(_) => None,
+            ServerStore::Sync(s) => s.keys(),
+            ServerStore::Redis(_) | ServerStore::Shared(_) => None,
         }
     }
 
     fn maintain(&self) {
-        if let ServerStore::Memory(s) = self {
-            s.maintain();
+        match self {
+            ServerStore::Memory(s) => s.maintain(),
+            ServerStore::Sync(s) => s.maintain(),
+            ServerStore::Redis(_) | ServerStore::Shared(_) => {}
         }
     }
 }
 
 impl ServerStore {
-    /// `None` when healthy, else why not (for readiness).
-    pub fn degraded(&self) -> Option<String> {
+    /// The Redis store decisions go to (the home region's), if any.
+    fn redis(&self) -> Option<&RedisStore> {
         match self {
             ServerStore::Memory(_) => None,
-            ServerStore::Redis(r) if !r.is_connected() => Some("redis: not connected".into()),
-            ServerStore::Redis(r) if !r.is_healthy() => Some(match r.last_error() {
+            ServerStore::Redis(r) => Some(r),
+            ServerStore::Shared(f) => Some(f.redis()),
+            ServerStore::Sync(s) => Some(s.home()),
+        }
+    }
+
+    /// The sync's state, for the status page and metrics: `None` for
+    /// stores that do not share counts in the background.
+    pub fn sync_status(&self) -> Option<spillway_sync::SyncStatus> {
+        match self {
+            ServerStore::Shared(f) => Some(f.status()),
+            ServerStore::Sync(s) => Some(s.status()),
+            ServerStore::Memory(_) | ServerStore::Redis(_) => None,
+        }
+    }
+
+    /// `None` when healthy, else why not (for readiness).
+    pub fn degraded(&self) -> Option<String> {
+        if let Some(st) = self.sync_status()
+            && st.sharing
+        {
+            return Some(format!(
+                "store unreachable: sharing, each of {} instances enforces 1/{} of every limit",
+                st.live, st.live
+            ));
+        }
+        if let ServerStore::Sync(s) = self {
+            // Decisions are local: Redis's breaker says nothing of them.
+            return s
+                .is_down()
+                .then(|| format!("{}: unreachable, sync stopped", s.home().describe()));
+        }
+        match self.redis()? {
+            r if !r.is_connected() => Some("redis: not connected".into()),
+            r if !r.is_healthy() => Some(match r.last_error() {
                 Some(why) => format!("redis: circuit breaker {:?}: {why}", r.breaker()),
                 None => format!("redis: circuit breaker {:?}", r.breaker()),
             }),
-            ServerStore::Redis(_) => None,
+            _ => None,
         }
     }
 
@@ -108,20 +167,23 @@ impl ServerStore {
     /// its circuit breaker opened) and decisions the over-limit cache
     /// answered.
     pub fn metrics(&self) -> String {
-        let (name, help, value) = match self {
-            ServerStore::Memory(m) => (
+        let (name, help, value) = match (self, self.redis()) {
+            (ServerStore::Memory(m), _) => (
                 "spillway_memory_overflow_decisions_total",
                 "Decisions made against a rule's shared overflow state because the key table was full of limiting clients.",
                 m.overflowed(),
             ),
-            ServerStore::Redis(r) => (
+            (_, r) => (
                 "spillway_redis_outages_total",
                 "Times the Redis circuit breaker opened.",
-                r.outages(),
+                r.map_or(0, RedisStore::outages),
             ),
         };
         let mut out = format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
-        if let ServerStore::Redis(r) = self {
+        if let Some(st) = self.sync_status() {
+            out.push_str(&metrics::sync_metrics(&st));
+        }
+        if let Some(r) = self.redis() {
             let name = "spillway_redis_over_limit_cache_hits_total";
             out.push_str(&format!(
                 "# HELP {name} Decisions refused from the over-limit cache, without a Redis round trip.\n# TYPE {name} counter\n{name} {}\n",
@@ -136,6 +198,20 @@ impl ServerStore {
         match self {
             ServerStore::Memory(_) => "memory".to_string(),
             ServerStore::Redis(r) => r.describe(),
+            ServerStore::Shared(f) => format!("{} (on_store_error: share)", f.redis().describe()),
+            ServerStore::Sync(s) => {
+                let st = s.status();
+                format!(
+                    "{} (sync: {}, every {:?}{})",
+                    s.home().describe(),
+                    st.mode,
+                    s.interval(),
+                    match st.links.len() {
+                        1 => String::new(),
+                        n => format!(", {} other regions", n - 1),
+                    }
+                )
+            }
         }
     }
 }
@@ -273,7 +349,19 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
                 ..MemoryConfig::default()
             },
         )),
+        StoreConfig::Redis(cfg) if shares(&opts.config) => ServerStore::Shared(Fallback::new(
+            RedisStore::new(cfg.clone())?,
+            spillway_sync::SyncConfig::default().max_keys,
+        )),
         StoreConfig::Redis(cfg) => ServerStore::Redis(RedisStore::new(cfg.clone())?),
+        StoreConfig::Sync(s) => {
+            let home = RedisStore::new(s.redis.clone())?;
+            let mut remotes = Vec::with_capacity(s.regions.len());
+            for (name, cfg) in &s.regions {
+                remotes.push((name.clone(), RedisStore::new(cfg.clone())?));
+            }
+            ServerStore::Sync(SyncStore::new(s.sync.clone(), home, remotes))
+        }
     };
     let set = rule_set(&opts.config, 1);
     let shared = Shared {
@@ -305,6 +393,16 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
         admin,
         grpc,
     })
+}
+
+/// Whether `on_store_error: share` is asked for, by default or by a rule
+/// (the per-decision Redis store then keeps heartbeats and a share).
+fn shares(config: &Config) -> bool {
+    config.on_store_error == spillway_core::FailPolicy::Share
+        || config
+            .rules
+            .iter()
+            .any(|r| r.fail_policy() == Some(spillway_core::FailPolicy::Share))
 }
 
 /// The rule set for `config`, numbered `version`.

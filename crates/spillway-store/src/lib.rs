@@ -183,6 +183,16 @@ pub trait Store: Send + Sync + 'static {
         cost: u64,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
+    /// While the store cannot decide (it just failed): decides `charges`
+    /// (or, if `after`, charges them after the fact) against this
+    /// instance's share of each limit, for rules whose policy is
+    /// [`FailPolicy::Share`](spillway_core::FailPolicy::Share). `None`
+    /// if the store keeps no share (then such rules admit, as `Allow`).
+    fn decide_share(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Option<Decision> {
+        let _ = (charges, cost, after);
+        None
+    }
+
     /// Keys currently held, if the store can tell cheaply.
     fn keys(&self) -> Option<usize> {
         None

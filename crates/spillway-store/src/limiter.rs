@@ -578,8 +578,50 @@ impl<S: Store> Limiter<S> {
         };
         match answer {
             Ok(d) => (d, None),
-            Err(e) => (by_policy(default, charges.iter().map(|c| c.rule)), Some(e)),
+            Err(e) => (self.failed(default, charges, cost, after), Some(e)),
         }
+    }
+
+    /// The decision when the store failed: each rule's policy, and for
+    /// the rules that share, the store's share of their limits.
+    fn failed(
+        &self,
+        default: FailPolicy,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+    ) -> Decision {
+        let shares = |c: &Charge<'_>| c.rule.fail_policy().unwrap_or(default) == FailPolicy::Share;
+        let mut decision = by_policy(default, charges.iter().map(|c| c.rule));
+        if !charges.iter().any(shares) {
+            return decision;
+        }
+        let at: Vec<usize> = (0..charges.len())
+            .filter(|&j| shares(&charges[j]))
+            .collect();
+        let part: Vec<Charge<'_>> = at.iter().map(|&j| charges[j]).collect();
+        let Some(mut shared) = self.store.decide_share(&part, cost, after) else {
+            return decision;
+        };
+        for rd in shared.rules.iter_mut().chain(shared.deciding.as_mut()) {
+            rd.rule = at[rd.rule];
+        }
+        // The sharing rules' verdicts replace their policy's admission.
+        decision.rules.retain(|rd| !at.contains(&rd.rule));
+        if decision.deciding.is_some_and(|d| at.contains(&d.rule)) {
+            decision.deciding = None;
+        }
+        let mut out = Decision {
+            allowed: decision.allowed,
+            wait: Nanos::ZERO,
+            deciding: decision.deciding,
+            rules: decision.rules,
+        };
+        merge(&mut out, shared);
+        if out.deciding.is_none() {
+            out.deciding = out.rules.first().copied();
+        }
+        out
     }
 }
 
@@ -699,7 +741,9 @@ fn over_cost(rule: &Rule, cost: u64) -> Option<RuleDecision> {
 }
 
 /// The decision when the store is unavailable: each rule's own failure
-/// policy, or the rule set's; a shadow rule never denies.
+/// policy, or the rule set's; a shadow rule never denies. A rule that
+/// shares admits here: [`Limiter::failed`] puts the store's share in its
+/// place when the store keeps one.
 fn by_policy<'a>(default: FailPolicy, rules: impl Iterator<Item = &'a Rule>) -> Decision {
     let mut out = Decision::unlimited();
     for (ri, rule) in rules.enumerate() {

@@ -259,6 +259,48 @@ impl<C: Clock> MemoryStore<C> {
         }
     }
 
+    /// The hash this store files `charge`'s states under (keyed by its
+    /// seed): what [`limit_at`](Self::limit_at) takes, so a caller that
+    /// keeps a key for later (local-first sync) need not keep its values.
+    pub fn key_hash(&self, charge: &Charge<'_>) -> u64 {
+        self.hash(charge)
+    }
+
+    /// One limit (`index` among `rule`'s enforced limits) of the client
+    /// whose [`key_hash`](Self::key_hash) is `hash`, at `now`: charged
+    /// `cost` after the fact (even past the limit, as
+    /// [`charge_at`](Self::charge_at) charges it), and a check of cost 0
+    /// after it; `cost` 0 only checks. For local-first sync, which catches
+    /// each limit up with the count every instance shares.
+    pub fn limit_at(&self, rule: &Rule, hash: u64, index: usize, cost: u64, now: Nanos) -> Verdict {
+        let Some(limit) = rule.enforced_limits().get(index) else {
+            return Verdict::never(0);
+        };
+        let mut shard = self.shard(hash).0.lock();
+        let mut used = false;
+        let spill = Spill {
+            overflow: &self.overflow,
+            shared: Shared::Rule {
+                fingerprint: rule.fingerprint(),
+                index,
+            },
+            used: &mut used,
+        };
+        let write = if cost == 0 { Write::No } else { Write::Always };
+        let v = apply(
+            &mut shard,
+            spill,
+            limit_tag(hash, index),
+            limit,
+            now,
+            cost,
+            write,
+        );
+        drop(shard);
+        self.count_overflow(used);
+        v
+    }
+
     /// Decides one limit for one key, without rules: the fastest path, used by
     /// benchmarks and by callers that manage their own keys. `key` is any
     /// byte string naming the client; `limit` must be the same for a key

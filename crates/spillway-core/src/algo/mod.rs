@@ -348,6 +348,61 @@ impl Limit {
         }
     }
 
+    /// One instance's share of this limit among `n`: every size (capacity,
+    /// burst, window limit) divided by `n`, rounded down but at least 1,
+    /// and every rate divided by `n` (the same count over `n` times the
+    /// period), so `n` instances each enforcing it admit at most the
+    /// whole limit (plus up to one unit each where a size rounds up to
+    /// 1). A share that cannot be represented (a period past 2^64 ns)
+    /// keeps the rate whole; `n` of 0 or 1 is the limit itself.
+    ///
+    /// ```
+    /// use spillway_core::{FixedWindow, Gcra, Limit, Nanos, Rate};
+    /// let w = Limit::FixedWindow(FixedWindow::new(100, Nanos::from_secs(60))?);
+    /// assert_eq!(w.shared(4).size(), 25);
+    /// let g = Limit::Gcra(Gcra::new(Rate::new(10, Nanos::from_secs(1))?, 8)?);
+    /// let Limit::Gcra(s) = g.shared(4) else { unreachable!() };
+    /// assert_eq!((s.burst(), s.rate().per()), (2, Nanos::from_secs(4)));
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
+    pub fn shared(&self, n: u64) -> Limit {
+        if n <= 1 {
+            return self.clone();
+        }
+        let size = |s: u64| (s / n).max(1);
+        let rate = |r: Rate| {
+            r.per
+                .0
+                .checked_mul(n)
+                .and_then(|per| Rate::new(r.count, Nanos(per)).ok())
+                .unwrap_or(r)
+        };
+        let shared = match self {
+            Limit::TokenBucket(a) => {
+                TokenBucket::new(size(a.capacity()), rate(a.refill())).map(Limit::TokenBucket)
+            }
+            Limit::LeakyBucket(a) => {
+                LeakyBucket::new(size(a.capacity()), rate(a.leak())).map(Limit::LeakyBucket)
+            }
+            Limit::Shaper(a) => {
+                Shaper::new(size(a.capacity()), rate(a.leak()), a.max_wait()).map(Limit::Shaper)
+            }
+            Limit::FixedWindow(a) => {
+                FixedWindow::new(size(a.limit()), a.window()).map(Limit::FixedWindow)
+            }
+            Limit::SlidingLog(a) => {
+                SlidingLog::new(size(a.limit()), a.window()).map(Limit::SlidingLog)
+            }
+            Limit::SlidingCounter(a) => {
+                SlidingCounter::new(size(a.limit()), a.window()).map(Limit::SlidingCounter)
+            }
+            Limit::Gcra(a) => Gcra::new(rate(a.rate()), size(a.burst())).map(Limit::Gcra),
+        };
+        // Smaller sizes and slower rates stay within every bound the
+        // original met; should one not, the original is the safe answer.
+        shared.unwrap_or_else(|_| self.clone())
+    }
+
     /// Decides for a narrow-state limit; `None` if this limit keeps another kind of state.
     pub fn decide_narrow(&self, state: u64, now: Nanos, cost: u64) -> Option<(Verdict, u64)> {
         Some(match self {

@@ -133,8 +133,34 @@ async fn status(State(state): State<Arc<AdminState>>) -> Response {
         "last_reload_error": reload.last_error,
         "last_reload_unix_ms": reload.last_reload_unix_ms,
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
+        "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
     }))
     .into_response()
+}
+
+/// The sync's state as the status endpoint shows it.
+fn sync_json(st: &spillway_sync::SyncStatus) -> serde_json::Value {
+    json!({
+        "mode": st.mode,
+        "instance": st.instance,
+        "region": st.region,
+        "live_instances": st.live,
+        "sharing": st.sharing,
+        "share_decisions": st.share_decisions,
+        "keys": st.keys,
+        "untracked_keys": st.untracked,
+        "clock_step_us": st.clock_step_us,
+        "stores": st.links.iter().map(|l| json!({
+            "region": l.region,
+            "home": l.home,
+            "last_success_unix_ms": l.last_ok_unix_ms,
+            "lag_ms": l.lag_ms,
+            "round_trip_us": l.rtt_us,
+            "failures_in_a_row": l.failures,
+            "deltas_waiting": l.deltas_waiting,
+            "keys_synced": l.keys_synced,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> Response {

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_saphyr::Spanned;
-use spillway_core::{FailPolicy, PathMatching, Rule};
+use spillway_core::{FailPolicy, Nanos, PathMatching, Rule};
 
 pub use envoy::{load_envoy, parse_envoy};
 pub use errors::{ConfigError, ConfigErrors};
@@ -122,6 +122,20 @@ pub enum StoreConfig {
     },
     /// Redis or Redis Cluster, shared by many instances.
     Redis(spillway_redis::RedisConfig),
+    /// Local-first decisions shared through Redis (`store.redis.sync`).
+    Sync(SyncSettings),
+}
+
+/// `store.redis.sync`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncSettings {
+    /// This region's store.
+    pub redis: spillway_redis::RedisConfig,
+    /// Mode, interval, region.
+    pub sync: spillway_sync::SyncConfig,
+    /// The other regions' stores, by name (the home store's settings with
+    /// their own URL).
+    pub regions: Vec<(String, spillway_redis::RedisConfig)>,
 }
 
 /// Reads and validates the file at `path`.
@@ -658,7 +672,117 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
         }
         cfg.prefix = p.value.clone();
     }
-    StoreConfig::Redis(cfg)
+    match &raw.sync {
+        None => StoreConfig::Redis(cfg),
+        Some(s) => StoreConfig::Sync(sync_config(errs, s, cfg)),
+    }
+}
+
+/// Longest sync interval: past it, instances would not see each other's
+/// traffic for longer than most windows last.
+const MAX_SYNC_INTERVAL: Nanos = Nanos(60_000_000_000);
+
+fn sync_config(
+    errs: &mut Errors<'_>,
+    s: &Spanned<raw::RawSync>,
+    redis: spillway_redis::RedisConfig,
+) -> SyncSettings {
+    let raw = &s.value;
+    let mut sync = spillway_sync::SyncConfig::default();
+    if !redis.cluster.is_empty() {
+        errs.at(
+            s,
+            "redis.sync needs one server per region (url): a Redis Cluster is decided per request only",
+        );
+    }
+    if let Some(m) = &raw.mode {
+        sync.mode = match m.value.as_str() {
+            "eventual" => spillway_sync::SyncMode::Eventual,
+            "lease" => spillway_sync::SyncMode::Lease,
+            other => {
+                errs.at(
+                    m,
+                    format!("redis.sync.mode {other:?}: expected eventual or lease"),
+                );
+                spillway_sync::SyncMode::Eventual
+            }
+        };
+    }
+    if let Some(i) = &raw.interval
+        && let Some(d) = duration(errs, i, "redis.sync.interval", false)
+    {
+        if d > MAX_SYNC_INTERVAL {
+            errs.at(i, "redis.sync.interval: at most 60s");
+        } else {
+            sync.interval = d.into();
+        }
+    }
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 64
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    if let Some(r) = &raw.region {
+        if !name_ok(&r.value) {
+            errs.at(
+                r,
+                "redis.sync.region: 1 to 64 letters, digits, '-', '_' or '.'",
+            );
+        }
+        sync.region = Some(r.value.clone());
+    }
+    let mut regions = Vec::new();
+    if let Some(rs) = &raw.regions {
+        if raw.region.is_none() && !rs.value.is_empty() {
+            errs.at(
+                rs,
+                "redis.sync.regions needs redis.sync.region: this instance's own region",
+            );
+        }
+        for (name, url) in &rs.value {
+            if !name_ok(name) {
+                errs.at(rs, format!("redis.sync.regions: region name {name:?}: 1 to 64 letters, digits, '-', '_' or '.'"));
+            }
+            if sync.region.as_deref() == Some(name.as_str()) {
+                errs.at(
+                    rs,
+                    format!("redis.sync.regions: {name:?} is this instance's own region"),
+                );
+            }
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                errs.at(
+                    rs,
+                    format!(
+                        "redis.sync.regions.{name}: {:?} is not a redis:// or rediss:// url",
+                        spillway_redis::redact(url)
+                    ),
+                );
+            }
+            regions.push((
+                name.clone(),
+                spillway_redis::RedisConfig {
+                    url: url.clone(),
+                    ..redis.clone()
+                },
+            ));
+        }
+    }
+    if let Some(n) = &raw.max_keys
+        && let Some(n) = count(errs, n, "redis.sync.max_keys")
+    {
+        sync.max_keys = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(n) = &raw.failures
+        && let Some(n) = count(errs, n, "redis.sync.failures")
+    {
+        sync.failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    SyncSettings {
+        redis,
+        sync,
+        regions,
+    }
 }
 
 fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::Settings {

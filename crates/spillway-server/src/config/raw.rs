@@ -283,6 +283,26 @@ pub(crate) struct RawRedis {
     pub(crate) buckets: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) over_limit_cache: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) sync: Option<Spanned<RawSync>>,
+}
+
+/// `store.redis.sync`: local-first decisions.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSync {
+    #[serde(default)]
+    pub(crate) mode: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) interval: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) region: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) regions: Option<Spanned<std::collections::BTreeMap<String, String>>>,
+    #[serde(default)]
+    pub(crate) max_keys: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) failures: Option<Spanned<i64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -140,10 +140,11 @@ pub(super) fn policy(errs: &mut Errors<'_>, p: &Spanned<String>) -> FailPolicy {
     match p.value.as_str() {
         "allow" => FailPolicy::Allow,
         "deny" => FailPolicy::Deny,
+        "share" => FailPolicy::Share,
         other => {
             errs.at(
                 p,
-                format!("on_store_error {other:?}: expected allow or deny"),
+                format!("on_store_error {other:?}: expected allow, deny or share"),
             );
             FailPolicy::Allow
         }

@@ -1,0 +1,120 @@
+//! # spillway-sync
+//!
+//! Local-first decisions for many instances in one or several regions:
+//! decisions are made in memory, and counts are shared through Redis in
+//! the background, so a decision never waits for the network
+//! ([`SyncMode::Eventual`]), or waits only when a key's leased budget runs
+//! out ([`SyncMode::Lease`]). And, for every Redis mode including the
+//! per-decision one, `on_store_error: share`: while the store is
+//! unreachable each instance enforces its share of every limit (see
+//! [`Share`]).
+//!
+//! ## Eventual mode
+//! Each instance decides in its own memory store (every algorithm, on the
+//! store's clock: see [`StoreClock`]), records what it admitted per key,
+//! and every `interval` exchanges with its region's store in one script
+//! call: it pushes its deltas (charged after the fact to the same states a
+//! per-decision instance would use, numbered so a retried or replayed push
+//! counts once: see [`link`]) and reads back, for every key it is using,
+//! what each limit has left. Where its own memory says more is left than
+//! the store does (less what it admitted since the push), it charges the
+//! difference locally: its memory then holds every instance's admissions
+//! up to the exchange. Between exchanges an instance does not see the
+//! others' admissions, which is what it can over-admit:
+//!
+//! > over-admission of a key ≤ what the *other* instances admit for it
+//! > within one lag `L = 2 × interval + round trip` (a delta waits at most
+//! > one interval to be pushed, and the push at most one more to be read
+//! > by each other instance), and never more than `(N − 1) × limit`.
+//!
+//! With a total rate `R` spread over `N` instances that is about
+//! `R × L × (N − 1) / N` above the limit per lag, for every algorithm. A
+//! key an instance starts using (or uses again after 10 idle intervals) is
+//! decided on its local state until its first exchange: the same bound.
+//! Late arrivals are charged when they arrive, never earlier, so a remote
+//! admission near a window's end may count in the next window (the error
+//! is toward admitting less).
+//!
+//! ## Lease mode
+//! An instance leases a slice of a key's remaining budget: the store
+//! admits `c` units at once (the largest it can, up to what the instance
+//! asks: its demand over the last interval, at least its share of what is
+//! left, `remaining / N`), and the instance admits locally while the slice
+//! lasts. A slice expires after two intervals (or at its fixed window's
+//! end), and what was not used goes back to the store; a key with no
+//! slice, or a spent one, asks the store (concurrent requests for it wait
+//! for one call). The store counts every unit when it is leased, so
+//! admissions never exceed the limit over any window of the store's; a
+//! slice's units may be spent in a burst up to two intervals after they
+//! were counted (a rate's burst can be exceeded by one slice). Unused
+//! slices at a window's end are the under-admission.
+//!
+//! ## Several regions
+//! Each instance pushes its deltas to every region's store (a [`Link`] per
+//! store, each with its own numbers), and reads only its own region's. A
+//! store that cannot be reached keeps its deltas waiting (merged per key)
+//! until it can, then receives them once.
+
+pub mod clock;
+mod keys;
+pub mod link;
+pub mod share;
+mod store;
+
+pub use clock::StoreClock;
+pub use link::{Ledger, Link, Push};
+pub use share::Share;
+pub use store::{Fallback, LinkStatus, SyncStatus, SyncStore};
+
+use std::time::Duration;
+
+/// How instances share counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Decide in memory; exchange deltas and totals every interval.
+    Eventual,
+    /// Decide in memory from leased slices of each key's budget.
+    Lease,
+}
+
+/// Settings of a [`SyncStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncConfig {
+    /// Eventual or lease.
+    pub mode: SyncMode,
+    /// How often each instance exchanges with the stores.
+    pub interval: Duration,
+    /// This instance's region, for status and logs.
+    pub region: Option<String>,
+    /// Most keys tracked at once (and held in the local memory store).
+    pub max_keys: usize,
+    /// Failed exchanges in a row after which the store counts as
+    /// unreachable (decisions then follow `on_store_error`).
+    pub failures: u32,
+}
+
+impl Default for SyncConfig {
+    fn default() -> SyncConfig {
+        SyncConfig {
+            mode: SyncMode::Eventual,
+            interval: Duration::from_millis(100),
+            region: None,
+            max_keys: 1_000_000,
+            failures: 3,
+        }
+    }
+}
+
+impl SyncConfig {
+    /// How long a request waits for a slice another request is asking
+    /// for: an interval, at least 50 ms.
+    pub(crate) fn timeout_hint(&self) -> Duration {
+        self.interval.max(Duration::from_millis(50))
+    }
+}
+
+/// How long an instance counts as alive after its last heartbeat: a few
+/// heartbeats, so one slow exchange does not halve every share.
+pub fn live_ttl(interval: Duration) -> Duration {
+    (interval * 5).max(Duration::from_secs(2))
+}

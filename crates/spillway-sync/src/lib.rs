@@ -56,15 +56,20 @@
 //! until it can, then receives them once.
 
 pub mod clock;
+mod fallback;
 mod keys;
+mod lease;
 pub mod link;
 pub mod share;
+mod status;
 mod store;
 
 pub use clock::StoreClock;
+pub use fallback::Fallback;
 pub use link::{Ledger, Link, Push};
 pub use share::Share;
-pub use store::{Fallback, LinkStatus, SyncStatus, SyncStore};
+pub use status::{LinkStatus, SyncStatus};
+pub use store::SyncStore;
 
 use std::time::Duration;
 

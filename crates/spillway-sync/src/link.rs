@@ -259,7 +259,11 @@ mod tests {
         let first = link.to_send().cloned().unwrap();
         link.add(1, &(), 2);
         assert_eq!(link.pending_for(1), 2);
-        assert_eq!(link.to_send().cloned().unwrap(), first, "sent again unchanged");
+        assert_eq!(
+            link.to_send().cloned().unwrap(),
+            first,
+            "sent again unchanged"
+        );
         link.answered(first.seq);
         let second = link.to_send().cloned().unwrap();
         assert_eq!(

@@ -1,0 +1,176 @@
+//! The per-decision Redis store with a share to fall back on.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use spillway_core::Decision;
+use spillway_redis::{RedisStore, SyncItem, SyncOp};
+use spillway_store::{Charge, Store, StoreError};
+
+use crate::clock::StoreClock;
+use crate::live_ttl;
+use crate::share::Share;
+use crate::status::{Health, LinkStatus, SyncStatus, instance_id, unix_ms};
+
+/// The per-decision Redis store with a share to fall back on
+/// (`on_store_error: share`): decisions go to Redis; while it cannot
+/// decide, [`Store::decide_share`] decides on this instance's share, and
+/// what was admitted meanwhile is charged to Redis once when it answers
+/// again. Heartbeats every second tell each instance how many are alive.
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    inner: Arc<FallbackInner>,
+}
+
+#[derive(Debug)]
+struct FallbackInner {
+    redis: RedisStore,
+    share: Share,
+    instance: String,
+    health: Health,
+}
+
+impl Fallback {
+    /// Wraps `redis`; starts the heartbeat and reconciliation task (inside
+    /// a Tokio runtime).
+    pub fn new(redis: RedisStore, max_keys: usize) -> Fallback {
+        let inner = Arc::new(FallbackInner {
+            share: Share::new(StoreClock::new(), max_keys),
+            redis,
+            instance: instance_id(),
+            health: Health::default(),
+        });
+        tokio::spawn(fallback_loop(Arc::downgrade(&inner)));
+        Fallback { inner }
+    }
+
+    /// The Redis store.
+    pub fn redis(&self) -> &RedisStore {
+        &self.inner.redis
+    }
+
+    /// A snapshot for status pages and metrics.
+    pub fn status(&self) -> SyncStatus {
+        let i = &self.inner;
+        let last = i.health.last_ok_ms.load(Ordering::Relaxed);
+        let owed = i.share.owed.lock().waiting();
+        SyncStatus {
+            mode: "per-decision",
+            instance: i.instance.clone(),
+            region: None,
+            live: i.share.live(),
+            sharing: i.share.active(),
+            share_decisions: i.share.decided(),
+            keys: 0,
+            untracked: 0,
+            clock_step_us: 0,
+            links: vec![LinkStatus {
+                region: "home".into(),
+                home: true,
+                last_ok_unix_ms: last,
+                lag_ms: if last == 0 {
+                    0
+                } else {
+                    unix_ms().saturating_sub(last)
+                },
+                rtt_us: i.health.rtt_ns.load(Ordering::Relaxed) / 1000,
+                failures: i.health.failures.load(Ordering::Relaxed),
+                deltas_waiting: owed,
+                keys_synced: i.health.keys.load(Ordering::Relaxed),
+            }],
+        }
+    }
+
+    /// Whether this instance decides on its share now.
+    pub fn sharing(&self) -> bool {
+        self.inner.share.active()
+    }
+
+    /// Runs one heartbeat and reconciliation now (tests).
+    pub async fn tick_now(&self) {
+        self.inner.tick().await;
+    }
+}
+
+impl Store for Fallback {
+    async fn decide(&self, charges: &[Charge<'_>], cost: u64) -> Result<Decision, StoreError> {
+        self.inner.redis.decide(charges, cost).await
+    }
+
+    async fn charge(&self, charges: &[Charge<'_>], cost: u64) -> Result<Decision, StoreError> {
+        self.inner.redis.charge(charges, cost).await
+    }
+
+    fn decide_share(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Option<Decision> {
+        Some(
+            self.inner
+                .share
+                .decide(charges, cost, after, spillway_redis::tag),
+        )
+    }
+}
+
+impl FallbackInner {
+    async fn tick(&self) {
+        let sent = std::time::Instant::now();
+        match self
+            .redis
+            .heartbeat(&self.instance, live_ttl(Duration::from_secs(1)))
+            .await
+        {
+            Ok((_, live)) => {
+                self.share.set_live(live as u64);
+                self.health.ok(sent.elapsed().as_nanos() as u64, 0);
+            }
+            Err(_) => {
+                self.health.failed();
+                return;
+            }
+        }
+        // Reachable: what the share admitted is charged, once. Decisions
+        // go back to Redis as soon as its breaker lets them (they try it
+        // first every time); sharing ends once nothing is owed and the
+        // breaker is closed.
+        let push = self.share.owed.lock().to_send().cloned();
+        if let Some(push) = push {
+            let call: Vec<SyncItem<'_>> = push
+                .items
+                .iter()
+                .map(|(tag, rule, cost)| SyncItem {
+                    rule,
+                    tag: *tag,
+                    op: SyncOp::Charge(*cost),
+                })
+                .collect();
+            if self
+                .redis
+                .exchange(&call, Some((&self.instance, push.seq)))
+                .await
+                .is_ok()
+            {
+                self.share.owed.lock().answered(push.seq);
+                self.health.keys.store(call.len() as u64, Ordering::Relaxed);
+            }
+        }
+        if self.share.owed.lock().waiting() == 0 && self.redis.is_healthy() {
+            self.share.end();
+        }
+    }
+}
+
+async fn fallback_loop(weak: Weak<FallbackInner>) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(250));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut beat = 0u32;
+    loop {
+        ticker.tick().await;
+        let Some(inner) = weak.upgrade() else { return };
+        // A heartbeat a second; while sharing, four a second so the
+        // shared counts are reconciled soon after the store returns.
+        beat = beat.wrapping_add(1);
+        if beat.is_multiple_of(4) || inner.share.active() {
+            inner.tick().await;
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! Lease mode: a key's requests are admitted from a slice of its budget
+//! that the store counted when it leased it (see the crate docs).
+
+use std::sync::Arc;
+
+use spillway_core::{
+    Clock, Decision, Limit, Mode, Nanos, Outcome, RuleDecision, RuleDecisions, Verdict,
+};
+use spillway_redis::{SyncItem, SyncOp};
+use spillway_store::{Charge, StoreError};
+
+use crate::keys::Entry;
+use crate::store::{Inner, Item, min_remaining};
+
+/// How much to lease for a key: its demand over the last interval, twice
+/// (a slice should last until the next exchange), at least its share of
+/// what is left, and at least 1.
+fn want(demand: u64, remaining: u64, live: u64) -> u64 {
+    // Past its share of what is left, a busy instance takes what one
+    // interval of its traffic needs, not two: the rest stays for others.
+    let cap = if remaining == u64::MAX {
+        u64::MAX
+    } else {
+        demand.max(remaining / live.max(1))
+    };
+    demand.saturating_mul(2).min(cap).max(1)
+}
+
+/// The ops of one key's lease at an exchange: expired or idle units back,
+/// a new slice when demand is above what is held.
+pub(crate) fn lease_ops(
+    e: &mut Entry,
+    tag: u64,
+    now: Nanos,
+    ttl: u64,
+    live: u64,
+    ops: &mut Vec<Item>,
+) {
+    let demand = std::mem::take(&mut e.demand);
+    let expired = now >= e.expires;
+    let give_back = if expired || demand == 0 {
+        e.units
+    } else {
+        let keep = want(demand, e.remaining, live);
+        e.units.saturating_sub(keep.saturating_mul(2))
+    };
+    if give_back > 0 {
+        e.units -= give_back;
+        ops.push(Item {
+            tag,
+            rule: e.rule.clone(),
+            op: SyncOp::Refund {
+                units: give_back,
+                since_us: e.since_us,
+            },
+        });
+    }
+    if demand > 0 && e.asking.is_none() && now >= e.refused_until {
+        let w = want(demand, e.remaining, live);
+        // Topped up before it runs low or expires, so a busy key always
+        // has a slice and never waits for the store.
+        let expiring = now.saturating_add(Nanos(ttl / 2)) >= e.expires;
+        if e.units < w / 2 + 1 || expiring {
+            ops.push(Item {
+                tag,
+                rule: e.rule.clone(),
+                op: SyncOp::Lease {
+                    want: w - e.units.min(w),
+                },
+            });
+        }
+    }
+}
+
+/// Hands a granted slice to its key.
+pub(crate) fn grant(
+    e: &mut Entry,
+    granted: u64,
+    now_us: u64,
+    limits: &[Verdict],
+    now: Nanos,
+    interval: Nanos,
+) {
+    e.remaining = min_remaining(limits);
+    if granted == 0 {
+        // The store refused: no more until it may admit again (at most an
+        // interval: its state moves with other instances' slices too).
+        let retry = limits
+            .iter()
+            .filter(|v| !v.allowed)
+            .map(|v| v.retry_after)
+            .max()
+            .unwrap_or(interval)
+            .min(interval);
+        e.refused_until = now.saturating_add(retry);
+        e.verdict = limits.iter().find(|v| !v.allowed).copied();
+        return;
+    }
+    e.units = e.units.saturating_add(granted);
+    e.since_us = now_us;
+    let mut expires = now.saturating_add(Nanos(interval.as_u64().saturating_mul(2)));
+    for (l, v) in e.rule.enforced_limits().iter().zip(limits) {
+        if matches!(l, Limit::FixedWindow(_)) {
+            expires = expires.min(now.saturating_add(v.reset));
+        }
+    }
+    e.expires = expires;
+    e.verdict = limits.iter().min_by_key(|v| v.remaining).copied();
+}
+
+impl Inner {
+    /// Lease mode: admitted from the keys' slices; a key without one asks
+    /// the store (once for all the requests waiting on it).
+    pub(crate) async fn lease(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+    ) -> Result<Decision, StoreError> {
+        let mut tags = smallvec::SmallVec::<[u64; 2]>::new();
+        for c in charges {
+            tags.push(spillway_redis::tag(c));
+        }
+        for attempt in 0..2 {
+            let now = self.clock.now();
+            match self.take(charges, &tags, cost, after, now) {
+                Taken::Decided(d) => return Ok(d),
+                Taken::Untracked => {
+                    return Ok(self.share.decide(charges, cost, after, spillway_redis::tag));
+                }
+                Taken::Missing(j) if attempt == 0 => self.ask(&charges[j], tags[j], cost).await?,
+                Taken::Missing(j) => {
+                    let interval = Nanos::from(self.config.interval);
+                    return Ok(refused(charges, j, interval, None));
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    /// Takes `cost` from every charge's slice, all or none.
+    fn take(
+        &self,
+        charges: &[Charge<'_>],
+        tags: &[u64],
+        cost: u64,
+        after: bool,
+        now: Nanos,
+    ) -> Taken {
+        let mut rules = RuleDecisions::new();
+        let mut taken = smallvec::SmallVec::<[usize; 2]>::new();
+        let mut missing = None;
+        let mut refused_by = None;
+        for (j, c) in charges.iter().enumerate() {
+            let shadow = c.rule.mode() == Mode::Shadow;
+            let size = c.rule.limits().first().map_or(0, Limit::size);
+            let r = self.track(c, tags[j], |e| slice_take(e, cost, after, now));
+            match r {
+                None => {
+                    self.give_back(charges, tags, &taken, cost);
+                    return Taken::Untracked;
+                }
+                Some(Ok(units)) => {
+                    if cost > 0 && !after {
+                        taken.push(j);
+                    }
+                    rules.push(RuleDecision {
+                        rule: j,
+                        limit: 0,
+                        verdict: Verdict {
+                            allowed: true,
+                            limit: size,
+                            remaining: units,
+                            reset: Nanos::ZERO,
+                            retry_after: Nanos::ZERO,
+                            wait: Nanos::ZERO,
+                        },
+                        outcome: Outcome::Allowed,
+                    });
+                }
+                Some(Err(_)) if shadow => {
+                    rules.push(RuleDecision {
+                        rule: j,
+                        limit: 0,
+                        verdict: Verdict::never(size),
+                        outcome: Outcome::ShadowDenied,
+                    });
+                }
+                Some(Err((true, _))) => {
+                    missing.get_or_insert(j);
+                }
+                Some(Err((false, v))) => {
+                    refused_by.get_or_insert((j, v));
+                }
+            }
+        }
+        if refused_by.is_some() || missing.is_some() {
+            self.give_back(charges, tags, &taken, cost);
+            if let Some((j, v)) = refused_by {
+                return Taken::Decided(refused(charges, j, Nanos::from(self.config.interval), v));
+            }
+            return Taken::Missing(missing.unwrap_or(0));
+        }
+        // Units used from slices: what other regions' stores must count.
+        if cost > 0 && !after {
+            for &j in &taken {
+                self.keys
+                    .get(tags[j], |e| e.pending = e.pending.saturating_add(cost));
+            }
+        }
+        let deciding = rules
+            .iter()
+            .filter(|r| r.outcome == Outcome::Allowed)
+            .min_by_key(|r| r.verdict.remaining)
+            .or(rules.first())
+            .copied();
+        Taken::Decided(Decision {
+            allowed: true,
+            wait: Nanos::ZERO,
+            deciding,
+            rules,
+        })
+    }
+
+    fn give_back(&self, charges: &[Charge<'_>], tags: &[u64], taken: &[usize], cost: u64) {
+        for &j in taken {
+            let _ = charges[j];
+            self.keys
+                .get(tags[j], |e| e.units = e.units.saturating_add(cost));
+        }
+    }
+
+    /// Asks the store for a slice of `c`'s key now; requests already
+    /// waiting for one wait for that call instead.
+    async fn ask(&self, c: &Charge<'_>, tag: u64, cost: u64) -> Result<(), StoreError> {
+        let live = self.share.live();
+        let mut waiter = None;
+        let mut request = None;
+        self.keys.get(tag, |e| match &e.asking {
+            Some(n) => waiter = Some(n.clone()),
+            None => {
+                e.asking = Some(Arc::new(tokio::sync::Notify::new()));
+                let w = want(e.demand.max(cost), e.remaining, live).max(cost);
+                request = Some((e.rule.clone(), w));
+            }
+        });
+        if let Some(n) = waiter {
+            let notified = n.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            // The call may have ended between the look-up and `enable`.
+            let still = self
+                .keys
+                .get(tag, |e| {
+                    e.asking.as_ref().is_some_and(|a| Arc::ptr_eq(a, &n))
+                })
+                .unwrap_or(false);
+            if still {
+                let wait = self.config.timeout_hint();
+                let _ = tokio::time::timeout(wait, notified).await;
+            }
+            return Ok(());
+        }
+        let Some((rule, w)) = request else {
+            return Ok(());
+        };
+        let _ = c;
+        let call = [SyncItem {
+            rule: &rule,
+            tag,
+            op: SyncOp::Lease { want: w },
+        }];
+        let reply = self.home.store.exchange(&call, None).await;
+        let now = self.clock.now();
+        let interval = Nanos::from(self.config.interval);
+        self.keys.get(tag, |e| {
+            if let Ok(r) = &reply
+                && let Some(item) = r.items.first()
+            {
+                grant(e, item.granted, r.now_us, &item.limits, now, interval);
+            }
+            if let Some(n) = e.asking.take() {
+                n.notify_waiters();
+            }
+        });
+        reply.map(|_| ())
+    }
+}
+
+/// Takes `cost` from a key's slice: `Ok(units left)`, or why not:
+/// `Err((true, _))` no live slice big enough (ask the store),
+/// `Err((false, verdict))` the store refused the key lately. A charge
+/// after the fact always counts: from the slice as far as it goes, the
+/// rest charged to the store at the next exchange.
+fn slice_take(
+    e: &mut Entry,
+    cost: u64,
+    after: bool,
+    now: Nanos,
+) -> Result<u64, (bool, Option<Verdict>)> {
+    e.demand = e.demand.saturating_add(cost);
+    let live = now < e.expires;
+    if after {
+        let from_slice = if live { e.units.min(cost) } else { 0 };
+        e.units -= from_slice;
+        e.pending = e.pending.saturating_add(cost);
+        e.after = e.after.saturating_add(cost - from_slice);
+        return Ok(e.units);
+    }
+    if now < e.refused_until {
+        return Err((false, e.verdict));
+    }
+    if cost == 0 {
+        return Ok(if live { e.units } else { 0 });
+    }
+    if live && e.units >= cost {
+        e.units -= cost;
+        return Ok(e.units);
+    }
+    Err((true, e.verdict))
+}
+
+enum Taken {
+    Decided(Decision),
+    /// Charge `j` has no slice.
+    Missing(usize),
+    /// A new key found the map full.
+    Untracked,
+}
+
+/// A denial by charge `j`, reporting the store's last verdict if known.
+fn refused(charges: &[Charge<'_>], j: usize, interval: Nanos, v: Option<Verdict>) -> Decision {
+    let size = charges[j].rule.limits().first().map_or(0, Limit::size);
+    let verdict = match v {
+        Some(v) if !v.allowed => Verdict { remaining: 0, ..v },
+        _ => Verdict {
+            allowed: false,
+            limit: size,
+            remaining: 0,
+            reset: interval,
+            retry_after: interval,
+            wait: Nanos::ZERO,
+        },
+    };
+    let rd = RuleDecision {
+        rule: j,
+        limit: 0,
+        verdict: Verdict {
+            allowed: false,
+            ..verdict
+        },
+        outcome: Outcome::Denied,
+    };
+    let mut rules = RuleDecisions::new();
+    rules.push(rd);
+    Decision {
+        allowed: false,
+        wait: Nanos::ZERO,
+        deciding: Some(rd),
+        rules,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lease size: demand-driven, at least the fair share of what is
+    /// left, never more than twice the demand, at least 1.
+    #[test]
+    fn lease_sizes() {
+        assert_eq!(want(0, 100, 4), 1);
+        assert_eq!(want(900, 1000, 4), 900);
+        assert_eq!(want(33, 1000, 4), 66);
+        assert_eq!(want(10, u64::MAX, 4), 20);
+        assert_eq!(want(5, 0, 4), 5);
+    }
+
+    use proptest::prelude::*;
+    use spillway_core::{FixedWindow, KeySpec, Rule};
+
+    /// A store that counts one key's budget, as the script does for a
+    /// fixed window: a lease takes what is left (up to the ask), a refund
+    /// gives units back.
+    struct Budget {
+        left: u64,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A request of cost 1 at instance `i`.
+        Request(usize),
+        /// Instance `i` exchanges; its answer is lost if `lost`.
+        Exchange(usize, bool),
+        /// Time passes (slices may expire).
+        Pass(u64),
+    }
+
+    proptest! {
+        /// Lease accounting, any order of requests, exchanges, lost
+        /// answers and expiries over three instances sharing one budget:
+        /// the requests admitted never exceed the budget; and what the
+        /// store counts (budget - left) is always what was admitted plus
+        /// what the instances hold plus what lost answers granted
+        /// (nothing counted twice, nothing admitted uncounted).
+        #[test]
+        fn leases_never_admit_more_than_the_budget(
+            budget in 1u64..60,
+            steps in proptest::collection::vec(prop_oneof![
+                (0..3usize).prop_map(Step::Request),
+                (0..3usize, proptest::bool::weighted(0.2)).prop_map(|(i, l)| Step::Exchange(i, l)),
+                (1u64..300).prop_map(Step::Pass),
+            ], 0..200),
+        ) {
+            let rule = Arc::new(Rule::new("r", None, KeySpec::parse("user").unwrap(),
+                vec![Limit::FixedWindow(FixedWindow::new(budget, Nanos::from_secs(1_000_000)).unwrap())],
+                Mode::Hard).unwrap());
+            let interval = Nanos::from_millis(100);
+            let mut store = Budget { left: budget };
+            let mut entries: Vec<Entry> = (0..3).map(|_| Entry::new(rule.clone(), 0)).collect();
+            let (mut now, mut admitted, mut lost) = (Nanos::from_secs(1), 0u64, 0u64);
+            for step in steps {
+                match step {
+                    Step::Request(i) => {
+                        match slice_take(&mut entries[i], 1, false, now) {
+                            Ok(_) => admitted += 1,
+                            // The request asks the store at once: a lease
+                            // of what it wants.
+                            Err((true, _)) => {
+                                let w = want(entries[i].demand.max(1), entries[i].remaining, 3);
+                                let g = w.min(store.left);
+                                store.left -= g;
+                                let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
+                                    reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
+                                grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
+                                if slice_take(&mut entries[i], 1, false, now).is_ok() { admitted += 1; }
+                            }
+                            Err((false, _)) => {}
+                        }
+                    }
+                    Step::Exchange(i, gone) => {
+                        let mut ops = Vec::new();
+                        lease_ops(&mut entries[i], 1, now, interval.as_u64() * 2, 3, &mut ops);
+                        for op in ops {
+                            match op.op {
+                                SyncOp::Refund { units, .. } => store.left += units,
+                                SyncOp::Lease { want } => {
+                                    let g = want.min(store.left);
+                                    store.left -= g;
+                                    let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
+                                        reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
+                                    if gone { lost += g } else {
+                                        grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
+                                    }
+                                }
+                                SyncOp::Charge(_) => {}
+                            }
+                        }
+                    }
+                    Step::Pass(ms) => now = now.saturating_add(Nanos::from_millis(ms)),
+                }
+                let held: u64 = entries.iter().map(|e| e.units).sum();
+                prop_assert!(admitted <= budget, "admitted {admitted} of {budget}");
+                prop_assert_eq!(budget - store.left, admitted + held + lost);
+            }
+        }
+    }
+}

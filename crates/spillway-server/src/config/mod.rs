@@ -554,6 +554,8 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         any_descriptor,
         path_matching: global_matching,
     };
+    let leased =
+        matches!(&store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease);
     let mut rules = Vec::new();
     let mut names: Vec<&Spanned<String>> = Vec::new();
     for r in raw.rules.iter().flatten() {
@@ -569,6 +571,21 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         }
         names.push(&r.value.name);
         if let Some(rule) = rule(&mut errs, r, &ctx) {
+            if leased
+                && rule
+                    .limits()
+                    .iter()
+                    .any(|l| matches!(l, spillway_core::Limit::Shaper(_)))
+            {
+                // A slice admits at once; a shaper's answer is a wait.
+                errs.at(
+                    &r.value.name,
+                    format!(
+                        "rule {:?}: a leaky_bucket with a queue (a shaper) cannot be leased: use redis.sync.mode eventual",
+                        rule.name()
+                    ),
+                );
+            }
             rules.push(rule);
         }
     }
@@ -1059,6 +1076,81 @@ mod tests {
         let text = "rules:\n  - name: a\n    bogus: 1\n    limits: []\n";
         let e = parse("f.yaml", text).unwrap_err();
         assert_eq!(e.0[0].line, 3, "{e}");
+    }
+
+    /// `store.redis.sync` as the issue writes it, and `share`.
+    #[test]
+    fn sync_as_written() {
+        let text = "store:\n  redis:\n    url: redis://10.0.0.5:6379/0\n    sync:\n      mode: eventual\n      interval: 100ms\n      region: eu-west\n      regions:\n        us-east: redis://10.1.0.5:6379/0\non_store_error: share\nrules: []\n";
+        let c = parse("s.yaml", text).unwrap();
+        assert_eq!(c.on_store_error, FailPolicy::Share);
+        let StoreConfig::Sync(s) = &c.store else {
+            panic!("{:?}", c.store)
+        };
+        assert_eq!(s.redis.url, "redis://10.0.0.5:6379/0");
+        assert_eq!(s.sync.mode, spillway_sync::SyncMode::Eventual);
+        assert_eq!(s.sync.interval, Duration::from_millis(100));
+        assert_eq!(s.sync.region.as_deref(), Some("eu-west"));
+        assert_eq!(s.regions.len(), 1);
+        assert_eq!(s.regions[0].0, "us-east");
+        assert_eq!(s.regions[0].1.url, "redis://10.1.0.5:6379/0");
+        let lease = parse("s.yaml", &text.replace("eventual", "lease")).unwrap();
+        assert!(
+            matches!(lease.store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease)
+        );
+        let rule_share = "rules:\n  - name: a\n    on_store_error: share\n    limits:\n      - gcra: { rate: 1/s, burst: 1 }\n";
+        let c = parse("r.yaml", rule_share).unwrap();
+        assert_eq!(c.rules[0].fail_policy(), Some(FailPolicy::Share));
+    }
+
+    /// Every mistake in a sync section is an error with its place.
+    #[test]
+    fn sync_errors() {
+        let base = |sync: &str| {
+            format!("store:\n  redis:\n    url: redis://h:1\n    sync: {sync}\nrules: []\n")
+        };
+        for (sync, want) in [
+            (
+                "{ mode: fast }",
+                "redis.sync.mode \"fast\": expected eventual or lease",
+            ),
+            (
+                "{ interval: 0s }",
+                "redis.sync.interval must be longer than zero",
+            ),
+            ("{ interval: 2m }", "redis.sync.interval: at most 60s"),
+            ("{ interval: soon }", "redis.sync.interval"),
+            ("{ regions: { b: redis://h:2 } }", "needs redis.sync.region"),
+            (
+                "{ region: a, regions: { a: redis://h:2 } }",
+                "is this instance's own region",
+            ),
+            (
+                "{ region: a, regions: { b: http://h:2 } }",
+                "is not a redis:// or rediss:// url",
+            ),
+            ("{ region: 'a b' }", "redis.sync.region: 1 to 64"),
+            ("{ max_keys: 0 }", "redis.sync.max_keys must be at least 1"),
+            ("{ speed: 1 }", "unknown field"),
+        ] {
+            let e = parse("s.yaml", &base(sync)).unwrap_err().to_string();
+            assert!(e.contains(want), "{sync}: {e}");
+            assert!(e.contains("s.yaml:4:"), "{sync}: {e}");
+        }
+        let cluster = "store:\n  redis:\n    cluster: [redis://h:1]\n    sync: { mode: eventual }\nrules: []\n";
+        let e = parse("c.yaml", cluster).unwrap_err().to_string();
+        assert!(
+            e.contains("a Redis Cluster is decided per request only"),
+            "{e}"
+        );
+        let e = parse("p.yaml", "on_store_error: half\nrules: []\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected allow, deny or share"), "{e}");
+        let shaper = "store:\n  redis:\n    url: redis://h:1\n    sync: { mode: lease }\nrules:\n  - name: q\n    limits:\n      - leaky_bucket: { capacity: 5, leak: 1/s }\n    queue: { max_wait: 1s }\n";
+        let e = parse("q.yaml", shaper).unwrap_err().to_string();
+        assert!(e.contains("cannot be leased"), "{e}");
+        assert!(parse("q.yaml", &shaper.replace("lease", "eventual")).is_ok());
     }
 
     #[test]

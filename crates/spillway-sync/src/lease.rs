@@ -26,7 +26,9 @@ fn want(demand: u64, remaining: u64, live: u64) -> u64 {
     demand.saturating_mul(2).min(cap).max(1)
 }
 
-/// The ops of one key's lease at an exchange: expired or idle units back,
+/// The ops of one key's lease at an exchange (a new slice leased under
+/// `leasing`: the key's rule, or its region's share of it while another
+/// region cannot be reached): expired or idle units back,
 /// a new slice when demand is above what is held.
 pub(crate) fn lease_ops(
     e: &mut Entry,
@@ -34,6 +36,7 @@ pub(crate) fn lease_ops(
     now: Nanos,
     ttl: u64,
     live: u64,
+    leasing: Arc<spillway_core::Rule>,
     ops: &mut Vec<Item>,
 ) {
     let demand = std::mem::take(&mut e.demand);
@@ -63,7 +66,7 @@ pub(crate) fn lease_ops(
         if e.units < w / 2 + 1 || expiring {
             ops.push(Item {
                 tag,
-                rule: e.rule.clone(),
+                rule: leasing,
                 op: SyncOp::Lease {
                     want: w - e.units.min(w),
                 },
@@ -241,7 +244,7 @@ impl Inner {
             None => {
                 e.asking = Some(Arc::new(tokio::sync::Notify::new()));
                 let w = want(e.demand.max(cost), e.remaining, live).max(cost);
-                request = Some((e.rule.clone(), w));
+                request = Some((self.leasing(&e.rule), w));
             }
         });
         if let Some(n) = waiter {
@@ -318,6 +321,25 @@ fn slice_take(
         return Ok(e.units);
     }
     Err((true, e.verdict))
+}
+
+impl Inner {
+    /// The rule a new slice of `rule`'s key is leased under: the rule, or
+    /// while another region's store cannot be reached, this region's share
+    /// of it (`limit / regions`), so that regions cut off from each other
+    /// do not each lease the whole limit. Refunds always use the rule
+    /// itself, which gives back no more than a share's lease took.
+    pub(crate) fn leasing(&self, rule: &Arc<spillway_core::Rule>) -> Arc<spillway_core::Rule> {
+        let cut = self.remotes.iter().any(|r| {
+            r.health.failures.load(std::sync::atomic::Ordering::Relaxed)
+                >= self.config.failures.max(1)
+        });
+        if cut {
+            self.share.scaled(rule, 1 + self.remotes.len() as u64)
+        } else {
+            rule.clone()
+        }
+    }
 }
 
 enum Taken {
@@ -440,7 +462,7 @@ mod tests {
                     }
                     Step::Exchange(i, gone) => {
                         let mut ops = Vec::new();
-                        lease_ops(&mut entries[i], 1, now, interval.as_u64() * 2, 3, &mut ops);
+                        lease_ops(&mut entries[i], 1, now, interval.as_u64() * 2, 3, rule.clone(), &mut ops);
                         for op in ops {
                             match op.op {
                                 SyncOp::Refund { units, .. } => store.left += units,

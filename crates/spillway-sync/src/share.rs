@@ -93,7 +93,7 @@ impl Share {
     }
 
     /// The rule cut to this instance's share.
-    fn scaled(&self, rule: &Rule, n: u64) -> Arc<Rule> {
+    pub(crate) fn scaled(&self, rule: &Rule, n: u64) -> Arc<Rule> {
         let key = (rule.fingerprint(), n);
         if let Some(r) = self.scaled.read().get(&key) {
             return r.clone();

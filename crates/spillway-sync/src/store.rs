@@ -327,7 +327,7 @@ impl Inner {
                 e.after = 0;
             }
             if lease {
-                lease_ops(e, tag, now, ttl, live, &mut ops);
+                lease_ops(e, tag, now, ttl, live, self.leasing(&e.rule), &mut ops);
             } else if used || e.idle <= IDLE_EXCHANGES {
                 ops.push(Item {
                     tag,

@@ -37,17 +37,20 @@
 //!
 //! ## Lease mode
 //! An instance leases a slice of a key's remaining budget: the store
-//! admits `c` units at once (the largest it can, up to what the instance
-//! asks: its demand over the last interval, at least its share of what is
-//! left, `remaining / N`), and the instance admits locally while the slice
-//! lasts. A slice expires after two intervals (or at its fixed window's
-//! end), and what was not used goes back to the store; a key with no
-//! slice, or a spent one, asks the store (concurrent requests for it wait
-//! for one call). The store counts every unit when it is leased, so
-//! admissions never exceed the limit over any window of the store's; a
-//! slice's units may be spent in a burst up to two intervals after they
-//! were counted (a rate's burst can be exceeded by one slice). Unused
-//! slices at a window's end are the under-admission.
+//! admits `c` units at once (the largest every limit admits, up to what
+//! the instance asks: twice its demand over the last interval, capped at
+//! its demand or its share of what is left, `remaining / N`, whichever is
+//! more), and the instance admits locally while the slice lasts. Slices
+//! are topped up at each exchange before they run low, expire two
+//! intervals after they were taken (or at their fixed window's end), and
+//! what was not used goes back to the store; a key with no slice asks the
+//! store (concurrent requests for it wait for that one call). The store
+//! counts every unit when it is leased, so admissions never exceed the
+//! limit over the store's windows; a slice's units may be spent up to two
+//! intervals after they were counted (a rate's burst can be exceeded by
+//! one slice). Unused slices at a window's end are the under-admission.
+//! While another region cannot be reached, slices are leased under this
+//! region's share of each limit.
 //!
 //! ## Several regions
 //! Each instance pushes its deltas to every region's store (a [`Link`] per

@@ -10,4 +10,5 @@ mod http_wire;
 mod proxy;
 mod redis;
 mod smuggling;
+mod sync;
 mod util;

@@ -131,7 +131,11 @@ impl Inner {
                 Taken::Untracked => {
                     return Ok(self.share.decide(charges, cost, after, spillway_redis::tag));
                 }
-                Taken::Missing(j) if attempt == 0 => self.ask(&charges[j], tags[j], cost).await?,
+                // Boxed: the call's future is large, and inline it would
+                // grow every decision's future, copied at each await above.
+                Taken::Missing(j) if attempt == 0 => {
+                    Box::pin(self.ask(&charges[j], tags[j], cost)).await?;
+                }
                 Taken::Missing(j) => {
                     let interval = Nanos::from(self.config.interval);
                     return Ok(refused(charges, j, interval, None));

@@ -263,10 +263,23 @@ pub fn redact(url: &str) -> String {
 }
 
 fn err(transient: bool, message: impl Into<String>) -> StoreError {
-    StoreError {
-        transient,
-        message: message.into(),
-    }
+    StoreError::new(transient, message)
+}
+
+/// Why a decision that waited for a call slot past its deadline failed.
+const LATE: &str = "waited for a call to redis past the timeout";
+
+/// A decision that was never sent to Redis (it waited past its deadline,
+/// found the queue full, or the batcher gone): whatever becomes of Redis,
+/// it is not counted there. A client-side error kind, so that
+/// [`RedisStore::failed`] can tell it from a call that went out.
+fn unsent(why: &str) -> redis::RedisError {
+    (
+        redis::ErrorKind::Client,
+        "not sent to redis",
+        why.to_string(),
+    )
+        .into()
 }
 
 impl RedisStore {
@@ -505,14 +518,24 @@ impl RedisStore {
     /// and must show as such.
     fn failed(&self, e: &redis::RedisError) -> StoreError {
         let inner = &self.inner;
-        let fault = Fault::of(e);
+        let sent = e.kind() != redis::ErrorKind::Client;
+        let fault = if !sent && e.detail() == Some(LATE) {
+            Fault::Timeout
+        } else {
+            Fault::of(e)
+        };
         let message = if fault == Fault::Timeout {
             format!("redis did not answer within {:?}", inner.config.timeout)
         } else {
             format!("redis: {}", fault::said(e))
         };
         inner.breaker.failure(fault, &message);
-        err(fault.transient(), message)
+        StoreError {
+            // Sent, and no answer in time: a stopped server may run it
+            // when it resumes.
+            maybe_applied: sent && fault == Fault::Timeout,
+            ..err(fault.transient(), message)
+        }
     }
 
     /// A decision on a single server: queued for the batcher.
@@ -530,11 +553,11 @@ impl RedisStore {
             deadline: tokio::time::Instant::now() + self.inner.config.timeout,
         });
         if queued.is_err() {
-            return Err(std::io::Error::other("too many decisions waiting for redis").into());
+            return Err(unsent("too many decisions waiting for redis"));
         }
         let out = answer
             .await
-            .map_err(|_| std::io::Error::other("redis batcher stopped"))??;
+            .map_err(|_| unsent("redis batcher stopped"))??;
         Ok(replay(charges, &out, cost, write))
     }
 
@@ -646,7 +669,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
         let (late, batch): (Vec<Pending>, Vec<Pending>) =
             batch.into_iter().partition(|p| p.deadline <= now);
         if !late.is_empty() {
-            answer(late, Err(timed_out()));
+            answer(late, Err(unsent(LATE)));
         }
         let Some(deadline) = batch.iter().map(|p| p.deadline).min() else {
             continue;
@@ -670,7 +693,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
                         Err(_) => Err(timed_out()),
                     }
                 }
-                _ => Err(std::io::Error::other("not connected to redis").into()),
+                _ => Err(unsent("not connected to redis")),
             };
             drop(inner);
             answer(batch, result);

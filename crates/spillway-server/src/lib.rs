@@ -89,10 +89,11 @@ impl Store for ServerStore {
         charges: &[spillway_store::Charge<'_>],
         cost: u64,
         after: bool,
+        error: &spillway_store::StoreError,
     ) -> Option<spillway_core::Decision> {
         match self {
-            ServerStore::Shared(s) => s.decide_share(charges, cost, after),
-            ServerStore::Sync(s) => s.decide_share(charges, cost, after),
+            ServerStore::Shared(s) => s.decide_share(charges, cost, after, error),
+            ServerStore::Sync(s) => s.decide_share(charges, cost, after, error),
             ServerStore::Memory(_) | ServerStore::Redis(_) => None,
         }
     }
@@ -147,6 +148,12 @@ impl ServerStore {
         }
         if let ServerStore::Sync(s) = self {
             // Decisions are local: Redis's breaker says nothing of them.
+            if !s.answered() {
+                return Some(format!(
+                    "{}: not answered yet, counts not shared",
+                    s.home().describe()
+                ));
+            }
             return s
                 .is_down()
                 .then(|| format!("{}: unreachable, sync stopped", s.home().describe()));

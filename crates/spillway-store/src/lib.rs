@@ -148,6 +148,22 @@ pub struct StoreError {
     pub transient: bool,
     /// What happened.
     pub message: String,
+    /// Whether the store may still apply the request: it was sent and no
+    /// answer came in time (a stopped server runs what was queued when it
+    /// resumes). A share that admits such a request does not charge it to
+    /// the store again (see [`Store::decide_share`]).
+    pub maybe_applied: bool,
+}
+
+impl StoreError {
+    /// An error whose request the store did not apply.
+    pub fn new(transient: bool, message: impl Into<String>) -> StoreError {
+        StoreError {
+            transient,
+            message: message.into(),
+            maybe_applied: false,
+        }
+    }
 }
 
 impl fmt::Display for StoreError {
@@ -188,8 +204,18 @@ pub trait Store: Send + Sync + 'static {
     /// instance's share of each limit, for rules whose policy is
     /// [`FailPolicy::Share`](spillway_core::FailPolicy::Share). `None`
     /// if the store keeps no share (then such rules admit, as `Allow`).
-    fn decide_share(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Option<Decision> {
-        let _ = (charges, cost, after);
+    ///
+    /// `error` is why the store failed: a request it may still apply
+    /// ([`StoreError::maybe_applied`]) is decided but not charged to the
+    /// store again when it returns.
+    fn decide_share(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+        error: &StoreError,
+    ) -> Option<Decision> {
+        let _ = (charges, cost, after, error);
         None
     }
 

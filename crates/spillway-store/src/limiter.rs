@@ -578,7 +578,7 @@ impl<S: Store> Limiter<S> {
         };
         match answer {
             Ok(d) => (d, None),
-            Err(e) => (self.failed(default, charges, cost, after), Some(e)),
+            Err(e) => (self.failed(default, charges, cost, after, &e), Some(e)),
         }
     }
 
@@ -590,6 +590,7 @@ impl<S: Store> Limiter<S> {
         charges: &[Charge<'_>],
         cost: u64,
         after: bool,
+        error: &crate::StoreError,
     ) -> Decision {
         let shares = |c: &Charge<'_>| c.rule.fail_policy().unwrap_or(default) == FailPolicy::Share;
         let mut decision = by_policy(default, charges.iter().map(|c| c.rule));
@@ -600,7 +601,7 @@ impl<S: Store> Limiter<S> {
             .filter(|&j| shares(&charges[j]))
             .collect();
         let part: Vec<Charge<'_>> = at.iter().map(|&j| charges[j]).collect();
-        let Some(mut shared) = self.store.decide_share(&part, cost, after) else {
+        let Some(mut shared) = self.store.decide_share(&part, cost, after, error) else {
             return decision;
         };
         for rd in shared.rules.iter_mut().chain(shared.deciding.as_mut()) {

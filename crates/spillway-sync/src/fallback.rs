@@ -102,11 +102,21 @@ impl Store for Fallback {
         self.inner.redis.charge(charges, cost).await
     }
 
-    fn decide_share(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Option<Decision> {
+    fn decide_share(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+        error: &StoreError,
+    ) -> Option<Decision> {
+        // A request sent to a Redis that did not answer in time may still
+        // be run by it (a stopped server runs its queue when it resumes):
+        // decided here, it is not charged to Redis a second time.
+        let owe = !error.maybe_applied;
         Some(
             self.inner
                 .share
-                .decide(charges, cost, after, spillway_redis::tag),
+                .decide(charges, cost, after, owe, spillway_redis::tag),
         )
     }
 }

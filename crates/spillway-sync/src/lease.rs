@@ -61,14 +61,18 @@ pub(crate) fn lease_ops(
     if demand > 0 && e.asking.is_none() && now >= e.refused_until {
         let w = want(demand, e.remaining, live);
         // Topped up before it runs low or expires, so a busy key always
-        // has a slice and never waits for the store.
-        let expiring = now.saturating_add(Nanos(ttl / 2)) >= e.expires;
+        // has a slice and never waits for the store: a slice expires two
+        // intervals after its last top-up, and one due within one and a
+        // half (the next exchange, plus up to half an interval for its
+        // answer) is topped up now, by at least a unit, which renews it.
+        let expiring = now.saturating_add(Nanos(ttl / 4 * 3)) >= e.expires;
+        let top_up = w - e.units.min(w);
         if e.units < w / 2 + 1 || expiring {
             ops.push(Item {
                 tag,
                 rule: leasing,
                 op: SyncOp::Lease {
-                    want: w - e.units.min(w),
+                    want: top_up.max(1),
                 },
             });
         }
@@ -129,7 +133,9 @@ impl Inner {
             match self.take(charges, &tags, cost, after, now) {
                 Taken::Decided(d) => return Ok(d),
                 Taken::Untracked => {
-                    return Ok(self.share.decide(charges, cost, after, spillway_redis::tag));
+                    return Ok(self
+                        .share
+                        .decide(charges, cost, after, true, spillway_redis::tag));
                 }
                 // Boxed: the call's future is large, and inline it would
                 // grow every decision's future, copied at each await above.
@@ -167,7 +173,7 @@ impl Inner {
                     self.give_back(charges, tags, &taken, cost);
                     return Taken::Untracked;
                 }
-                Some(Ok(units)) => {
+                Some(Ok((_, left))) => {
                     if cost > 0 && !after {
                         taken.push(j);
                     }
@@ -177,7 +183,7 @@ impl Inner {
                         verdict: Verdict {
                             allowed: true,
                             limit: size,
-                            remaining: units,
+                            remaining: left,
                             reset: Nanos::ZERO,
                             retry_after: Nanos::ZERO,
                             wait: Nanos::ZERO,
@@ -247,7 +253,22 @@ impl Inner {
             Some(n) => waiter = Some(n.clone()),
             None => {
                 e.asking = Some(Arc::new(tokio::sync::Notify::new()));
-                let w = want(e.demand.max(cost), e.remaining, live).max(cost);
+                // A request that waits asks for enough not to wait again
+                // soon: its share of what is left (of the limit, the first
+                // time), or what the key's demand wants if more.
+                let left = if e.remaining == u64::MAX {
+                    e.rule
+                        .enforced_limits()
+                        .iter()
+                        .map(Limit::size)
+                        .min()
+                        .unwrap_or(1)
+                } else {
+                    e.remaining
+                };
+                let w = want(e.demand.max(cost), e.remaining, live)
+                    .max(left / live.max(1))
+                    .max(cost);
                 request = Some((self.leasing(&e.rule), w));
             }
         });
@@ -294,35 +315,46 @@ impl Inner {
     }
 }
 
-/// Takes `cost` from a key's slice: `Ok(units left)`, or why not:
-/// `Err((true, _))` no live slice big enough (ask the store),
-/// `Err((false, verdict))` the store refused the key lately. A charge
-/// after the fact always counts: from the slice as far as it goes, the
-/// rest charged to the store at the next exchange.
+/// Takes `cost` from a key's slice: `Ok((units left, the key's remaining
+/// as far as this instance knows))`, or why not: `Err((true, _))` no live
+/// slice big enough (ask the store), `Err((false, verdict))` the store
+/// refused the key lately. A charge after the fact always counts: from
+/// the slice as far as it goes, the rest charged to the store at the next
+/// exchange.
 fn slice_take(
     e: &mut Entry,
     cost: u64,
     after: bool,
     now: Nanos,
-) -> Result<u64, (bool, Option<Verdict>)> {
+) -> Result<(u64, u64), (bool, Option<Verdict>)> {
     e.demand = e.demand.saturating_add(cost);
     let live = now < e.expires;
+    // What is left of the key: what the store had after its last answer,
+    // plus this instance's unused slice (other instances' are unknown).
+    let left = |e: &Entry| {
+        if e.remaining == u64::MAX {
+            e.units
+        } else {
+            e.remaining.saturating_add(e.units)
+        }
+    };
     if after {
         let from_slice = if live { e.units.min(cost) } else { 0 };
         e.units -= from_slice;
         e.pending = e.pending.saturating_add(cost);
         e.after = e.after.saturating_add(cost - from_slice);
-        return Ok(e.units);
+        return Ok((e.units, left(e)));
+    }
+    // A slice in hand is used even if the store refused a top-up since.
+    if live && e.units >= cost.max(1) {
+        e.units -= cost;
+        return Ok((e.units, left(e)));
     }
     if now < e.refused_until {
         return Err((false, e.verdict));
     }
     if cost == 0 {
-        return Ok(if live { e.units } else { 0 });
-    }
-    if live && e.units >= cost {
-        e.units -= cost;
-        return Ok(e.units);
+        return Ok((0, left(e)));
     }
     Err((true, e.verdict))
 }
@@ -448,7 +480,7 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Request(i) => {
-                        match slice_take(&mut entries[i], 1, false, now) {
+                        match slice_take(&mut entries[i], 1, false, now).map(|r| r.0) {
                             Ok(_) => admitted += 1,
                             // The request asks the store at once: a lease
                             // of what it wants.

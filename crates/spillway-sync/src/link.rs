@@ -117,6 +117,20 @@ impl<R: Clone> Link<R> {
         self.pending.get(&tag).map_or(0, |(_, c)| *c)
     }
 
+    /// Units of `tag` the store has not acknowledged: pending, and in the
+    /// push under way (what an answer to a call without that push cannot
+    /// know of).
+    pub fn unacked_for(&self, tag: u64) -> u64 {
+        let inflight: u64 = self
+            .inflight
+            .iter()
+            .flat_map(|p| p.items.iter())
+            .filter(|i| i.0 == tag)
+            .map(|i| i.2)
+            .sum();
+        self.pending_for(tag).saturating_add(inflight)
+    }
+
     /// Keys with deltas waiting.
     pub fn keys_waiting(&self) -> usize {
         self.pending.len() + self.inflight.as_ref().map_or(0, |p| p.items.len())

@@ -122,13 +122,15 @@ impl Share {
     }
 
     /// Decides (or, if `after`, charges) `charges` on this instance's share,
-    /// recording what is charged for the shared counts; `tag` names a
-    /// charge's key in the shared store.
+    /// recording what is charged for the shared counts if `owe` (not when
+    /// the store may count the request itself); `tag` names a charge's key
+    /// in the shared store.
     pub fn decide(
         &self,
         charges: &[Charge<'_>],
         cost: u64,
         after: bool,
+        owe: bool,
         tag: impl Fn(&Charge<'_>) -> u64,
     ) -> Decision {
         if !self.active.swap(true, Ordering::Relaxed) {
@@ -154,7 +156,7 @@ impl Share {
         } else {
             self.local.decide_now(&local, cost)
         };
-        if (d.allowed || after) && cost > 0 {
+        if (d.allowed || after) && cost > 0 && owe {
             let mut owed = self.owed.lock();
             for rd in &d.rules {
                 if after || rd.outcome != Outcome::ShadowDenied {
@@ -199,7 +201,7 @@ mod tests {
             key: &key,
         }];
         let admitted = (0..100)
-            .filter(|_| share.decide(&charges, 1, false, |_| 7).allowed)
+            .filter(|_| share.decide(&charges, 1, false, true, |_| 7).allowed)
             .count();
         assert_eq!(admitted, 25);
         assert!(share.active());

@@ -24,6 +24,13 @@ impl Health {
         self.keys.store(keys as u64, Ordering::Relaxed);
     }
 
+    /// The store answered a heartbeat: alive, though no keys moved.
+    pub(crate) fn alive(&self, rtt: u64) {
+        self.last_ok_ms.store(unix_ms(), Ordering::Relaxed);
+        self.rtt_ns.store(rtt, Ordering::Relaxed);
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
     pub(crate) fn failed(&self) -> u32 {
         self.failures.fetch_add(1, Ordering::Relaxed) + 1
     }

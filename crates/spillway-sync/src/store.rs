@@ -118,6 +118,13 @@ impl SyncStore {
         self.inner.down.load(Ordering::Relaxed)
     }
 
+    /// Whether the home store has answered at least once (an exchange
+    /// or a heartbeat): before that, decisions are this instance's alone
+    /// (eventual) or wait for a store that may not be there (lease).
+    pub fn answered(&self) -> bool {
+        self.inner.clock.synced()
+    }
+
     /// Whether this instance decides on its share now.
     pub fn sharing(&self) -> bool {
         self.inner.share.active()
@@ -179,10 +186,7 @@ fn link_status(r: &Remote, home: bool) -> LinkStatus {
 }
 
 fn outage(what: &str) -> StoreError {
-    StoreError {
-        transient: true,
-        message: format!("{what} unreachable: sync stopped"),
-    }
+    StoreError::new(true, format!("{what} unreachable: sync stopped"))
 }
 
 impl Store for SyncStore {
@@ -208,11 +212,19 @@ impl Store for SyncStore {
         })
     }
 
-    fn decide_share(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Option<Decision> {
+    fn decide_share(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+        _: &StoreError,
+    ) -> Option<Decision> {
+        // Decisions here never reach the store (a lease's lost answer
+        // costs units, not this request): what the share admits is owed.
         Some(
             self.inner
                 .share
-                .decide(charges, cost, after, spillway_redis::tag),
+                .decide(charges, cost, after, true, spillway_redis::tag),
         )
     }
 
@@ -233,14 +245,24 @@ impl Inner {
         tag: u64,
         f: impl FnOnce(&mut Entry) -> T,
     ) -> Option<T> {
-        self.keys.with(
+        let mut made = false;
+        let out = self.keys.with(
             tag,
-            || Entry::new(self.keys.intern(c.rule), self.local.key_hash(c)),
+            || {
+                made = true;
+                Entry::new(self.keys.intern(c.rule), self.local.key_hash(c))
+            },
             |e| {
                 e.idle = 0;
                 f(e)
             },
-        )
+        );
+        // A key new here is decided on this instance's memory alone until
+        // it is caught up: the exchange loop pulls it at once.
+        if made && self.config.mode == SyncMode::Eventual {
+            self.wake.notify_one();
+        }
+        out
     }
 
     /// Eventual mode: decided in memory, admissions recorded.
@@ -251,7 +273,9 @@ impl Inner {
             if self.track(c, tag, |_| ()).is_none() {
                 // No room to share this key's count: its own share of the
                 // limit is what this instance may admit for it alone.
-                return self.share.decide(charges, cost, after, spillway_redis::tag);
+                return self
+                    .share
+                    .decide(charges, cost, after, true, spillway_redis::tag);
             }
             tags.push(tag);
         }
@@ -273,29 +297,35 @@ impl Inner {
     }
 }
 
-/// Exchanges every interval (earlier when woken) until the store is dropped.
+/// Exchanges every interval until the store is dropped; between them,
+/// when woken by new keys, pulls just those (at most every tenth of an
+/// interval).
 async fn exchange_loop(weak: Weak<Inner>) {
     let Some(interval) = weak.upgrade().map(|i| i.config.interval) else {
         return;
     };
     let interval = interval.max(Duration::from_millis(1));
+    let gap = interval / 10;
     let mut next = tokio::time::Instant::now();
     loop {
         let Some(inner) = weak.upgrade() else { return };
+        let woken = tokio::select! {
+            () = tokio::time::sleep_until(next) => false,
+            () = inner.wake.notified() => true,
+        };
+        if woken {
+            inner.pull_fresh().await;
+            drop(inner);
+            tokio::time::sleep(gap).await;
+            continue;
+        }
+        inner.exchange().await;
+        drop(inner);
         next += interval;
         let now = tokio::time::Instant::now();
         if next < now {
             next = now;
         }
-        {
-            let woken = inner.wake.notified();
-            tokio::select! {
-                () = tokio::time::sleep_until(next) => {}
-                () = woken => {}
-            }
-        }
-        inner.exchange().await;
-        drop(inner);
     }
 }
 
@@ -329,6 +359,7 @@ impl Inner {
             if lease {
                 lease_ops(e, tag, now, ttl, live, self.leasing(&e.rule), &mut ops);
             } else if used || e.idle <= IDLE_EXCHANGES {
+                e.fresh = false;
                 ops.push(Item {
                     tag,
                     rule: e.rule.clone(),
@@ -358,8 +389,8 @@ impl Inner {
             self.reconcile_share();
         }
         let remotes = self.remotes.iter().map(|r| push_only(r, &self.instance));
-        tokio::join!(self.exchange_home(ops), futures_join_all(remotes));
-        self.heartbeat().await;
+        let (called, ()) = tokio::join!(self.exchange_home(ops), futures_join_all(remotes));
+        self.heartbeat(!called).await;
     }
 
     /// Moves what the share admitted into the home and remote links, once.
@@ -384,7 +415,8 @@ impl Inner {
 
     /// The exchange with the home store: the push (if any), the ops of the
     /// keys in use; then the catch-up (eventual) or the leases granted.
-    async fn exchange_home(&self, mut ops: Vec<Item>) {
+    /// Returns whether it called the store.
+    async fn exchange_home(&self, mut ops: Vec<Item>) -> bool {
         let push = self.home.link.lock().to_send().cloned();
         let mut pushed: HashSet<u64> = HashSet::new();
         let mut items: Vec<Item> =
@@ -404,7 +436,7 @@ impl Inner {
         }
         items.append(&mut ops);
         if items.is_empty() {
-            return;
+            return false;
         }
         let sent = self.clock.elapsed();
         let call: Vec<SyncItem<'_>> = items
@@ -447,6 +479,7 @@ impl Inner {
                 // twice); refunded units are gone from the entries already.
             }
         }
+        true
     }
 
     /// Takes in an exchange's answer: catches local states up with the
@@ -467,7 +500,7 @@ impl Inner {
                     });
                 }
                 _ => {
-                    let waiting_after = self.home.link.lock().pending_for(item.tag);
+                    let waiting_after = self.home.link.lock().unacked_for(item.tag);
                     self.keys.get(item.tag, |e| {
                         let unpushed = e.pending.saturating_add(waiting_after);
                         e.remaining = min_remaining(&r.limits);
@@ -488,15 +521,62 @@ impl Inner {
         }
     }
 
-    /// Records this instance as alive and learns how many are.
-    async fn heartbeat(&self) {
-        if let Ok((_, live)) = self
+    /// Pulls the keys new here since the last exchange (a check each, no
+    /// push) and catches them up: a key another instance has used is
+    /// decided on what it has left within about a round trip of its first
+    /// request here, not an interval.
+    async fn pull_fresh(&self) {
+        let mut items = Vec::new();
+        self.keys.retain(|tag, e| {
+            if std::mem::take(&mut e.fresh) {
+                items.push(Item {
+                    tag,
+                    rule: e.rule.clone(),
+                    op: SyncOp::Charge(0),
+                });
+            }
+            true
+        });
+        if items.is_empty() {
+            return;
+        }
+        let call: Vec<SyncItem<'_>> = items
+            .iter()
+            .map(|i| SyncItem {
+                rule: &i.rule,
+                tag: i.tag,
+                op: i.op,
+            })
+            .collect();
+        let sent = self.clock.elapsed();
+        if let Ok(reply) = self.home.store.exchange(&call, None).await {
+            self.clock.learn(reply.now_us, sent, self.clock.elapsed());
+            drop(call);
+            self.absorb(&items, &reply);
+        }
+    }
+
+    /// Records this instance as alive and learns how many are (and the
+    /// store's time: an idle instance stays in step and shows as healthy).
+    /// A failed heartbeat counts as a failed exchange only when no
+    /// exchange was made (`alone`): an idle instance still notices.
+    async fn heartbeat(&self, alone: bool) {
+        let sent = self.clock.elapsed();
+        if let Ok((now_us, live)) = self
             .home
             .store
             .heartbeat(&self.instance, live_ttl(self.config.interval))
             .await
         {
+            let received = self.clock.elapsed();
+            self.clock.learn(now_us, sent, received);
+            self.home.health.alive(received.saturating_sub(sent));
             self.share.set_live(live as u64);
+            if self.down.swap(false, Ordering::Relaxed) {
+                tracing::info!(store = %self.home.store.describe(), "sync: store answers again");
+            }
+        } else if alone && self.home.health.failed() >= self.config.failures.max(1) {
+            self.down.store(true, Ordering::Relaxed);
         }
     }
 }

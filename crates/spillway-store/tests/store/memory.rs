@@ -356,10 +356,10 @@ impl spillway_store::Store for FailingStore {
     ) -> impl std::future::Future<
         Output = Result<spillway_core::Decision, spillway_store::StoreError>,
     > + Send {
-        std::future::ready(Err(spillway_store::StoreError {
-            transient: true,
-            message: "cost does not fit".into(),
-        }))
+        std::future::ready(Err(spillway_store::StoreError::new(
+            true,
+            "cost does not fit",
+        )))
     }
 
     fn charge(

@@ -3,8 +3,10 @@
 # redis-server: /v1/check requests per second and p99 (wrk, 64
 # connections) with the memory store, the per-decision Redis store, and
 # the eventual and lease modes; over 10,000 active keys (random users) and
-# over one hot key; and Redis commands per decision (INFO stats'
-# total_commands_processed over the run, heartbeats included). ROUNDS
+# over one hot key; round trips to Redis per decision (script calls sent:
+# INFO commandstats' evalsha and eval calls over the run, exchanges and
+# heartbeats included) and the commands Redis ran per decision (INFO
+# stats' total_commands_processed, which counts those inside scripts). ROUNDS
 # interleaved rounds; the median of each mode's rps / memory's rps.
 # 127.0.0.1 only, bounded in time. SPILLWAY_BIN=FILE measures another
 # binary. Over-admission against the bounds is measured by the end-to-end
@@ -60,6 +62,7 @@ end
 LUA
 
 commands() { redis-cli -p "$rp" INFO stats | tr -d '\r' | awk -F: '/^total_commands_processed:/ {print $2}'; }
+calls() { redis-cli -p "$rp" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_evalsha:|^cmdstat_eval:/ {n += $3} END {print n + 0}'; }
 results="$work/results"
 for r in $(seq "$rounds"); do
   for load in keys hot; do
@@ -71,13 +74,14 @@ for r in $(seq "$rounds"); do
       wait_port "$sp"
       # Warm up: the keys' first leases and exchanges, the connections.
       wrk -t1 -c64 -d1s -s "$work/$load.lua" "http://127.0.0.1:$sp/v1/check" >/dev/null
-      c0=$(commands)
+      c0=$(commands); k0=$(calls)
       out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/$load.lua" "http://127.0.0.1:$sp/v1/check")
-      c1=$(commands)
+      c1=$(commands); k1=$(calls)
       kill "$pid"; wait "$pid" 2>/dev/null || true
       n=$(awk '/requests in/ {print $1}' <<<"$out")
       per=$(awk -v c="$((c1 - c0))" -v n="$n" 'BEGIN {printf "%.4f", (n > 0 ? c / n : 0)}')
-      echo "$m $load rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") redis_commands_per_decision=$per non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
+      trips=$(awk -v c="$((k1 - k0))" -v n="$n" 'BEGIN {printf "%.5f", (n > 0 ? c / n : 0)}')
+      echo "$m $load rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") round_trips_per_decision=$trips redis_commands_per_decision=$per non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
     done
   done
 done

@@ -26,26 +26,47 @@ fn want(demand: u64, remaining: u64, live: u64) -> u64 {
     demand.saturating_mul(2).min(cap).max(1)
 }
 
+/// What every key's lease ops at one exchange share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tick {
+    /// The store's time now.
+    pub now: Nanos,
+    /// A slice's lifetime, nanoseconds (two intervals).
+    pub ttl: u64,
+    /// Live instances.
+    pub live: u64,
+    /// Exchanges a key may be idle before its slice goes back.
+    pub idle_after: u32,
+}
+
 /// The ops of one key's lease at an exchange (a new slice leased under
 /// `leasing`: the key's rule, or its region's share of it while another
-/// region cannot be reached): expired or idle units back,
-/// a new slice when demand is above what is held.
+/// region cannot be reached): expired units back, and all of them once the
+/// key has been idle for `idle_after` exchanges; units beyond twice what
+/// the key wants back; a top-up when the slice runs low or is about to
+/// expire. A key used lately but quiet this interval keeps a small slice
+/// (renewed, a unit at a time), so its next request does not wait.
 pub(crate) fn lease_ops(
     e: &mut Entry,
     tag: u64,
-    now: Nanos,
-    ttl: u64,
-    live: u64,
+    tick: &Tick,
     leasing: Arc<spillway_core::Rule>,
     ops: &mut Vec<Item>,
 ) {
+    let Tick {
+        now,
+        ttl,
+        live,
+        idle_after,
+    } = *tick;
     let demand = std::mem::take(&mut e.demand);
     let expired = now >= e.expires;
-    let give_back = if expired || demand == 0 {
+    let recent = e.idle <= idle_after;
+    let w = want(demand.max(1), e.remaining, live);
+    let give_back = if expired || !recent {
         e.units
     } else {
-        let keep = want(demand, e.remaining, live);
-        e.units.saturating_sub(keep.saturating_mul(2))
+        e.units.saturating_sub(w.saturating_mul(2))
     };
     if give_back > 0 {
         e.units -= give_back;
@@ -58,8 +79,7 @@ pub(crate) fn lease_ops(
             },
         });
     }
-    if demand > 0 && e.asking.is_none() && now >= e.refused_until {
-        let w = want(demand, e.remaining, live);
+    if recent && e.asking.is_none() && now >= e.refused_until {
         // Topped up before it runs low or expires, so a busy key always
         // has a slice and never waits for the store: a slice expires two
         // intervals after its last top-up, and one due within one and a
@@ -498,7 +518,9 @@ mod tests {
                     }
                     Step::Exchange(i, gone) => {
                         let mut ops = Vec::new();
-                        lease_ops(&mut entries[i], 1, now, interval.as_u64() * 2, 3, rule.clone(), &mut ops);
+                        entries[i].idle += 1;
+                        let tick = Tick { now, ttl: interval.as_u64() * 2, live: 3, idle_after: 10 };
+                        lease_ops(&mut entries[i], 1, &tick, rule.clone(), &mut ops);
                         for op in ops {
                             match op.op {
                                 SyncOp::Refund { units, .. } => store.left += units,

@@ -13,7 +13,7 @@ use spillway_store::{Charge, MemoryConfig, MemoryStore, Store, StoreError};
 
 use crate::clock::StoreClock;
 use crate::keys::{Entry, Keys};
-use crate::lease::{grant, lease_ops};
+use crate::lease::{Tick, grant, lease_ops};
 use crate::link::Link;
 use crate::share::Share;
 use crate::status::{Health, LinkStatus, SyncStatus, instance_id, unix_ms};
@@ -344,6 +344,12 @@ impl Inner {
         let mut ops: Vec<Item> = Vec::new();
         let live = self.share.live();
         let ttl = (self.config.interval * 2).as_nanos() as u64;
+        let tick = Tick {
+            now,
+            ttl,
+            live,
+            idle_after: IDLE_EXCHANGES,
+        };
         self.keys.retain(|tag, e| {
             let used = e.idle == 0;
             let moved = e.pending > 0 || e.after > 0;
@@ -357,7 +363,7 @@ impl Inner {
                 e.after = 0;
             }
             if lease {
-                lease_ops(e, tag, now, ttl, live, self.leasing(&e.rule), &mut ops);
+                lease_ops(e, tag, &tick, self.leasing(&e.rule), &mut ops);
             } else if used || e.idle <= IDLE_EXCHANGES {
                 e.fresh = false;
                 ops.push(Item {

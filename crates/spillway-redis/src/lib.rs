@@ -388,6 +388,11 @@ impl RedisStore {
         self.inner.over.as_ref().map_or(0, over::OverLimit::hits)
     }
 
+    /// The longest wait for one decision (`RedisConfig::timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.inner.config.timeout
+    }
+
     /// Script calls sent to Redis so far, each one round trip: on a single
     /// server one per batch (carrying up to 64 decisions), on a cluster one
     /// per slot group and round, plus the repeat after a `NOSCRIPT`. With

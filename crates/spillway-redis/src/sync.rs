@@ -130,6 +130,22 @@ impl RedisStore {
         items: &[SyncItem<'_>],
         push: Option<(&str, u64)>,
     ) -> Result<SyncReply, StoreError> {
+        self.exchange_within(items, push, self.inner.config.timeout)
+            .await
+    }
+
+    /// [`exchange`](Self::exchange), waiting at most `timeout` (an
+    /// exchange in the background may wait longer than a decision, e.g.
+    /// an interval, and a link to another region needs its round trip).
+    ///
+    /// # Errors
+    /// As [`exchange`](Self::exchange).
+    pub async fn exchange_within(
+        &self,
+        items: &[SyncItem<'_>],
+        push: Option<(&str, u64)>,
+        timeout: Duration,
+    ) -> Result<SyncReply, StoreError> {
         let inner = &self.inner;
         if !inner.config.cluster.is_empty() {
             return Err(err(
@@ -171,7 +187,7 @@ impl RedisStore {
         let mut c = c.clone();
         let result = {
             let _due = spillway_store::due::Awaiting::new();
-            tokio::time::timeout(inner.config.timeout, eval(&mut c, &cmd, inner))
+            tokio::time::timeout(timeout, eval(&mut c, &cmd, inner))
                 .await
                 .unwrap_or_else(|_| Err(timed_out()))
         };

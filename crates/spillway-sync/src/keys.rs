@@ -29,9 +29,6 @@ pub(crate) struct Entry {
     pub demand: u64,
     /// Exchanges in a row in which the key was not used.
     pub idle: u32,
-    /// New here and not yet caught up with the store (eventual mode
-    /// pulls such keys at once, between exchanges).
-    pub fresh: bool,
     /// Lease mode: units held.
     pub units: u64,
     /// Lease mode: when the units were taken (store microseconds).
@@ -59,7 +56,6 @@ impl Entry {
             after: 0,
             demand: 0,
             idle: 0,
-            fresh: true,
             units: 0,
             since_us: 0,
             expires: Nanos::ZERO,

@@ -272,7 +272,8 @@ impl Inner {
         self.keys.get(tag, |e| match &e.asking {
             Some(n) => waiter = Some(n.clone()),
             None => {
-                e.asking = Some(Arc::new(tokio::sync::Notify::new()));
+                let asking = Arc::new(tokio::sync::Notify::new());
+                e.asking = Some(asking.clone());
                 // A request that waits asks for enough not to wait again
                 // soon: its share of what is left (of the limit, the first
                 // time), or what the key's demand wants if more.
@@ -289,7 +290,7 @@ impl Inner {
                 let w = want(e.demand.max(cost), e.remaining, live)
                     .max(left / live.max(1))
                     .max(cost);
-                request = Some((self.leasing(&e.rule), w));
+                request = Some((self.leasing(&e.rule), w, asking));
             }
         });
         if let Some(n) = waiter {
@@ -309,10 +310,18 @@ impl Inner {
             }
             return Ok(());
         }
-        let Some((rule, w)) = request else {
+        let Some((rule, w, asking)) = request else {
             return Ok(());
         };
         let _ = c;
+        // Whatever becomes of this call (answered, failed, or dropped with
+        // its request: a client gone, a shutdown), the key stops waiting
+        // on it, and so do the requests queued behind it.
+        let _asking = Asking {
+            keys: &self.keys,
+            tag,
+            notify: asking,
+        };
         let call = [SyncItem {
             rule: &rule,
             tag,
@@ -321,17 +330,36 @@ impl Inner {
         let reply = self.home.store.exchange(&call, None).await;
         let now = self.clock.now();
         let interval = Nanos::from(self.config.interval);
-        self.keys.get(tag, |e| {
-            if let Ok(r) = &reply
-                && let Some(item) = r.items.first()
-            {
+        if let Ok(r) = &reply
+            && let Some(item) = r.items.first()
+        {
+            self.keys.get(tag, |e| {
                 grant(e, item.granted, r.now_us, &item.limits, now, interval);
-            }
-            if let Some(n) = e.asking.take() {
-                n.notify_waiters();
+            });
+        }
+        reply.map(|_| ())
+    }
+}
+
+/// A lease call under way for a key: when it ends or is dropped, the key
+/// is free to ask again and the requests waiting on it are woken.
+struct Asking<'a> {
+    keys: &'a crate::keys::Keys,
+    tag: u64,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.keys.get(self.tag, |e| {
+            if e.asking
+                .as_ref()
+                .is_some_and(|a| Arc::ptr_eq(a, &self.notify))
+            {
+                e.asking = None;
             }
         });
-        reply.map(|_| ())
+        self.notify.notify_waiters();
     }
 }
 

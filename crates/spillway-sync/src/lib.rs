@@ -124,5 +124,5 @@ impl SyncConfig {
 /// How long an instance counts as alive after its last heartbeat: a few
 /// heartbeats, so one slow exchange does not halve every share.
 pub fn live_ttl(interval: Duration) -> Duration {
-    (interval * 5).max(Duration::from_secs(2))
+    interval.saturating_mul(5).max(Duration::from_secs(2))
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use spillway_core::{Clock, Decision, Nanos, Outcome, Rule, Verdict};
+use spillway_core::{Clock, Decision, Limit, Nanos, Outcome, Rule, Verdict};
 use spillway_redis::{RedisStore, SyncItem, SyncOp, SyncReply};
 use spillway_store::{Charge, MemoryConfig, MemoryStore, Store, StoreError};
 
@@ -21,6 +21,14 @@ use crate::{SyncConfig, SyncMode, live_ttl};
 
 /// Exchanges a key may go unused before it is no longer synced.
 const IDLE_EXCHANGES: u32 = 10;
+
+/// Most keys in one script call: Redis runs a call to its end before any
+/// other client's command, and a call must come back within its timeout.
+const MAX_ITEMS: usize = 2048;
+
+/// Most pushes to one store per exchange (each at most [`MAX_ITEMS`]
+/// keys); what is left waits for the next exchange.
+const MAX_PUSHES: usize = 8;
 
 /// One store an instance pushes to: its region's, or another region's.
 #[derive(Debug)]
@@ -44,8 +52,10 @@ pub(crate) struct Inner {
     /// home store; decisions then fail (so the policy, or the share,
     /// answers) until one succeeds.
     pub(crate) down: AtomicBool,
-    /// Wakes the exchange early (lease mode: a slice running low).
+    /// Wakes the exchange loop to pull the keys in `fresh` at once.
     pub(crate) wake: tokio::sync::Notify,
+    /// Keys new here since the last pull (eventual mode).
+    pub(crate) fresh: Mutex<Vec<(u64, Arc<Rule>)>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -96,6 +106,7 @@ impl SyncStore {
             remotes: remotes.into_iter().map(|(n, s)| remote(n, s)).collect(),
             down: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            fresh: Mutex::new(Vec::new()),
             config,
         });
         tokio::spawn(exchange_loop(Arc::downgrade(&inner)));
@@ -245,12 +256,13 @@ impl Inner {
         tag: u64,
         f: impl FnOnce(&mut Entry) -> T,
     ) -> Option<T> {
-        let mut made = false;
+        let mut made = None;
         let out = self.keys.with(
             tag,
             || {
-                made = true;
-                Entry::new(self.keys.intern(c.rule), self.local.key_hash(c))
+                let rule = self.keys.intern(c.rule);
+                made = Some(rule.clone());
+                Entry::new(rule, self.local.key_hash(c))
             },
             |e| {
                 e.idle = 0;
@@ -259,7 +271,10 @@ impl Inner {
         );
         // A key new here is decided on this instance's memory alone until
         // it is caught up: the exchange loop pulls it at once.
-        if made && self.config.mode == SyncMode::Eventual {
+        if let Some(rule) = made
+            && self.config.mode == SyncMode::Eventual
+        {
+            self.fresh.lock().push((tag, rule));
             self.wake.notify_one();
         }
         out
@@ -343,7 +358,8 @@ impl Inner {
         let mut drained: Vec<(u64, Arc<Rule>, u64, u64)> = Vec::new();
         let mut ops: Vec<Item> = Vec::new();
         let live = self.share.live();
-        let ttl = (self.config.interval * 2).as_nanos() as u64;
+        let ttl =
+            u64::try_from(self.config.interval.saturating_mul(2).as_nanos()).unwrap_or(u64::MAX);
         let tick = Tick {
             now,
             ttl,
@@ -365,7 +381,6 @@ impl Inner {
             if lease {
                 lease_ops(e, tag, &tick, self.leasing(&e.rule), &mut ops);
             } else if used || e.idle <= IDLE_EXCHANGES {
-                e.fresh = false;
                 ops.push(Item {
                     tag,
                     rule: e.rule.clone(),
@@ -376,92 +391,114 @@ impl Inner {
         });
         // What each store has to count: in eventual mode every admission;
         // in lease mode the home store counted admissions as leases, and
-        // only charges after the fact are new to it.
-        {
-            let mut home = self.home.link.lock();
-            for (tag, rule, pending, after) in &drained {
-                let for_home = if lease { *after } else { pending + after };
-                home.add(*tag, rule, for_home);
-            }
-        }
-        for r in &self.remotes {
-            let mut link = r.link.lock();
-            for (tag, rule, pending, after) in &drained {
-                link.add(*tag, rule, pending + after);
-            }
-        }
-        // What this instance admitted alone while the store was gone.
-        if !self.down.load(Ordering::Relaxed) {
+        // only charges after the fact are new to it (`pending` holds every
+        // unit admitted here, from a slice or charged after the fact).
+        fan_out(
+            &self.home,
+            &self.remotes,
+            drained.iter().map(|(tag, rule, pending, after)| {
+                (*tag, rule, if lease { *after } else { *pending }, *pending)
+            }),
+        );
+        // What this instance admitted alone while the store was gone: once
+        // the store answers again (a heartbeat may say so first), in this
+        // very exchange.
+        if !self.down.load(Ordering::Relaxed) || self.share.active() {
             self.reconcile_share();
         }
-        let remotes = self.remotes.iter().map(|r| push_only(r, &self.instance));
-        let (called, ()) = tokio::join!(self.exchange_home(ops), futures_join_all(remotes));
+        let remotes = self
+            .remotes
+            .iter()
+            .map(|r| push_only(r, &self.instance, self.sync_timeout()));
+        let (called, ()) = tokio::join!(self.exchange_home(ops), join_all(remotes));
         self.heartbeat(!called).await;
+    }
+
+    /// How long an exchange in the background may wait: the decisions'
+    /// timeout, or an interval if longer (it carries many keys, and waits
+    /// for nobody).
+    fn sync_timeout(&self) -> Duration {
+        self.home.store.timeout().max(self.config.interval)
     }
 
     /// Moves what the share admitted into the home and remote links, once.
     fn reconcile_share(&self) {
         let mut owed = self.share.owed.lock();
         while let Some(push) = owed.to_send().cloned() {
-            {
-                let mut home = self.home.link.lock();
-                for (tag, rule, cost) in &push.items {
-                    home.add(*tag, rule, *cost);
-                }
-            }
-            for r in &self.remotes {
-                let mut link = r.link.lock();
-                for (tag, rule, cost) in &push.items {
-                    link.add(*tag, rule, *cost);
-                }
-            }
+            fan_out(
+                &self.home,
+                &self.remotes,
+                push.items
+                    .iter()
+                    .map(|(tag, rule, cost)| (*tag, rule, *cost, *cost)),
+            );
             owed.answered(push.seq);
         }
     }
 
-    /// The exchange with the home store: the push (if any), the ops of the
-    /// keys in use; then the catch-up (eventual) or the leases granted.
-    /// Returns whether it called the store.
+    /// The exchange with the home store: the pushes waiting (numbered, one
+    /// after another, each at most [`MAX_ITEMS`] keys), then the ops of the
+    /// keys in use in calls of at most [`MAX_ITEMS`], together; then the
+    /// catch-up (eventual) or the leases granted. In lease mode the ops
+    /// never share a call with a push: a replayed push runs every op of
+    /// its call as a check. Returns whether it called the store.
     async fn exchange_home(&self, mut ops: Vec<Item>) -> bool {
-        let push = self.home.link.lock().to_send().cloned();
-        let mut pushed: HashSet<u64> = HashSet::new();
-        let mut items: Vec<Item> =
-            Vec::with_capacity(ops.len() + push.as_ref().map_or(0, |p| p.items.len()));
-        if let Some(p) = &push {
-            for (tag, rule, cost) in &p.items {
-                pushed.insert(*tag);
-                items.push(Item {
+        let eventual = self.config.mode == SyncMode::Eventual;
+        let mut called = false;
+        for _ in 0..MAX_PUSHES {
+            let Some(push) = self.home.link.lock().to_send().cloned() else {
+                break;
+            };
+            let mut items: Vec<Item> = push
+                .items
+                .iter()
+                .map(|(tag, rule, cost)| Item {
                     tag: *tag,
                     rule: rule.clone(),
                     op: SyncOp::Charge(*cost),
-                });
+                })
+                .collect();
+            if eventual {
+                // A charge answers as a check would: its key needs no
+                // check of its own.
+                let pushed: HashSet<u64> = items.iter().map(|i| i.tag).collect();
+                ops.retain(|i| !pushed.contains(&i.tag));
+                let room = MAX_ITEMS.saturating_sub(items.len()).min(ops.len());
+                items.extend(ops.drain(..room));
+            }
+            called = true;
+            if self.call(&items, Some(push.seq)).await.is_err() {
+                // Sent again, unchanged, next time; nothing else now.
+                return true;
             }
         }
-        if self.config.mode == SyncMode::Eventual {
-            ops.retain(|i| !pushed.contains(&i.tag));
-        }
-        items.append(&mut ops);
-        if items.is_empty() {
-            return false;
-        }
+        let chunks = ops.chunks(MAX_ITEMS).map(|c| self.call(c, None));
+        called |= !ops.is_empty();
+        join_all(chunks.map(|f| async move {
+            let _ = f.await;
+        }))
+        .await;
+        called
+    }
+
+    /// One call to the home store, taken in: the clock, the link's health,
+    /// the push answered, the store back; then [`absorb`](Self::absorb).
+    async fn call(&self, items: &[Item], seq: Option<u64>) -> Result<(), ()> {
+        let call = sync_items(items);
         let sent = self.clock.elapsed();
-        let call: Vec<SyncItem<'_>> = items
-            .iter()
-            .map(|i| SyncItem {
-                rule: &i.rule,
-                tag: i.tag,
-                op: i.op,
-            })
-            .collect();
-        let seq = push.as_ref().map(|p| (self.instance.as_str(), p.seq));
-        let reply = self.home.store.exchange(&call, seq).await;
+        let push = seq.map(|n| (self.instance.as_str(), n));
+        let reply = self
+            .home
+            .store
+            .exchange_within(&call, push, self.sync_timeout())
+            .await;
         drop(call);
         let received = self.clock.elapsed();
         match reply {
             Ok(reply) => {
                 self.clock.learn(reply.now_us, sent, received);
-                if let Some(p) = &push {
-                    self.home.link.lock().answered(p.seq);
+                if let Some(n) = seq {
+                    self.home.link.lock().answered(n);
                 }
                 self.home
                     .health
@@ -470,7 +507,8 @@ impl Inner {
                     tracing::info!(store = %self.home.store.describe(), "sync: store answers again");
                 }
                 self.share.end();
-                self.absorb(&items, &reply);
+                self.absorb(items, &reply);
+                Ok(())
             }
             Err(e) => {
                 let n = self.home.health.failed();
@@ -483,9 +521,9 @@ impl Inner {
                 }
                 // Slices granted by a lost answer are lost (never used
                 // twice); refunded units are gone from the entries already.
+                Err(())
             }
         }
-        true
     }
 
     /// Takes in an exchange's answer: catches local states up with the
@@ -510,15 +548,12 @@ impl Inner {
                     self.keys.get(item.tag, |e| {
                         let unpushed = e.pending.saturating_add(waiting_after);
                         e.remaining = min_remaining(&r.limits);
-                        for (li, v) in r.limits.iter().enumerate() {
-                            let target = v.remaining.saturating_sub(unpushed);
-                            let here = self
-                                .local
-                                .limit_at(&item.rule, e.local, li, 0, now)
-                                .remaining;
-                            if here > target {
-                                self.local
-                                    .limit_at(&item.rule, e.local, li, here - target, now);
+                        let limits = item.rule.enforced_limits();
+                        for (li, (limit, v)) in limits.iter().zip(&r.limits).enumerate() {
+                            let here = self.local.limit_at(&item.rule, e.local, li, 0, now);
+                            let behind = behind(limit, v, &here, unpushed);
+                            if behind > 0 {
+                                self.local.limit_at(&item.rule, e.local, li, behind, now);
                             }
                         }
                     });
@@ -532,33 +567,17 @@ impl Inner {
     /// decided on what it has left within about a round trip of its first
     /// request here, not an interval.
     async fn pull_fresh(&self) {
-        let mut items = Vec::new();
-        self.keys.retain(|tag, e| {
-            if std::mem::take(&mut e.fresh) {
-                items.push(Item {
-                    tag,
-                    rule: e.rule.clone(),
-                    op: SyncOp::Charge(0),
-                });
-            }
-            true
-        });
-        if items.is_empty() {
-            return;
-        }
-        let call: Vec<SyncItem<'_>> = items
-            .iter()
-            .map(|i| SyncItem {
-                rule: &i.rule,
-                tag: i.tag,
-                op: i.op,
+        let fresh = std::mem::take(&mut *self.fresh.lock());
+        let items: Vec<Item> = fresh
+            .into_iter()
+            .map(|(tag, rule)| Item {
+                tag,
+                rule,
+                op: SyncOp::Charge(0),
             })
             .collect();
-        let sent = self.clock.elapsed();
-        if let Ok(reply) = self.home.store.exchange(&call, None).await {
-            self.clock.learn(reply.now_us, sent, self.clock.elapsed());
-            drop(call);
-            self.absorb(&items, &reply);
+        for chunk in items.chunks(MAX_ITEMS) {
+            let _ = self.call(chunk, None).await;
         }
     }
 
@@ -576,14 +595,48 @@ impl Inner {
         {
             let received = self.clock.elapsed();
             self.clock.learn(now_us, sent, received);
-            self.home.health.alive(received.saturating_sub(sent));
             self.share.set_live(live as u64);
-            if self.down.swap(false, Ordering::Relaxed) {
-                tracing::info!(store = %self.home.store.describe(), "sync: store answers again");
+            // With no exchange to tell, the heartbeat says how the link is;
+            // else the exchange's answer does (a store that answers small
+            // heartbeats but not the exchanges is not in sync).
+            if alone {
+                self.home.health.alive(received.saturating_sub(sent));
+                if self.down.swap(false, Ordering::Relaxed) {
+                    tracing::info!(store = %self.home.store.describe(), "sync: store answers again");
+                }
             }
         } else if alone && self.home.health.failed() >= self.config.failures.max(1) {
             self.down.store(true, Ordering::Relaxed);
         }
+    }
+}
+
+/// How many units this instance's state of `limit` is behind the store's
+/// (`store`, a check after every push so far), given `unpushed` units it
+/// admitted that the store has not counted: what to charge locally.
+///
+/// The buckets and GCRA are compared by what they owe, in units (`reset`,
+/// the time back to full, over the time one unit takes): their state may
+/// be past full (debt from charges after the fact, or from every
+/// instance's admissions pushed at once), which `remaining`, never below
+/// 0, cannot tell. Windows are compared by what they have left: their
+/// debt ends with the window.
+fn behind(limit: &Limit, store: &Verdict, here: &Verdict, unpushed: u64) -> u64 {
+    let per_unit = match limit {
+        Limit::TokenBucket(a) => Some(a.refill().interval()),
+        Limit::LeakyBucket(a) => Some(a.leak().interval()),
+        Limit::Shaper(a) => Some(a.leak().interval()),
+        Limit::Gcra(a) => Some(a.rate().interval()),
+        Limit::FixedWindow(_) | Limit::SlidingLog(_) | Limit::SlidingCounter(_) => None,
+    };
+    match per_unit {
+        Some(per) => {
+            let owed = |v: &Verdict| v.reset.as_u64() / per.max(1);
+            (owed(store).saturating_add(unpushed)).saturating_sub(owed(here))
+        }
+        None => here
+            .remaining
+            .saturating_sub(store.remaining.saturating_sub(unpushed)),
     }
 }
 
@@ -592,38 +645,136 @@ pub(crate) fn min_remaining(limits: &[Verdict]) -> u64 {
     limits.iter().map(|v| v.remaining).min().unwrap_or(0)
 }
 
-/// Pushes the deltas waiting for another region's store.
-async fn push_only(r: &Remote, instance: &str) {
-    let Some(push) = r.link.lock().to_send().cloned() else {
-        return;
-    };
-    let call: Vec<SyncItem<'_>> = push
-        .items
-        .iter()
-        .map(|(tag, rule, cost)| SyncItem {
-            rule,
-            tag: *tag,
-            op: SyncOp::Charge(*cost),
-        })
-        .collect();
-    let sent = std::time::Instant::now();
-    match r.store.exchange(&call, Some((instance, push.seq))).await {
-        Ok(_) => {
-            r.link.lock().answered(push.seq);
-            r.health.ok(sent.elapsed().as_nanos() as u64, call.len());
-        }
-        Err(e) => {
-            if r.health.failed() == 3 {
-                tracing::warn!(region = %r.name, error = %e.message, "sync: region's store unreachable; its deltas wait");
+/// Pushes the deltas waiting for another region's store (a few pushes
+/// of at most [`MAX_ITEMS`] keys, one after another); a store that does
+/// not answer keeps them waiting, and its health says so.
+async fn push_only(r: &Remote, instance: &str, timeout: Duration) {
+    for _ in 0..MAX_PUSHES {
+        let Some(push) = r.link.lock().to_send().cloned() else {
+            return;
+        };
+        let items: Vec<Item> = push
+            .items
+            .iter()
+            .map(|(tag, rule, cost)| Item {
+                tag: *tag,
+                rule: rule.clone(),
+                op: SyncOp::Charge(*cost),
+            })
+            .collect();
+        let call = sync_items(&items);
+        let sent = std::time::Instant::now();
+        match r
+            .store
+            .exchange_within(&call, Some((instance, push.seq)), timeout)
+            .await
+        {
+            Ok(_) => {
+                r.link.lock().answered(push.seq);
+                r.health.ok(sent.elapsed().as_nanos() as u64, call.len());
+            }
+            Err(e) => {
+                if r.health.failed() == 3 {
+                    tracing::warn!(region = %r.name, error = %e.message, "sync: region's store unreachable; its deltas wait");
+                }
+                return;
             }
         }
     }
 }
 
-/// Runs the futures together (the remote regions' pushes).
-async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
-    let set: Vec<_> = futures.map(Box::pin).collect();
-    for f in set {
-        f.await;
+/// Deltas for the stores: `(tag, rule, units for the home store, units
+/// for the other regions' stores)`.
+fn fan_out<'a>(
+    home: &Remote,
+    remotes: &[Remote],
+    deltas: impl Iterator<Item = (u64, &'a Arc<Rule>, u64, u64)> + Clone,
+) {
+    {
+        let mut link = home.link.lock();
+        for (tag, rule, units, _) in deltas.clone() {
+            link.add(tag, rule, units);
+        }
+    }
+    for r in remotes {
+        let mut link = r.link.lock();
+        for (tag, rule, _, units) in deltas.clone() {
+            link.add(tag, rule, units);
+        }
+    }
+}
+
+/// Owned items as the store's call takes them.
+pub(crate) fn sync_items(items: &[Item]) -> Vec<SyncItem<'_>> {
+    items
+        .iter()
+        .map(|i| SyncItem {
+            rule: &i.rule,
+            tag: i.tag,
+            op: i.op,
+        })
+        .collect()
+}
+
+/// Runs the futures together, to the end of the last.
+async fn join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
+    let mut futures: Vec<Option<std::pin::Pin<Box<F>>>> =
+        futures.map(|f| Some(Box::pin(f))).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for slot in futures.iter_mut() {
+            if let Some(f) = slot {
+                if f.as_mut().poll(cx).is_ready() {
+                    *slot = None;
+                } else {
+                    pending = true;
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_core::{FixedWindow, Gcra, Rate};
+
+    fn verdict(remaining: u64, reset: Nanos) -> Verdict {
+        Verdict {
+            allowed: true,
+            limit: 10,
+            remaining,
+            reset,
+            retry_after: Nanos::ZERO,
+            wait: Nanos::ZERO,
+        }
+    }
+
+    /// A GCRA the store has in debt (every instance's admissions pushed:
+    /// 30 units owed, 10 of burst) is caught up by what it owes, which its
+    /// `remaining` (0 either way) cannot tell; a window by what is left.
+    #[test]
+    fn states_are_caught_up_by_what_they_owe_or_have_left() {
+        let g = Limit::Gcra(Gcra::new(Rate::new(10, Nanos::from_secs(1)).unwrap(), 10).unwrap());
+        let store = verdict(0, Nanos::from_secs(3));
+        let here = verdict(0, Nanos::from_secs(1));
+        assert_eq!(behind(&g, &store, &here, 0), 20);
+        assert_eq!(behind(&g, &store, &here, 5), 25, "admitted since the push");
+        assert_eq!(behind(&g, &here, &store, 0), 0, "never raised");
+        let w = Limit::FixedWindow(FixedWindow::new(10, Nanos::from_secs(60)).unwrap());
+        assert_eq!(
+            behind(&w, &verdict(3, Nanos::ZERO), &verdict(8, Nanos::ZERO), 1),
+            6
+        );
+        assert_eq!(
+            behind(&w, &verdict(8, Nanos::ZERO), &verdict(3, Nanos::ZERO), 0),
+            0
+        );
     }
 }

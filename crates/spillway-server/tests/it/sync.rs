@@ -821,6 +821,91 @@ per_algorithm!(
     gcra,
 );
 
+/// Eventual mode over time, for the algorithms that refill: four
+/// saturated instances admit what the rate allows (burst plus rate x
+/// time), plus the lag bound; not four times the rate. (A regression:
+/// catching up through `remaining`, never below 0, lost the debt the
+/// store's bucket had from every instance's pushes, and each instance
+/// refilled at the full rate.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventual_refilling_limits_hold_their_rate_across_instances() {
+    let _serial = SERIAL.lock().await;
+    for (algorithm, limit, rate, burst) in [
+        ("gcra", "gcra: { rate: 50/1s, burst: 10 }", 50.0, 10.0),
+        (
+            "token_bucket",
+            "token_bucket: { capacity: 10, refill: 50/1s }",
+            50.0,
+            10.0,
+        ),
+        (
+            "leaky_bucket",
+            "leaky_bucket: { capacity: 10, leak: 50/1s }",
+            50.0,
+            10.0,
+        ),
+    ] {
+        let redis = RedisServer::start();
+        let dir = TempDir::new("sync-rates");
+        let url = format!("{}/0", redis.url());
+        let file = dir.write(
+            "rules.yaml",
+            &rules(
+                &url,
+                PATIENT,
+                &sync_block("eventual", None),
+                "allow",
+                &[("/hot", limit)],
+            ),
+        );
+        let c = client();
+        let servers = start_all(&c, &[&file, &file, &file, &file]).await;
+        wait_live(&c, &servers, 4.0).await;
+        let all: Vec<&Server> = servers.iter().collect();
+        let w = watch(&c, &all);
+        let run = drive(
+            &c,
+            Load {
+                urls: check_urls(&all),
+                body: json!({"api": "/hot", "user": algorithm}),
+                rate: 400.0,
+                clients: 8,
+                pick: round_robin,
+                idle: None,
+                max: secs(3),
+                tolerate_failures: false,
+            },
+        )
+        .await;
+        let o = w.finish().await;
+        let l = lag_bound(&o);
+        let peak = run.peak_in(l, |_| true);
+        let elapsed = run.elapsed().as_secs_f64();
+        let allowed = burst + rate * elapsed;
+        let admitted = run.admitted();
+        let bound = allowed + peak as f64;
+        println!(
+            "eventual {algorithm} at {rate}/s, burst {burst}: admitted {admitted} of {} in {elapsed:.2}s ({}); \
+             the rate allows {allowed:.0}; peak requests in any L = {l:?}: {peak}; bound {bound:.0}",
+            run.samples.len(),
+            run.per_instance()
+        );
+        assert_eq!(
+            run.store_errors(),
+            0,
+            "decisions fell back to the failure policy"
+        );
+        assert!(
+            admitted as f64 <= bound,
+            "{algorithm}: admitted {admitted} > bound {bound:.0} (four instances each at the full rate?)"
+        );
+        assert!(
+            admitted as f64 >= allowed * 0.8,
+            "{algorithm}: admitted {admitted}, well under the {allowed:.0} the rate allows"
+        );
+    }
+}
+
 /// The documented under-admission bound: with 90 % of a key's traffic on
 /// one instance, at least 90 % of the limit is admitted, and never more
 /// than the limit.

@@ -356,7 +356,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
                 ..MemoryConfig::default()
             },
         )),
-        StoreConfig::Redis(cfg) if shares(&opts.config) => ServerStore::Shared(Fallback::new(
+        StoreConfig::Redis(cfg) if opts.config.shares() => ServerStore::Shared(Fallback::new(
             RedisStore::new(cfg.clone())?,
             spillway_sync::SyncConfig::default().max_keys,
         )),
@@ -400,16 +400,6 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
         admin,
         grpc,
     })
-}
-
-/// Whether `on_store_error: share` is asked for, by default or by a rule
-/// (the per-decision Redis store then keeps heartbeats and a share).
-fn shares(config: &Config) -> bool {
-    config.on_store_error == spillway_core::FailPolicy::Share
-        || config
-            .rules
-            .iter()
-            .any(|r| r.fail_policy() == Some(spillway_core::FailPolicy::Share))
 }
 
 /// The rule set for `config`, numbered `version`.

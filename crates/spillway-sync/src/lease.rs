@@ -148,18 +148,22 @@ impl Inner {
         for c in charges {
             tags.push(spillway_redis::tag(c));
         }
-        for attempt in 0..2 {
+        // One ask per charge without a slice at most (a request under
+        // several rules new to this instance asks for each), then decided.
+        let mut asked = 0;
+        loop {
             let now = self.clock.now();
             match self.take(charges, &tags, cost, after, now) {
                 Taken::Decided(d) => return Ok(d),
                 Taken::Untracked => {
                     return Ok(self
                         .share
-                        .decide(charges, cost, after, true, spillway_redis::tag));
+                        .alone(charges, cost, after, true, spillway_redis::tag));
                 }
                 // Boxed: the call's future is large, and inline it would
                 // grow every decision's future, copied at each await above.
-                Taken::Missing(j) if attempt == 0 => {
+                Taken::Missing(j) if asked < charges.len() => {
+                    asked += 1;
                     Box::pin(self.ask(&charges[j], tags[j], cost)).await?;
                 }
                 Taken::Missing(j) => {
@@ -168,7 +172,6 @@ impl Inner {
                 }
             }
         }
-        unreachable!("the loop returns on its second attempt")
     }
 
     /// Takes `cost` from every charge's slice, all or none.

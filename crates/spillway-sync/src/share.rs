@@ -141,6 +141,20 @@ impl Share {
             );
         }
         self.decided.fetch_add(1, Ordering::Relaxed);
+        self.alone(charges, cost, after, owe, tag)
+    }
+
+    /// Decides `charges` on this instance's share while the store is fine
+    /// but cannot take the key (a sync store whose map of keys is full):
+    /// as [`decide`](Self::decide), without saying the store is gone.
+    pub fn alone(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+        owe: bool,
+        tag: impl Fn(&Charge<'_>) -> u64,
+    ) -> Decision {
         let n = self.live();
         let scaled: Vec<Arc<Rule>> = charges.iter().map(|c| self.scaled(c.rule, n)).collect();
         let local: Vec<Charge<'_>> = charges

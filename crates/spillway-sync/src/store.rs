@@ -290,7 +290,7 @@ impl Inner {
                 // limit is what this instance may admit for it alone.
                 return self
                     .share
-                    .decide(charges, cost, after, true, spillway_redis::tag);
+                    .alone(charges, cost, after, true, spillway_redis::tag);
             }
             tags.push(tag);
         }

@@ -89,6 +89,16 @@ pub struct Config {
 }
 
 impl Config {
+    /// Whether `on_store_error: share` is asked for, by default or by a
+    /// rule.
+    pub fn shares(&self) -> bool {
+        self.on_store_error == FailPolicy::Share
+            || self
+                .rules
+                .iter()
+                .any(|r| r.fail_policy() == Some(FailPolicy::Share))
+    }
+
     /// The settings that take effect only at start (the store, addresses,
     /// the proxy section, gRPC headers) and differ in `newer`: a reload
     /// applies the rules and says these wait for a restart.
@@ -105,6 +115,12 @@ impl Config {
                 self.grpc_response_headers != newer.grpc_response_headers,
             ),
             ("envoy", self.envoy != newer.envoy),
+            // The per-decision Redis store keeps heartbeats and a share
+            // only when share is asked for at start.
+            (
+                "on_store_error: share",
+                matches!(self.store, StoreConfig::Redis(_)) && self.shares() != newer.shares(),
+            ),
         ]
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))
@@ -587,6 +603,26 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
                 );
             }
             rules.push(rule);
+        }
+    }
+    if let StoreConfig::Redis(r) = &store
+        && !r.cluster.is_empty()
+    {
+        // A share's admissions are charged back with a numbered push,
+        // which one script call on one server takes.
+        let refuse = "on_store_error: share needs redis.url (one server): a Redis Cluster cannot take back what was admitted alone";
+        if let Some(p) = raw.on_store_error.as_ref().filter(|p| p.value == "share") {
+            errs.at(p, refuse);
+        }
+        for r in raw.rules.iter().flatten() {
+            if let Some(p) = r
+                .value
+                .on_store_error
+                .as_ref()
+                .filter(|p| p.value == "share")
+            {
+                errs.at(p, refuse);
+            }
         }
     }
     if errs.list.is_empty() {

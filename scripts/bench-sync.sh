@@ -61,6 +61,7 @@ request = function()
 end
 LUA
 
+hz=$(getconf CLK_TCK)
 commands() { redis-cli -p "$rp" INFO stats | tr -d '\r' | awk -F: '/^total_commands_processed:/ {print $2}'; }
 calls() { redis-cli -p "$rp" INFO commandstats | tr -d '\r' | awk -F'[=,:]' '/^cmdstat_evalsha:|^cmdstat_eval:/ {n += $3} END {print n + 0}'; }
 results="$work/results"
@@ -74,14 +75,19 @@ for r in $(seq "$rounds"); do
       wait_port "$sp"
       # Warm up: the keys' first leases and exchanges, the connections.
       wrk -t1 -c64 -d1s -s "$work/$load.lua" "http://127.0.0.1:$sp/v1/check" >/dev/null
-      c0=$(commands); k0=$(calls)
+      c0=$(commands); k0=$(calls); s0=$(cpu_ticks "$pid"); r0=$(cpu_ticks "$pid_redis")
       out=$(wrk -t1 -c64 -d"${secs}s" --latency -s "$work/$load.lua" "http://127.0.0.1:$sp/v1/check")
-      c1=$(commands); k1=$(calls)
+      c1=$(commands); k1=$(calls); s1=$(cpu_ticks "$pid"); r1=$(cpu_ticks "$pid_redis")
       kill "$pid"; wait "$pid" 2>/dev/null || true
       n=$(awk '/requests in/ {print $1}' <<<"$out")
       per=$(awk -v c="$((c1 - c0))" -v n="$n" 'BEGIN {printf "%.4f", (n > 0 ? c / n : 0)}')
       trips=$(awk -v c="$((k1 - k0))" -v n="$n" 'BEGIN {printf "%.5f", (n > 0 ? c / n : 0)}')
-      echo "$m $load rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") round_trips_per_decision=$trips redis_commands_per_decision=$per non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
+      # CPU per decision of spillway and of redis-server: on this 2-core
+      # machine they share the cores with wrk, so Redis's work costs
+      # decisions per second even when no decision waits for it.
+      cpu=$(awk -v n="$n" -v hz="$hz" -v s="$((s1 - s0))" -v r="$((r1 - r0))" \
+        'BEGIN {printf "spillway_cpu_us=%.2f redis_cpu_us=%.2f", s/hz*1e6/n, r/hz*1e6/n}')
+      echo "$m $load rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out") p50=$(awk '$1=="50%" {print $2}' <<<"$out") p99=$(awk '$1=="99%" {print $2}' <<<"$out") round_trips_per_decision=$trips redis_commands_per_decision=$per $cpu non2xx=$(awk '/Non-2xx/ {print $4}' <<<"$out")" | tee -a "$results"
     done
   done
 done

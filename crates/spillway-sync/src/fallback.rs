@@ -11,7 +11,7 @@ use spillway_store::{Charge, Store, StoreError};
 use crate::clock::StoreClock;
 use crate::live_ttl;
 use crate::share::Share;
-use crate::status::{Health, LinkStatus, SyncStatus, instance_id, unix_ms};
+use crate::status::{Health, SyncStatus, instance_id};
 
 /// The per-decision Redis store with a share to fall back on
 /// (`on_store_error: share`): decisions go to Redis; while it cannot
@@ -53,7 +53,6 @@ impl Fallback {
     /// A snapshot for status pages and metrics.
     pub fn status(&self) -> SyncStatus {
         let i = &self.inner;
-        let last = i.health.last_ok_ms.load(Ordering::Relaxed);
         let owed = i.share.owed.lock().waiting();
         SyncStatus {
             mode: "per-decision",
@@ -65,20 +64,7 @@ impl Fallback {
             keys: 0,
             untracked: 0,
             clock_step_us: 0,
-            links: vec![LinkStatus {
-                region: "home".into(),
-                home: true,
-                last_ok_unix_ms: last,
-                lag_ms: if last == 0 {
-                    0
-                } else {
-                    unix_ms().saturating_sub(last)
-                },
-                rtt_us: i.health.rtt_ns.load(Ordering::Relaxed) / 1000,
-                failures: i.health.failures.load(Ordering::Relaxed),
-                deltas_waiting: owed,
-                keys_synced: i.health.keys.load(Ordering::Relaxed),
-            }],
+            links: vec![i.health.status("home", true, owed)],
         }
     }
 

@@ -31,6 +31,26 @@ impl Health {
         self.failures.store(0, Ordering::Relaxed);
     }
 
+    /// What a status page shows of the link to `region`, with `waiting`
+    /// units not yet counted there.
+    pub(crate) fn status(&self, region: &str, home: bool, waiting: u64) -> LinkStatus {
+        let last = self.last_ok_ms.load(Ordering::Relaxed);
+        LinkStatus {
+            region: region.to_string(),
+            home,
+            last_ok_unix_ms: last,
+            lag_ms: if last == 0 {
+                0
+            } else {
+                unix_ms().saturating_sub(last)
+            },
+            rtt_us: self.rtt_ns.load(Ordering::Relaxed) / 1000,
+            failures: self.failures.load(Ordering::Relaxed),
+            deltas_waiting: waiting,
+            keys_synced: self.keys.load(Ordering::Relaxed),
+        }
+    }
+
     pub(crate) fn failed(&self) -> u32 {
         self.failures.fetch_add(1, Ordering::Relaxed) + 1
     }

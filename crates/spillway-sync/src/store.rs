@@ -16,7 +16,7 @@ use crate::keys::{Entry, Keys};
 use crate::lease::{Tick, grant, lease_ops};
 use crate::link::Link;
 use crate::share::Share;
-use crate::status::{Health, LinkStatus, SyncStatus, instance_id, unix_ms};
+use crate::status::{Health, LinkStatus, SyncStatus, instance_id};
 use crate::{SyncConfig, SyncMode, live_ttl};
 
 /// Exchanges a key may go unused before it is no longer synced.
@@ -178,22 +178,8 @@ impl SyncStore {
 }
 
 fn link_status(r: &Remote, home: bool) -> LinkStatus {
-    let last = r.health.last_ok_ms.load(Ordering::Relaxed);
-    let link = r.link.lock();
-    LinkStatus {
-        region: r.name.clone(),
-        home,
-        last_ok_unix_ms: last,
-        lag_ms: if last == 0 {
-            0
-        } else {
-            unix_ms().saturating_sub(last)
-        },
-        rtt_us: r.health.rtt_ns.load(Ordering::Relaxed) / 1000,
-        failures: r.health.failures.load(Ordering::Relaxed),
-        deltas_waiting: link.waiting(),
-        keys_synced: r.health.keys.load(Ordering::Relaxed),
-    }
+    let waiting = r.link.lock().waiting();
+    r.health.status(&r.name, home, waiting)
 }
 
 fn outage(what: &str) -> StoreError {
@@ -202,25 +188,11 @@ fn outage(what: &str) -> StoreError {
 
 impl Store for SyncStore {
     async fn decide(&self, charges: &[Charge<'_>], cost: u64) -> Result<Decision, StoreError> {
-        let inner = &self.inner;
-        if inner.down.load(Ordering::Relaxed) {
-            return Err(outage(&inner.home.store.describe()));
-        }
-        Ok(match inner.config.mode {
-            SyncMode::Eventual => inner.eventual(charges, cost, false),
-            SyncMode::Lease => inner.lease(charges, cost, false).await?,
-        })
+        self.inner.run(charges, cost, false).await
     }
 
     async fn charge(&self, charges: &[Charge<'_>], cost: u64) -> Result<Decision, StoreError> {
-        let inner = &self.inner;
-        if inner.down.load(Ordering::Relaxed) {
-            return Err(outage(&inner.home.store.describe()));
-        }
-        Ok(match inner.config.mode {
-            SyncMode::Eventual => inner.eventual(charges, cost, true),
-            SyncMode::Lease => inner.lease(charges, cost, true).await?,
-        })
+        self.inner.run(charges, cost, true).await
     }
 
     fn decide_share(
@@ -278,6 +250,23 @@ impl Inner {
             self.wake.notify_one();
         }
         out
+    }
+
+    /// Decides (or, if `after`, charges) by the mode; an error while the
+    /// store is unreachable, so that `on_store_error` answers.
+    async fn run(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+        after: bool,
+    ) -> Result<Decision, StoreError> {
+        if self.down.load(Ordering::Relaxed) {
+            return Err(outage(&self.home.store.describe()));
+        }
+        Ok(match self.config.mode {
+            SyncMode::Eventual => self.eventual(charges, cost, after),
+            SyncMode::Lease => self.lease(charges, cost, after).await?,
+        })
     }
 
     /// Eventual mode: decided in memory, admissions recorded.

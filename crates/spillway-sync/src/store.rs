@@ -438,15 +438,7 @@ impl Inner {
             let Some(push) = self.home.link.lock().to_send().cloned() else {
                 break;
             };
-            let mut items: Vec<Item> = push
-                .items
-                .iter()
-                .map(|(tag, rule, cost)| Item {
-                    tag: *tag,
-                    rule: rule.clone(),
-                    op: SyncOp::Charge(*cost),
-                })
-                .collect();
+            let mut items = charges_of(&push);
             if eventual {
                 // A charge answers as a check would: its key needs no
                 // check of its own.
@@ -642,15 +634,7 @@ async fn push_only(r: &Remote, instance: &str, timeout: Duration) {
         let Some(push) = r.link.lock().to_send().cloned() else {
             return;
         };
-        let items: Vec<Item> = push
-            .items
-            .iter()
-            .map(|(tag, rule, cost)| Item {
-                tag: *tag,
-                rule: rule.clone(),
-                op: SyncOp::Charge(*cost),
-            })
-            .collect();
+        let items = charges_of(&push);
         let call = sync_items(&items);
         let sent = std::time::Instant::now();
         match r
@@ -691,6 +675,18 @@ fn fan_out<'a>(
             link.add(tag, rule, units);
         }
     }
+}
+
+/// A push's deltas as items: a charge after the fact each.
+fn charges_of(push: &crate::link::Push<Arc<Rule>>) -> Vec<Item> {
+    push.items
+        .iter()
+        .map(|(tag, rule, cost)| Item {
+            tag: *tag,
+            rule: rule.clone(),
+            op: SyncOp::Charge(*cost),
+        })
+        .collect()
 }
 
 /// Owned items as the store's call takes them.

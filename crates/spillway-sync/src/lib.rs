@@ -12,25 +12,23 @@
 //! ## Eventual mode
 //! Each instance decides in its own memory store (every algorithm, on the
 //! store's clock: see [`StoreClock`]), records what it admitted per key,
-//! and every `interval` exchanges with its region's store in one script
-//! call: it pushes its deltas (charged after the fact to the same states a
-//! per-decision instance would use, numbered so a retried or replayed push
-//! counts once: see [`link`]) and reads back, for every key it is using,
-//! what each limit has left. Where its own memory says more is left than
-//! the store does (less what it admitted since the push), it charges the
-//! difference locally: its memory then holds every instance's admissions
-//! up to the exchange. Between exchanges an instance does not see the
-//! others' admissions, which is what it can over-admit:
+//! and every `interval` exchanges with its region's store (one script call
+//! per 2,048 keys): it pushes its deltas (charged after the fact to the
+//! same states a per-decision instance would use, numbered so a retried or
+//! replayed push counts once: see [`link`]) and reads back every key it is
+//! using. Where its own memory is behind the store's (less what it
+//! admitted since the push) it charges the difference locally: buckets and
+//! GCRA by what they owe (so the store's debt from every instance's pushes
+//! is kept), windows by what they have left. Its memory then holds every
+//! instance's admissions up to the exchange. A key new to the instance is
+//! pulled at once. Between exchanges an instance does not see the others'
+//! admissions, which is what it can over-admit:
 //!
 //! > over-admission of a key ≤ what the *other* instances admit for it
 //! > within one lag `L = 2 × interval + round trip` (a delta waits at most
 //! > one interval to be pushed, and the push at most one more to be read
 //! > by each other instance), and never more than `(N − 1) × limit`.
 //!
-//! With a total rate `R` spread over `N` instances that is about
-//! `R × L × (N − 1) / N` above the limit per lag, for every algorithm. A
-//! key an instance starts using (or uses again after 10 idle intervals) is
-//! decided on its local state until its first exchange: the same bound.
 //! Late arrivals are charged when they arrive, never earlier, so a remote
 //! admission near a window's end may count in the next window (the error
 //! is toward admitting less).

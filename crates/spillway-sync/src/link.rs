@@ -21,6 +21,9 @@
 
 use std::collections::HashMap;
 
+/// Most keys in one push.
+pub const MAX_PUSH_KEYS: usize = 2048;
+
 /// One push: a number and the deltas it carries, `(tag, rule, cost)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Push<R> {
@@ -74,15 +77,22 @@ impl<R: Clone> Link<R> {
             .or_insert_with(|| (rule.clone(), cost));
     }
 
-    /// The push to send now: the unanswered one again, else what is
-    /// pending under a new number; `None` when nothing waits.
+    /// The push to send now: the unanswered one again, else up to
+    /// [`MAX_PUSH_KEYS`] of the keys pending under a new number (a store
+    /// runs a call to its end before anything else, and a call too big to
+    /// answer in time would be sent again for ever); `None` when nothing
+    /// waits.
     pub fn to_send(&mut self) -> Option<&Push<R>> {
         if self.inflight.is_none() && !self.pending.is_empty() {
             self.seq += 1;
-            let items = self
-                .pending
-                .drain()
-                .map(|(tag, (rule, cost))| (tag, rule, cost))
+            let tags: Vec<u64> = self.pending.keys().take(MAX_PUSH_KEYS).copied().collect();
+            let items = tags
+                .into_iter()
+                .filter_map(|tag| {
+                    self.pending
+                        .remove(&tag)
+                        .map(|(rule, cost)| (tag, rule, cost))
+                })
                 .collect();
             self.inflight = Some(Push {
                 seq: self.seq,
@@ -262,6 +272,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A push carries at most `MAX_PUSH_KEYS` keys; the rest follow under
+    /// the next numbers, nothing lost.
+    #[test]
+    fn big_backlogs_go_in_pushes_of_bounded_size() {
+        let mut link: Link<()> = Link::default();
+        let n = MAX_PUSH_KEYS as u64 * 2 + 5;
+        for tag in 0..n {
+            link.add(tag, &(), 1);
+        }
+        let mut sizes = Vec::new();
+        while let Some(p) = link.to_send().cloned() {
+            sizes.push(p.items.len());
+            link.answered(p.seq);
+        }
+        assert_eq!(sizes, vec![MAX_PUSH_KEYS, MAX_PUSH_KEYS, 5]);
+        assert_eq!(link.waiting(), 0);
     }
 
     /// Deltas admitted while a push is under way wait for the next number,

@@ -24,7 +24,7 @@ const IDLE_EXCHANGES: u32 = 10;
 
 /// Most keys in one script call: Redis runs a call to its end before any
 /// other client's command, and a call must come back within its timeout.
-const MAX_ITEMS: usize = 2048;
+const MAX_ITEMS: usize = crate::link::MAX_PUSH_KEYS;
 
 /// Most pushes to one store per exchange (each at most [`MAX_ITEMS`]
 /// keys); what is left waits for the next exchange.

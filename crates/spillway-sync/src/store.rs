@@ -56,6 +56,9 @@ pub(crate) struct Inner {
     pub(crate) wake: tokio::sync::Notify,
     /// Keys new here since the last pull (eventual mode).
     pub(crate) fresh: Mutex<Vec<(u64, Arc<Rule>)>>,
+    /// One exchange or pull at a time (the loop makes them in turn;
+    /// [`SyncStore::exchange_now`] waits for the loop's).
+    pub(crate) turn: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -107,6 +110,7 @@ impl SyncStore {
             down: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             fresh: Mutex::new(Vec::new()),
+            turn: tokio::sync::Mutex::new(()),
             config,
         });
         tokio::spawn(exchange_loop(Arc::downgrade(&inner)));
@@ -168,6 +172,12 @@ impl SyncStore {
             clock_step_us: i.clock.last_step() / 1000,
             links,
         }
+    }
+
+    /// Pulls the keys new here now (tests that want the early pulls done
+    /// at a known point; the background loop makes them when woken).
+    pub async fn pull_new_keys_now(&self) {
+        self.inner.pull_fresh().await;
     }
 
     /// Runs one exchange now (tests and benchmarks that want one at a
@@ -342,6 +352,9 @@ pub(crate) struct Item {
 
 impl Inner {
     async fn exchange(&self) {
+        let _turn = self.turn.lock().await;
+        // Every key in use is read now: the early pull has nothing to add.
+        self.fresh.lock().clear();
         let lease = self.config.mode == SyncMode::Lease;
         let now = self.clock.now();
         let mut drained: Vec<(u64, Arc<Rule>, u64, u64)> = Vec::new();
@@ -548,6 +561,7 @@ impl Inner {
     /// decided on what it has left within about a round trip of its first
     /// request here, not an interval.
     async fn pull_fresh(&self) {
+        let _turn = self.turn.lock().await;
         let fresh = std::mem::take(&mut *self.fresh.lock());
         let items: Vec<Item> = fresh
             .into_iter()

@@ -1,0 +1,122 @@
+//! The sync store against a real redis-server, in-process: what the
+//! end-to-end tests cannot reach at a known moment.
+
+use std::time::Duration;
+
+use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
+use spillway_redis::{RedisConfig, RedisStore};
+use spillway_store::{Charge, Key, Store};
+use spillway_sync::{SyncConfig, SyncMode, SyncStore};
+use spillway_testkit::RedisServer;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn redis(url: String) -> RedisStore {
+    let r = RedisStore::new(RedisConfig {
+        url,
+        timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    })
+    .unwrap();
+    assert!(
+        r.wait_connected(Duration::from_secs(10)).await,
+        "redis did not connect"
+    );
+    r
+}
+
+fn rule() -> Rule {
+    Rule::new(
+        "keys",
+        None,
+        KeySpec::parse("user").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(5, Nanos::from_secs(24 * 3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap()
+}
+
+/// Ten thousand keys admitted between two exchanges are pushed in calls
+/// of bounded size, all answered: nothing waits afterwards, and the store
+/// counts every key once (a per-decision look at a sample of them).
+#[test]
+fn ten_thousand_keys_are_pushed_in_bounded_calls_and_counted_once() {
+    let server = RedisServer::start();
+    rt().block_on(async {
+        let url = format!("{}/0", server.url());
+        let store = SyncStore::new(
+            SyncConfig {
+                mode: SyncMode::Eventual,
+                // No exchange but the ones this test makes (and the first,
+                // at start, with nothing to push).
+                interval: Duration::from_secs(3600),
+                ..SyncConfig::default()
+            },
+            redis(url.clone()).await,
+            Vec::new(),
+        );
+        let rule = rule();
+        let users: Vec<String> = (0..10_000).map(|i| format!("user-{i}")).collect();
+        for u in &users {
+            let key = Key::from_parts([u.as_str()]);
+            let d = store
+                .decide(
+                    &[Charge {
+                        rule: &rule,
+                        key: &key,
+                    }],
+                    1,
+                )
+                .await
+                .unwrap();
+            assert!(d.allowed);
+        }
+        let waiting = store.status().links[0].deltas_waiting;
+        assert_eq!(waiting, 0, "nothing drained before the exchange");
+        // The early pulls of the new keys done (the background loop's, or
+        // this one), the exchange is the pushes and a heartbeat.
+        store.pull_new_keys_now().await;
+        let calls_before = store.home().script_calls();
+        store.exchange_now().await;
+        let bounded = 10_000_u64.div_ceil(2048);
+        // One more if this was the decision script's first call on this
+        // server (NOSCRIPT, then the call again).
+        let calls = store.home().script_calls() - calls_before;
+        assert!(
+            (bounded + 1..=bounded + 2).contains(&calls),
+            "{calls} calls: pushes of at most 2,048 keys, and a heartbeat"
+        );
+        let home = &store.status().links[0];
+        assert_eq!((home.deltas_waiting, home.failures), (0, 0), "{home:?}");
+        let calls_before = store.home().script_calls();
+        store.exchange_now().await;
+        assert_eq!(
+            store.home().script_calls() - calls_before,
+            bounded + 1,
+            "checks of 10,000 keys in calls of at most 2,048, and a heartbeat"
+        );
+        let per_decision = redis(url).await;
+        for u in users.iter().step_by(997) {
+            let key = Key::from_parts([u.as_str()]);
+            let d = per_decision
+                .decide(
+                    &[Charge {
+                        rule: &rule,
+                        key: &key,
+                    }],
+                    0,
+                )
+                .await
+                .unwrap();
+            assert_eq!(d.rules[0].verdict.remaining, 4, "{u}: counted once");
+        }
+    });
+}

@@ -44,10 +44,11 @@
 //! what was not used goes back to the store; a key with no slice asks the
 //! store (concurrent requests for it wait for that one call). The store
 //! counts every unit when it is leased, so admissions never exceed the
-//! limit over the store's windows; a slice's units may be spent up to two
-//! intervals after they were counted (a rate's burst can be exceeded by
-//! one slice). Unused slices at a window's end are the under-admission.
-//! While another region cannot be reached, slices are leased under this
+//! limit over the store's windows; units are spent after the store counted
+//! them (a renewal extends what a busy key holds, at most twice what it asks
+//! for an interval), so a rate's burst or a sliding window's edge can be
+//! exceeded by one slice; fixed windows are exact. Unused slices at a
+//! window's end are the under-admission. While another region cannot be reached, slices are leased under this
 //! region's share of each limit.
 //!
 //! ## Several regions

@@ -244,19 +244,38 @@ pub(crate) fn live_key(prefix: &str) -> String {
     format!("{prefix}sync:live")
 }
 
+/// The hash of sequence numbers in the slot of `tag`'s bucket, for a
+/// cluster (each slot keeps its own: one call touches one slot).
+pub(crate) fn slot_seq_key(prefix: &str, tag: u64, buckets: u32) -> String {
+    format!("{}sync:seq", bucket_key(prefix, tag, buckets))
+}
+
+/// The slot of `tag`'s bucket.
+pub(crate) fn tag_slot(tag: u64, buckets: u32) -> u16 {
+    let hash_tag = format!("{:x}", bucket(tag, buckets));
+    crc16(hash_tag.as_bytes()) % 16384
+}
+
 /// The script call of a sync exchange: [`command`] with the sync header
 /// (see `lua/decide.lua`): `instance` (empty: always applied, nothing
 /// stored) and `seq` (at most [`MAX_EXACT`]) as ARGV[2] and ARGV[3], the
-/// hash of sequence numbers as the last key.
+/// hash of sequence numbers, `seq_key` ([`seq_key`] on a single server,
+/// [`slot_seq_key`] on a cluster), as the last key.
 pub(crate) fn exchange_command(
     script: &Script,
     prefix: &str,
     buckets: u32,
     parts: &[Part],
-    instance: &str,
-    seq: u64,
+    (instance, seq): (&str, u64),
+    seq_key: &str,
 ) -> Cmd {
-    build(script, prefix, buckets, parts.iter(), Some((instance, seq)))
+    build(
+        script,
+        prefix,
+        buckets,
+        parts.iter(),
+        Some((instance, seq, seq_key)),
+    )
 }
 
 /// The call deciding `parts`, with the sync header if `sync`.
@@ -265,7 +284,7 @@ fn build<'a>(
     prefix: &str,
     buckets: u32,
     parts: impl Iterator<Item = &'a Part> + Clone,
-    sync: Option<(&str, u64)>,
+    sync: Option<(&str, u64, &str)>,
 ) -> Cmd {
     // The distinct rules, and each rule application's number among them.
     let mut distinct: Vec<&[u64]> = Vec::new();
@@ -306,8 +325,8 @@ fn build<'a>(
             }
         }
     }
-    if sync.is_some() {
-        cmd.arg(seq_key(prefix));
+    if let Some((_, _, key)) = sync {
+        cmd.arg(key);
     }
     let mut a = Vec::with_capacity(16 * nvalues);
     msgpack::push_array_len(&mut a, nvalues);
@@ -335,7 +354,7 @@ fn build<'a>(
         }
     }
     cmd.arg(a);
-    if let Some((instance, seq)) = sync {
+    if let Some((instance, seq, _)) = sync {
         cmd.arg(instance).arg(seq);
     }
     cmd
@@ -359,8 +378,7 @@ fn crc16(data: &[u8]) -> u16 {
 
 /// The cluster slot of a charge's keys (they all share its bucket's hash tag).
 fn slot(charge: &Charge<'_>, buckets: u32) -> u16 {
-    let hash_tag = format!("{:x}", bucket(tag(charge), buckets));
-    crc16(hash_tag.as_bytes()) % 16384
+    tag_slot(tag(charge), buckets)
 }
 
 /// Charges grouped by slot, groups in order of first appearance.
@@ -487,7 +505,7 @@ mod tests {
         assert_eq!(parts[0].reply_len, 6, "the units taken, then a verdict");
         assert_eq!(parts[1].reply_len, 5);
         let script = Script::new("return 1");
-        let cmd = exchange_command(&script, "p:", 16, &parts, "inst", 42);
+        let cmd = exchange_command(&script, "p:", 16, &parts, ("inst", 42), &seq_key("p:"));
         let args: Vec<Vec<u8>> = cmd
             .args_iter()
             .map(|a| match a {

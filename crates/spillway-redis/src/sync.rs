@@ -122,9 +122,12 @@ impl RedisStore {
     ///
     /// # Errors
     /// As [`Store::decide`](spillway_store::Store::decide); and, not
-    /// transient, on a cluster (sync needs a single server: one call
-    /// touches keys in every slot), for an empty instance name, or a
-    /// `seq` above 2^53 - 1 (the script's numbers are doubles).
+    /// transient, for an empty instance name, or a `seq` above 2^53 - 1
+    /// (the script's numbers are doubles). On a cluster the items are
+    /// sent in one call per slot (one after another, within `timeout`),
+    /// each slot keeping its own numbers (`<prefix>{<bucket>}sync:seq`):
+    /// [`SyncReply::applied`] is then false if any slot's part was a
+    /// replay.
     pub async fn exchange(
         &self,
         items: &[SyncItem<'_>],
@@ -147,12 +150,6 @@ impl RedisStore {
         timeout: Duration,
     ) -> Result<SyncReply, StoreError> {
         let inner = &self.inner;
-        if !inner.config.cluster.is_empty() {
-            return Err(err(
-                false,
-                "a sync exchange needs a single redis server, not a cluster",
-            ));
-        }
         let (instance, seq) = push.unwrap_or(("", 0));
         if push.is_some() && instance.is_empty() {
             return Err(err(false, "a sync push needs an instance name"));
@@ -163,35 +160,78 @@ impl RedisStore {
                 format!("sync sequence number {seq} is above 2^53 - 1"),
             ));
         }
-        let parts: Vec<keys::Part> = items
-            .iter()
-            .map(|item| {
-                let (cost, now_us, write) = item.op.script_op();
-                keys::part_tagged(item.rule, item.tag, cost, now_us, write)
-            })
-            .collect();
-        let cmd = keys::exchange_command(
-            &inner.script,
-            &inner.config.prefix,
-            inner.config.buckets,
-            &parts,
-            instance,
-            seq,
-        );
-        let Conn::Single(c) = self.connection()? else {
-            return Err(err(
-                false,
-                "a sync exchange needs a single redis server, not a cluster",
-            ));
+        let part = |item: &SyncItem<'_>| {
+            let (cost, now_us, write) = item.op.script_op();
+            keys::part_tagged(item.rule, item.tag, cost, now_us, write)
         };
-        let mut c = c.clone();
-        let result = {
-            let _due = spillway_store::due::Awaiting::new();
-            tokio::time::timeout(timeout, eval(&mut c, &cmd, inner))
-                .await
-                .unwrap_or_else(|_| Err(timed_out()))
+        let (prefix, buckets) = (&inner.config.prefix, inner.config.buckets);
+        let result = match self.connection()? {
+            Conn::Single(c) => {
+                let parts: Vec<keys::Part> = items.iter().map(part).collect();
+                let cmd = keys::exchange_command(
+                    &inner.script,
+                    prefix,
+                    buckets,
+                    &parts,
+                    (instance, seq),
+                    &keys::seq_key(prefix),
+                );
+                let mut c = c.clone();
+                let _due = spillway_store::due::Awaiting::new();
+                tokio::time::timeout(timeout, eval(&mut c, &cmd, inner))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()))
+                    .and_then(|out| sync_reply(items, &parts, &out))
+            }
+            // One call per slot, each with the numbers of its own slot: a
+            // push retried after a partial failure is a replay in the
+            // slots that took it and applied in the others.
+            Conn::Cluster(c) => {
+                let mut c = c.clone();
+                let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+                for (i, item) in items.iter().enumerate() {
+                    let slot = keys::tag_slot(item.tag, buckets);
+                    match groups.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, g)) => g.push(i),
+                        None => groups.push((slot, vec![i])),
+                    }
+                }
+                let calls = async {
+                    let mut merged: Vec<Option<SyncItemReply>> = vec![None; items.len()];
+                    let (mut applied, mut now_us) = (true, 0);
+                    for (_, group) in &groups {
+                        let mine: Vec<SyncItem<'_>> = group.iter().map(|&i| items[i]).collect();
+                        let parts: Vec<keys::Part> = mine.iter().map(part).collect();
+                        let seq_key = keys::slot_seq_key(prefix, mine[0].tag, buckets);
+                        let cmd = keys::exchange_command(
+                            &inner.script,
+                            prefix,
+                            buckets,
+                            &parts,
+                            (instance, seq),
+                            &seq_key,
+                        );
+                        let out = eval(&mut c, &cmd, inner).await?;
+                        let reply = sync_reply(&mine, &parts, &out)?;
+                        applied &= reply.applied;
+                        now_us = now_us.max(reply.now_us);
+                        for (&i, r) in group.iter().zip(reply.items) {
+                            merged[i] = Some(r);
+                        }
+                    }
+                    Ok(SyncReply {
+                        applied,
+                        now_us,
+                        items: merged.into_iter().flatten().collect(),
+                    })
+                };
+                let _due = spillway_store::due::Awaiting::new();
+                Box::pin(tokio::time::timeout(timeout, calls))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()))
+            }
         };
-        match result.and_then(|out| sync_reply(items, &parts, &out)) {
+        match result {
             Ok(reply) => {
                 inner.breaker.success();
                 // A refund makes a key less over its limit than time alone

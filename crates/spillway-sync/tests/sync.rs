@@ -120,3 +120,60 @@ fn ten_thousand_keys_are_pushed_in_bounded_calls_and_counted_once() {
         }
     });
 }
+
+/// `on_store_error: share` on a Redis Cluster: what an instance admitted
+/// on its share while the store failed is charged back once, slot by
+/// slot, when a heartbeat finds the store again (and a second tick has
+/// nothing more to charge).
+#[test]
+fn a_cluster_takes_back_what_was_admitted_on_the_share_once() {
+    let cluster = spillway_testkit::RedisCluster::start();
+    rt().block_on(async {
+        let connect = || async {
+            let r = RedisStore::new(RedisConfig {
+                cluster: cluster.urls(),
+                timeout: Duration::from_millis(500),
+                ..RedisConfig::default()
+            })
+            .unwrap();
+            assert!(r.wait_connected(Duration::from_secs(10)).await);
+            r
+        };
+        let fallback = spillway_sync::Fallback::new(connect().await, 1000);
+        let rule = rule();
+        let users: Vec<String> = (0..30).map(|i| format!("shared-{i}")).collect();
+        let failed = spillway_store::StoreError::new(true, "redis unreachable (test)");
+        for u in &users {
+            let key = Key::from_parts([u.as_str()]);
+            let charges = [Charge {
+                rule: &rule,
+                key: &key,
+            }];
+            for _ in 0..2 {
+                let d = fallback.decide_share(&charges, 1, false, &failed).unwrap();
+                assert!(d.allowed, "{u}");
+            }
+        }
+        assert!(fallback.sharing());
+        assert_eq!(fallback.status().links[0].deltas_waiting, 60);
+        fallback.tick_now().await;
+        fallback.tick_now().await;
+        assert_eq!(fallback.status().links[0].deltas_waiting, 0);
+        assert!(!fallback.sharing(), "the store answers: sharing ends");
+        let per_decision = connect().await;
+        for u in &users {
+            let key = Key::from_parts([u.as_str()]);
+            let d = per_decision
+                .decide(
+                    &[Charge {
+                        rule: &rule,
+                        key: &key,
+                    }],
+                    0,
+                )
+                .await
+                .unwrap();
+            assert_eq!(d.rules[0].verdict.remaining, 3, "{u}: 2 of 5 counted once");
+        }
+    });
+}

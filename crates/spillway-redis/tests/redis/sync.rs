@@ -491,17 +491,67 @@ fn heartbeats_work_on_a_cluster() {
     });
 }
 
+/// On a cluster an exchange is one call per slot, each numbered in its
+/// own slot: forty keys spread over the slots are charged once, a replay
+/// changes nothing, the next number applies, and every answer comes back
+/// in the order asked.
 #[test]
-fn an_exchange_on_a_cluster_is_refused_as_a_configuration_error() {
+fn an_exchange_on_a_cluster_counts_each_slot_once() {
+    let cluster = RedisCluster::start();
     let rt = rt();
     rt.block_on(async {
         let redis = RedisStore::new(RedisConfig {
-            cluster: vec!["redis://127.0.0.1:1".to_string()],
+            cluster: cluster.urls(),
+            timeout: TIMEOUT,
             ..RedisConfig::default()
         })
         .unwrap();
-        let e = redis.exchange(&[], Some(("a", 1))).await.unwrap_err();
-        assert!(!e.transient, "{e:?}");
-        assert!(e.message.contains("single redis server"), "{e:?}");
+        assert!(redis.wait_connected(Duration::from_secs(10)).await);
+        let window = window_around(redis_now_cluster(&redis).await);
+        let rule = user_rule(
+            "window",
+            vec![Limit::FixedWindow(FixedWindow::new(10, window).unwrap())],
+            Mode::Hard,
+        );
+        let names: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+        let keys: Vec<Key<'_>> = names
+            .iter()
+            .map(|n| Key::from_parts([n.as_str()]))
+            .collect();
+        let ops = |n: u64| -> Vec<SyncItem<'_>> {
+            keys.iter()
+                .enumerate()
+                .map(|(i, k)| item(&rule, k, SyncOp::Charge(n + (i % 3) as u64)))
+                .collect()
+        };
+        let first = redis.exchange(&ops(1), Some(("inst", 1))).await.unwrap();
+        assert!(first.applied);
+        for (i, r) in first.items.iter().enumerate() {
+            assert_eq!(remaining(&r.decision), 10 - 1 - (i % 3) as u64, "key {i}");
+        }
+        let again = redis.exchange(&ops(1), Some(("inst", 1))).await.unwrap();
+        assert!(!again.applied);
+        for (i, r) in again.items.iter().enumerate() {
+            assert_eq!(
+                remaining(&r.decision),
+                10 - 1 - (i % 3) as u64,
+                "key {i}: replayed"
+            );
+        }
+        let next = redis.exchange(&ops(2), Some(("inst", 2))).await.unwrap();
+        assert!(next.applied);
+        for (i, r) in next.items.iter().enumerate() {
+            let used = 1 + 2 + 2 * (i % 3) as u64;
+            assert_eq!(remaining(&r.decision), 10 - used, "key {i}");
+        }
     });
+}
+
+/// Redis's clock on a cluster, in microseconds (a heartbeat answers it).
+async fn redis_now_cluster(redis: &RedisStore) -> u64 {
+    redis
+        .heartbeat("clock", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .0
 }

@@ -605,26 +605,6 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             rules.push(rule);
         }
     }
-    if let StoreConfig::Redis(r) = &store
-        && !r.cluster.is_empty()
-    {
-        // A share's admissions are charged back with a numbered push,
-        // which one script call on one server takes.
-        let refuse = "on_store_error: share needs redis.url (one server): a Redis Cluster cannot take back what was admitted alone";
-        if let Some(p) = raw.on_store_error.as_ref().filter(|p| p.value == "share") {
-            errs.at(p, refuse);
-        }
-        for r in raw.rules.iter().flatten() {
-            if let Some(p) = r
-                .value
-                .on_store_error
-                .as_ref()
-                .filter(|p| p.value == "share")
-            {
-                errs.at(p, refuse);
-            }
-        }
-    }
     if errs.list.is_empty() {
         Ok(Config {
             store,

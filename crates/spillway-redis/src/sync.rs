@@ -124,7 +124,8 @@ impl RedisStore {
     /// As [`Store::decide`](spillway_store::Store::decide); and, not
     /// transient, for an empty instance name, or a `seq` above 2^53 - 1
     /// (the script's numbers are doubles). On a cluster the items are
-    /// sent in one call per slot (one after another, within `timeout`),
+    /// sent in one call per slot (one after another, each within
+    /// `timeout`),
     /// each slot keeping its own numbers (`<prefix>{<bucket>}sync:seq`):
     /// [`SyncReply::applied`] is then false if any slot's part was a
     /// replay.
@@ -211,7 +212,12 @@ impl RedisStore {
                             (instance, seq),
                             &seq_key,
                         );
-                        let out = eval(&mut c, &cmd, inner).await?;
+                        // Each slot's call within `timeout`: a push over
+                        // many slots makes progress slot by slot (those
+                        // answered are replays when it is sent again).
+                        let out = tokio::time::timeout(timeout, eval(&mut c, &cmd, inner))
+                            .await
+                            .unwrap_or_else(|_| Err(timed_out()))?;
                         let reply = sync_reply(&mine, &parts, &out)?;
                         applied &= reply.applied;
                         now_us = now_us.max(reply.now_us);
@@ -226,9 +232,7 @@ impl RedisStore {
                     })
                 };
                 let _due = spillway_store::due::Awaiting::new();
-                Box::pin(tokio::time::timeout(timeout, calls))
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out()))
+                Box::pin(calls).await
             }
         };
         match result {

@@ -123,6 +123,12 @@ pub(crate) fn grant(
         e.verdict = limits.iter().find(|v| !v.allowed).copied();
         return;
     }
+    // Units of an expired slice are not carried into the new one: a fixed
+    // window's would be spent in the next window (and given back into
+    // it). They were counted in the store; dropping them admits less.
+    if now >= e.expires {
+        e.units = 0;
+    }
     e.units = e.units.saturating_add(granted);
     e.since_us = now_us;
     let mut expires = now.saturating_add(Nanos(interval.as_u64().saturating_mul(2)));
@@ -505,6 +511,45 @@ mod tests {
         Pass(u64),
     }
 
+    /// A slice that ended with its fixed window is not carried into the
+    /// next one: a grant after the end holds only what it granted.
+    #[test]
+    fn a_slice_past_its_window_is_not_carried_over() {
+        let rule = Arc::new(
+            Rule::new(
+                "w",
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![Limit::FixedWindow(
+                    FixedWindow::new(10, Nanos::from_secs(60)).unwrap(),
+                )],
+                Mode::Hard,
+            )
+            .unwrap(),
+        );
+        let interval = Nanos::from_millis(100);
+        let mut e = Entry::new(rule, 0);
+        let v = |reset| Verdict {
+            allowed: true,
+            limit: 10,
+            remaining: 5,
+            reset,
+            retry_after: Nanos::ZERO,
+            wait: Nanos::ZERO,
+        };
+        let t = Nanos::from_secs(1_000);
+        // Leased 5 units 50 ms before the window ends: they expire with it.
+        grant(&mut e, 5, 1, &[v(Nanos::from_millis(50))], t, interval);
+        assert_eq!(
+            (e.units, e.expires),
+            (5, t.saturating_add(Nanos::from_millis(50)))
+        );
+        let later = t.saturating_add(Nanos::from_millis(60));
+        assert!(slice_take(&mut e, 1, false, later).is_err(), "expired");
+        grant(&mut e, 3, 2, &[v(Nanos::from_secs(60))], later, interval);
+        assert_eq!(e.units, 3, "the old window's units were not carried");
+    }
+
     proptest! {
         /// Lease accounting, any order of requests, exchanges, lost
         /// answers and expiries over three instances sharing one budget:
@@ -541,6 +586,8 @@ mod tests {
                                 store.left -= g;
                                 let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
                                     reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
+                                // An expired slice's units are dropped by a grant: counted, never spent.
+                                if g > 0 && now >= entries[i].expires { lost += entries[i].units; }
                                 grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
                                 if slice_take(&mut entries[i], 1, false, now).is_ok() { admitted += 1; }
                             }
@@ -561,6 +608,7 @@ mod tests {
                                     let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
                                         reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
                                     if gone { lost += g } else {
+                                        if g > 0 && now >= entries[i].expires { lost += entries[i].units; }
                                         grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
                                     }
                                 }

@@ -462,8 +462,9 @@ impl Inner {
             }
             called = true;
             if self.call(&items, Some(push.seq)).await.is_err() {
-                // Sent again, unchanged, next time; nothing else now.
-                return true;
+                // Sent again, unchanged, next time. The other ops still go:
+                // a lease's refunds were taken out of its slices already.
+                break;
             }
         }
         let chunks = ops.chunks(MAX_ITEMS).map(|c| self.call(c, None));

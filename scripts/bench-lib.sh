@@ -86,3 +86,15 @@ ab_cases() {
   proxy_lua "$work/hyper-allow.lua" '"k" .. math.random(1, 100000)' 1
   proxy_lua "$work/hyper-deny.lua" '"one-key"' 1
 }
+
+# Per-round ratios of the rps of the result lines starting "$2" to those
+# starting "$3" in file $1 (round by round, in order), then their median:
+# prints "per-round R1 R2 ..., median M".
+ratios_median() {
+  local ratios median
+  ratios=$(paste <(grep "^$2" "$1" | sed -E 's/.* rps=([^ ]+).*/\1/') \
+                 <(grep "^$3" "$1" | sed -E 's/.* rps=([^ ]+).*/\1/') |
+    awk '{printf "%.3f\n", $1 / $2}')
+  median=$(sort -g <<<"$ratios" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  echo "per-round $(paste -sd' ' <<<"$ratios"), median $median"
+}

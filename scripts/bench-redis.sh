@@ -90,10 +90,6 @@ for r in $(seq "$rounds"); do
 done
 for name in spillway-redis spillway-redis-1t; do
   for conns in 64 256; do
-    ratios=$(paste <(grep "^$name http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
-                   <(grep "^bare http conns=$conns " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
-      awk '{printf "%.3f\n", $1 / $2}')
-    median=$(sort -g <<<"$ratios" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    echo "HTTP on Redis / bare, $name, $conns connections: per-round $(paste -sd' ' <<<"$ratios"), median $median"
+    echo "HTTP on Redis / bare, $name, $conns connections: $(ratios_median "$results" "$name http conns=$conns " "bare http conns=$conns ")"
   done
 done

@@ -93,10 +93,6 @@ for r in $(seq "$rounds"); do
 done
 for load in keys hot; do
   for m in redis eventual lease; do
-    ratios=$(paste <(grep "^$m $load " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') \
-                   <(grep "^memory $load " "$results" | sed -E 's/.* rps=([^ ]+).*/\1/') |
-      awk '{printf "%.3f\n", $1 / $2}')
-    median=$(sort -g <<<"$ratios" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
-    echo "$m / memory, $load: per-round $(paste -sd' ' <<<"$ratios"), median $median"
+    echo "$m / memory, $load: $(ratios_median "$results" "$m $load " "memory $load ")"
   done
 done

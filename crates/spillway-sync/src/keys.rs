@@ -145,6 +145,11 @@ impl Keys {
         self.rules.write().retain(|_, r| Arc::strong_count(r) > 1);
     }
 
+    /// Whether a new key would find no room.
+    pub(crate) fn full(&self) -> bool {
+        self.len.load(Ordering::Relaxed) >= self.cap
+    }
+
     /// Keys held.
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)

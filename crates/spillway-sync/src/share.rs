@@ -121,6 +121,13 @@ impl Share {
             .clone()
     }
 
+    /// Records `cost` admitted for `tag` under `rule` elsewhere, to be
+    /// charged to the store with what the share admitted.
+    pub(crate) fn owe(&self, tag: u64, rule: &Rule, cost: u64) {
+        let rule = self.interned(rule);
+        self.owed.lock().add(tag, &rule, cost);
+    }
+
     /// Decides (or, if `after`, charges) `charges` on this instance's share,
     /// recording what is charged for the shared counts if `owe` (not when
     /// the store may count the request itself); `tag` names a charge's key
@@ -171,11 +178,10 @@ impl Share {
             self.local.decide_now(&local, cost)
         };
         if (d.allowed || after) && cost > 0 && owe {
-            let mut owed = self.owed.lock();
             for rd in &d.rules {
                 if after || rd.outcome != Outcome::ShadowDenied {
                     let c = &charges[rd.rule];
-                    owed.add(tag(c), &self.interned(c.rule), cost);
+                    self.owe(tag(c), c.rule, cost);
                 }
             }
         }

@@ -279,32 +279,40 @@ impl Inner {
         })
     }
 
-    /// Eventual mode: decided in memory, admissions recorded.
+    /// Eventual mode: decided in memory, admissions recorded, one lock
+    /// of the key map per rule while it has room.
     fn eventual(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Decision {
-        let mut tags = smallvec::SmallVec::<[u64; 2]>::new();
-        for c in charges {
-            let tag = spillway_redis::tag(c);
-            if self.track(c, tag, |_| ()).is_none() {
-                // No room to share this key's count: its own share of the
-                // limit is what this instance may admit for it alone.
-                return self
-                    .share
-                    .alone(charges, cost, after, true, spillway_redis::tag);
+        let tags: smallvec::SmallVec<[u64; 2]> = charges.iter().map(spillway_redis::tag).collect();
+        if self.keys.full() {
+            // A key the map does not hold cannot be shared: its own share
+            // of the limit is what this instance may admit for it alone.
+            for (c, &tag) in charges.iter().zip(&tags) {
+                if self.track(c, tag, |_| ()).is_none() {
+                    return self
+                        .share
+                        .alone(charges, cost, after, true, spillway_redis::tag);
+                }
             }
-            tags.push(tag);
         }
         let d = if after {
             self.local.charge_now(charges, cost)
         } else {
             self.local.decide_now(charges, cost)
         };
+        let mut added = smallvec::SmallVec::<[u64; 2]>::from_elem(0, charges.len());
         if (d.allowed || after) && cost > 0 {
             for rd in &d.rules {
                 if after || rd.outcome != Outcome::ShadowDenied {
-                    self.keys.get(tags[rd.rule], |e| {
-                        e.pending = e.pending.saturating_add(cost)
-                    });
+                    added[rd.rule] = cost;
                 }
+            }
+        }
+        for ((c, &tag), &add) in charges.iter().zip(&tags).zip(&added) {
+            let kept = self.track(c, tag, |e| e.pending = e.pending.saturating_add(add));
+            if kept.is_none() && add > 0 {
+                // The map filled meanwhile: the admission still reaches
+                // the store, through the share's pushes.
+                self.share.owe(tag, c.rule, add);
             }
         }
         d

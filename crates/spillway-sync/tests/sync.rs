@@ -18,10 +18,18 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 async fn redis(url: String) -> RedisStore {
-    let r = RedisStore::new(RedisConfig {
+    connected(RedisConfig {
         url,
-        timeout: Duration::from_millis(500),
         ..RedisConfig::default()
+    })
+    .await
+}
+
+/// A store on `config` (with a patient timeout), connected.
+async fn connected(config: RedisConfig) -> RedisStore {
+    let r = RedisStore::new(RedisConfig {
+        timeout: Duration::from_millis(500),
+        ..config
     })
     .unwrap();
     assert!(
@@ -129,15 +137,11 @@ fn ten_thousand_keys_are_pushed_in_bounded_calls_and_counted_once() {
 fn a_cluster_takes_back_what_was_admitted_on_the_share_once() {
     let cluster = spillway_testkit::RedisCluster::start();
     rt().block_on(async {
-        let connect = || async {
-            let r = RedisStore::new(RedisConfig {
+        let connect = || {
+            connected(RedisConfig {
                 cluster: cluster.urls(),
-                timeout: Duration::from_millis(500),
                 ..RedisConfig::default()
             })
-            .unwrap();
-            assert!(r.wait_connected(Duration::from_secs(10)).await);
-            r
         };
         let fallback = spillway_sync::Fallback::new(connect().await, 1000);
         let rule = rule();
@@ -174,6 +178,64 @@ fn a_cluster_takes_back_what_was_admitted_on_the_share_once() {
                 .await
                 .unwrap();
             assert_eq!(d.rules[0].verdict.remaining, 3, "{u}: 2 of 5 counted once");
+        }
+    });
+}
+
+/// A key past `max_keys` is decided on this instance's share and what it
+/// admits still reaches the store: never admitted unshared.
+#[test]
+fn keys_past_max_keys_are_decided_on_the_share_and_still_counted() {
+    let server = RedisServer::start();
+    rt().block_on(async {
+        let url = format!("{}/0", server.url());
+        let store = SyncStore::new(
+            SyncConfig {
+                mode: SyncMode::Eventual,
+                interval: Duration::from_secs(3600),
+                // The key map's least: 64 (one per shard).
+                max_keys: 1,
+                ..SyncConfig::default()
+            },
+            redis(url.clone()).await,
+            Vec::new(),
+        );
+        let rule = rule();
+        let users: Vec<String> = (0..100).map(|i| format!("many-{i}")).collect();
+        for u in &users {
+            let key = Key::from_parts([u.as_str()]);
+            let d = store
+                .decide(
+                    &[Charge {
+                        rule: &rule,
+                        key: &key,
+                    }],
+                    1,
+                )
+                .await
+                .unwrap();
+            assert!(d.allowed, "{u}");
+        }
+        assert_eq!(
+            store.status().untracked,
+            100 - 64,
+            "keys past the map's room"
+        );
+        store.exchange_now().await;
+        let per_decision = redis(url).await;
+        for u in &users {
+            let key = Key::from_parts([u.as_str()]);
+            let d = per_decision
+                .decide(
+                    &[Charge {
+                        rule: &rule,
+                        key: &key,
+                    }],
+                    0,
+                )
+                .await
+                .unwrap();
+            assert_eq!(d.rules[0].verdict.remaining, 4, "{u}: counted once");
         }
     });
 }

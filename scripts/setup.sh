@@ -2,7 +2,10 @@
 # Installs what the tests need beyond the Rust toolchain: redis-server
 # (Debian package, which brings redis-cli and redis-benchmark), faketime
 # (to run an instance with a skewed clock), python3 (the checks that read
-# cargo metadata) and openapi-spec-validator (pip; checks docs/openapi.yaml).
+# cargo metadata), openapi-spec-validator (pip; checks docs/openapi.yaml),
+# and chromium with chromium-driver (the dashboard's browser test; headless
+# with --disable-gpu it needs none of their Recommends: mesa, fonts beyond
+# DejaVu, upower and the desktop helpers).
 # Safe to run again: it does nothing when everything is there.
 set -euo pipefail
 
@@ -14,6 +17,8 @@ need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 if ! python3 -c "$has_validator" \
   && ! python3 -m pip --version >/dev/null 2>&1; then
   need+=(python3-pip)

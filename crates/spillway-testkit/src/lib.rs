@@ -1,7 +1,8 @@
 //! Test fixtures: real `redis-server` processes on free loopback ports,
 //! stopped when dropped, a three-master Redis Cluster, fake HTTP
 //! upstreams for the proxy's tests ([`upstream`]), and a TCP [`Relay`]
-//! that slows, cuts or stalls a link for failure tests ([`relay`]).
+//! that slows, cuts or stalls a link for failure tests ([`relay`]), and a
+//! headless Chromium driven over WebDriver ([`browser`]).
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod browser;
 pub mod relay;
 pub mod upstream;
 

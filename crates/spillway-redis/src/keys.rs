@@ -250,6 +250,47 @@ pub(crate) fn slot_seq_key(prefix: &str, tag: u64, buckets: u32) -> String {
     format!("{}sync:seq", bucket_key(prefix, tag, buckets))
 }
 
+/// The call of `lua/reset.lua` that forgets every limit's state of
+/// `charge`'s key: a key and a field per limit (the field empty for a
+/// sliding log, whose list is the key's alone). Every key is in the
+/// bucket's slot, so one call serves a cluster too.
+pub(crate) fn reset_command(prefix: &str, buckets: u32, charge: &Charge<'_>) -> Cmd {
+    let t = tag(charge);
+    let limits = charge.rule.limits();
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(crate::RESET_LUA).arg(limits.len());
+    for (i, l) in limits.iter().enumerate() {
+        if matches!(l, Limit::SlidingLog(_)) {
+            cmd.arg(log_key(prefix, t, buckets, i));
+        } else {
+            cmd.arg(bucket_key(prefix, t, buckets));
+        }
+    }
+    for (i, l) in limits.iter().enumerate() {
+        if matches!(l, Limit::SlidingLog(_)) {
+            cmd.arg(b"".as_slice());
+        } else {
+            cmd.arg(field(t, i));
+        }
+    }
+    cmd
+}
+
+/// `<prefix>{admin}:map:<map>`: the hash of one admin map (overrides,
+/// plans). Every admin key carries the hash tag `{admin}` right after
+/// the prefix, so all of them share one cluster slot whatever the prefix
+/// holds (a brace in the prefix moves the tag, but for every admin key
+/// alike), and no bucket is ever spelled `admin` (buckets are hex).
+pub(crate) fn admin_map_key(prefix: &str, map: &str) -> String {
+    format!("{prefix}{{admin}}:map:{map}")
+}
+
+/// `<prefix>{admin}:version`: the admin version, bumped by every change
+/// to an admin map (see [`admin_map_key`]).
+pub(crate) fn admin_version_key(prefix: &str) -> String {
+    format!("{prefix}{{admin}}:version")
+}
+
 /// The slot of `tag`'s bucket.
 pub(crate) fn tag_slot(tag: u64, buckets: u32) -> u16 {
     let hash_tag = format!("{:x}", bucket(tag, buckets));

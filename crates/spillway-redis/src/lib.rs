@@ -85,10 +85,22 @@
 //!   the call is idempotent: a push sent again changes nothing, and says
 //!   so ([`SyncReply::applied`]). [`RedisStore::heartbeat`] keeps the set
 //!   of live instances (on a cluster too).
+//! - **An operator's look and reset** ([`Store::peek`], [`Store::reset`]):
+//!   a look is the script's dry run for a request of the given cost
+//!   (nothing written, no TTL changed, the over-limit cache bypassed); a
+//!   reset deletes the key's field in each limit's bucket and a sliding
+//!   log's list (`lua/reset.lua`, one call per key), and forgets what the
+//!   over-limit cache knew of it.
+//! - **Admin state** ([`RedisStore::admin_put`], [`RedisStore::admin_all`]
+//!   and the rest): small maps (overrides, plans) shared by every instance
+//!   on one Redis, under `<prefix>{admin}:`, one cluster slot, with a
+//!   version bumped atomically by each change (`lua/admin.lua`).
 
+mod admin;
 mod breaker;
 mod fault;
 mod keys;
+mod look;
 mod over;
 use keys::Write;
 pub use keys::tag;
@@ -120,6 +132,13 @@ pub const DECIDE_LUA: &str = include_str!("../lua/decide.lua");
 
 /// The script of [`RedisStore::heartbeat`], with its contract at its top.
 pub const HEARTBEAT_LUA: &str = include_str!("../lua/heartbeat.lua");
+
+/// The script of a reset ([`Store::reset`]), with its contract at its top.
+pub const RESET_LUA: &str = include_str!("../lua/reset.lua");
+
+/// The script of the admin maps ([`RedisStore::admin_put`] and the rest),
+/// with its contract at its top.
+pub const ADMIN_LUA: &str = include_str!("../lua/admin.lua");
 
 /// Settings of a [`RedisStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -551,19 +570,25 @@ impl RedisStore {
         now_us: u64,
         write: Write,
     ) -> redis::RedisResult<Decision> {
+        let out = self
+            .send_single(keys::part(charges, cost, now_us, write))
+            .await?;
+        Ok(replay(charges, &out, cost, write))
+    }
+
+    /// Queues `part` for the batcher (a single server) and waits for its
+    /// numbers of the reply.
+    async fn send_single(&self, part: keys::Part) -> redis::RedisResult<Vec<i64>> {
         let (reply, answer) = oneshot::channel();
         let queued = self.inner.queue.try_send(Pending {
-            part: keys::part(charges, cost, now_us, write),
+            part,
             reply,
             deadline: tokio::time::Instant::now() + self.inner.config.timeout,
         });
         if queued.is_err() {
             return Err(unsent("too many decisions waiting for redis"));
         }
-        let out = answer
-            .await
-            .map_err(|_| unsent("redis batcher stopped"))??;
-        Ok(replay(charges, &out, cost, write))
+        answer.await.map_err(|_| unsent("redis batcher stopped"))?
     }
 
     /// A decision on a cluster: one call when its rules share a slot, else
@@ -873,6 +898,22 @@ impl Store for RedisStore {
         cost: u64,
     ) -> impl std::future::Future<Output = Result<Decision, StoreError>> + Send {
         self.run(charges, cost, 0, Write::Always)
+    }
+
+    /// A dry run of the decision script on Redis's clock (see
+    /// [`RedisStore::peek_at`]).
+    fn peek(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Vec<Vec<spillway_core::Verdict>>, StoreError>> + Send
+    {
+        self.peek_at(charges, cost, 0)
+    }
+
+    /// See [`RedisStore::reset_keys`].
+    async fn reset(&self, charges: &[Charge<'_>]) -> Result<(), StoreError> {
+        self.reset_keys(charges).await.map(|_| ())
     }
 }
 

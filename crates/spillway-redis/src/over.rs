@@ -247,6 +247,25 @@ impl OverLimit {
         }
     }
 
+    /// Forgets what is known of every limit of `charges`' keys: they were
+    /// reset (made fresh in Redis), so a refusal learned before is wrong.
+    /// The next decision on them goes to Redis. (Other instances' caches
+    /// still hold their own refusals, each for at most the `retry_after`
+    /// Redis gave them.)
+    pub(crate) fn forget(&self, charges: &[Charge<'_>]) {
+        for c in charges {
+            for li in 0..c.rule.enforced_limits().len() {
+                let tag = self.tag(c, li);
+                for i in self.pair(tag) {
+                    let mut s = self.slot(i);
+                    if s.tag == tag {
+                        *s = Slot::default();
+                    }
+                }
+            }
+        }
+    }
+
     /// Forgets everything: units were given back to some key (a sync
     /// refund), the one thing besides time that makes a key less over, so
     /// a refusal learned before may now be too long.
@@ -349,6 +368,23 @@ mod tests {
             .verdict
             .retry_after;
         assert!(left <= Nanos::from_secs(1), "{left:?}");
+    }
+
+    #[test]
+    fn a_reset_key_is_forgotten_and_only_it() {
+        let cache = OverLimit::new(64).unwrap();
+        let r = rule(Mode::Hard);
+        let (a, b) = (Key::from_parts(["a"]), Key::from_parts(["b"]));
+        let ca = [Charge { rule: &r, key: &a }];
+        let cb = [Charge { rule: &r, key: &b }];
+        for c in [&ca, &cb] {
+            cache.learn(c, 0, false, &denied(Nanos::from_secs(30)), Instant::now());
+        }
+        cache.forget(&ca);
+        assert!(cache.answer(&ca, 1).is_none(), "forgotten");
+        assert!(cache.answer(&ca, 0).is_none(), "checks too");
+        assert!(cache.answer(&cb, 1).is_some(), "another key is kept");
+        cache.forget(&ca);
     }
 
     #[test]

@@ -11,6 +11,10 @@ use spillway_redis::{BreakerState, RedisConfig, RedisStore};
 use spillway_store::{Charge, Key, Limiter, MemoryConfig, MemoryStore, RuleSet, Store};
 use spillway_testkit::{RedisCluster, RedisServer};
 
+#[path = "redis/admin.rs"]
+mod admin;
+#[path = "redis/look.rs"]
+mod look;
 #[path = "redis/sync.rs"]
 mod sync;
 

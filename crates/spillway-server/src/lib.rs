@@ -113,6 +113,31 @@ impl Store for ServerStore {
             ServerStore::Redis(_) | ServerStore::Shared(_) => {}
         }
     }
+
+    async fn peek(
+        &self,
+        charges: &[spillway_store::Charge<'_>],
+        cost: u64,
+    ) -> Result<Vec<Vec<spillway_core::Verdict>>, spillway_store::StoreError> {
+        match self {
+            ServerStore::Memory(s) => s.peek(charges, cost).await,
+            ServerStore::Redis(s) => s.peek(charges, cost).await,
+            ServerStore::Shared(s) => s.peek(charges, cost).await,
+            ServerStore::Sync(s) => s.peek(charges, cost).await,
+        }
+    }
+
+    async fn reset(
+        &self,
+        charges: &[spillway_store::Charge<'_>],
+    ) -> Result<(), spillway_store::StoreError> {
+        match self {
+            ServerStore::Memory(s) => s.reset(charges).await,
+            ServerStore::Redis(s) => s.reset(charges).await,
+            ServerStore::Shared(s) => s.reset(charges).await,
+            ServerStore::Sync(s) => s.reset(charges).await,
+        }
+    }
 }
 
 impl ServerStore {

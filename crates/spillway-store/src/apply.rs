@@ -77,6 +77,9 @@ pub(crate) enum Write {
     /// Store the next state whatever the verdict (a cost charged after
     /// the fact: the `decide` given is then the algorithm's `charge`).
     Always,
+    /// Decide only, for an operator looking: not even the entry's marks
+    /// change (a look is not a use, and must not keep a key from eviction).
+    Peek,
 }
 
 /// One decision's parameters, as `memory::apply` hands them on.
@@ -94,10 +97,17 @@ impl Step {
     #[inline]
     fn writes(&self, v: &Verdict) -> bool {
         match self.write {
-            Write::No => false,
+            Write::No | Write::Peek => false,
             Write::IfAdmitted => v.allowed,
             Write::Always => true,
         }
+    }
+
+    /// Whether a step on a sliding log may write it (its decision reads
+    /// the log in place, so a step that only reads never takes an entry).
+    #[inline]
+    fn writes_log(&self) -> bool {
+        !matches!(self.write, Write::No | Write::Peek)
     }
 }
 
@@ -105,6 +115,9 @@ impl Step {
 /// that left less than its cost, means the client is being limited.
 #[inline]
 fn mark<S>(e: &mut EntryMut<'_, S>, v: &Verdict, at: Step) {
+    if at.write == Write::Peek {
+        return;
+    }
     if !v.allowed {
         e.mark(true);
     } else if at.write != Write::No {
@@ -187,7 +200,7 @@ pub(crate) fn apply_log(
         return v;
     }
     if table.has_room(at.tag, at.cap, now.as_u64()) {
-        if at.write == Write::No {
+        if !at.writes_log() {
             return sl.decide(&Log::new(), now, cost);
         }
         let mut fresh = Log::new();
@@ -203,7 +216,7 @@ pub(crate) fn apply_log(
     *spill.used = true;
     let shared = spill.shared.tag(limit);
     let mut o = spill.overflow.lock();
-    if at.write == Write::No {
+    if !at.writes_log() {
         return match o.logs.get(shared) {
             Some(log) => sl.decide(log, now, cost),
             None => sl.decide(&Log::new(), now, cost),

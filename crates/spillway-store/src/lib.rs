@@ -55,7 +55,7 @@ use std::future::Future;
 pub use clock::SystemClock;
 pub use limiter::{Checked, Limiter, Request, RuleSet, SimpleAttributes};
 pub use memory::{MemoryConfig, MemoryStore, MemoryUsage};
-use spillway_core::{Clock, Decision, Rule};
+use spillway_core::{Clock, Decision, Rule, Verdict};
 
 /// The most parts a key may have (`user+ip+header:x+tenant`).
 pub const MAX_KEY_PARTS: usize = 4;
@@ -226,6 +226,41 @@ pub trait Store: Send + Sync + 'static {
 
     /// Housekeeping the owner should call about once a second.
     fn maintain(&self) {}
+
+    /// Where each charge's key stands, without charging it: per charge,
+    /// one verdict per limit of its rule's
+    /// [`enforced_limits`](Rule::enforced_limits), in order, for a
+    /// request of `cost` made now (`allowed` says whether such a request
+    /// would pass that limit, `retry_after` when it would). For a soft
+    /// rule the verdict is under the enforced (raised) size, the one that
+    /// refuses requests. Nothing is written: no state, no expiry, no
+    /// count. For an operator looking a client up; not atomic across
+    /// charges.
+    ///
+    /// # Errors
+    /// The store cannot be reached (as [`decide`](Self::decide)), or it
+    /// cannot look keys up (the default).
+    fn peek(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Vec<Vec<Verdict>>, StoreError>> + Send {
+        let _ = (charges, cost);
+        std::future::ready(Err(StoreError::new(
+            false,
+            "this store cannot look a key up without charging it",
+        )))
+    }
+
+    /// Forgets every limit's state of each charge's key, so the client
+    /// starts afresh, as if never seen. For an operator.
+    ///
+    /// # Errors
+    /// The store cannot be reached, or it cannot reset keys (the default).
+    fn reset(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = charges;
+        std::future::ready(Err(StoreError::new(false, "this store cannot reset a key")))
+    }
 }
 
 impl<C: Clock> Store for MemoryStore<C> {
@@ -251,6 +286,19 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn maintain(&self) {
         let _ = self.sweep(4096);
+    }
+
+    fn peek(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> impl Future<Output = Result<Vec<Vec<Verdict>>, StoreError>> + Send {
+        std::future::ready(Ok(self.peek_now(charges, cost)))
+    }
+
+    fn reset(&self, charges: &[Charge<'_>]) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.reset_now(charges);
+        std::future::ready(Ok(()))
     }
 }
 

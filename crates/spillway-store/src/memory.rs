@@ -301,6 +301,73 @@ impl<C: Clock> MemoryStore<C> {
         v
     }
 
+    /// [`peek_at`](Self::peek_at) at the clock's current time.
+    pub fn peek_now(&self, charges: &[Charge<'_>], cost: u64) -> Vec<Vec<Verdict>> {
+        self.peek_at(charges, cost, self.clock.now())
+    }
+
+    /// Where each charge's key stands at `now`, without charging it: per
+    /// charge, the verdict of each of its rule's enforced limits, in order,
+    /// for a request of `cost` (what [`decide_at`](Self::decide_at) would
+    /// find on each limit before charging). Nothing changes: no state, no
+    /// eviction mark, no overflow count. A key the store does not hold is
+    /// seen as it would be decided: fresh if the table has room for it,
+    /// else against its rule's shared overflow state.
+    pub fn peek_at(&self, charges: &[Charge<'_>], cost: u64, now: Nanos) -> Vec<Vec<Verdict>> {
+        charges
+            .iter()
+            .map(|c| {
+                let h = self.hash(c);
+                let fingerprint = c.rule.fingerprint();
+                let mut shard = self.shard(h).0.lock();
+                // Set if a verdict came from an overflow state; a look is
+                // not counted in `overflowed`.
+                let mut used = false;
+                c.rule
+                    .enforced_limits()
+                    .iter()
+                    .enumerate()
+                    .map(|(index, limit)| {
+                        let spill = Spill {
+                            overflow: &self.overflow,
+                            shared: Shared::Rule { fingerprint, index },
+                            used: &mut used,
+                        };
+                        let tag = limit_tag(h, index);
+                        apply(&mut shard, spill, tag, limit, now, cost, Write::Peek)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Forgets every limit's state of each charge's key, so the client
+    /// starts afresh; returns how many states were dropped (0 for a key
+    /// not held).
+    ///
+    /// A key that found no room when it was decided lives in its rule's
+    /// shared overflow state (see [`MemoryConfig::max_keys`]), together
+    /// with every other key that found none: that state is not the
+    /// client's alone, so it is left as it is, and such a client is still
+    /// limited with the others there until the overflow state is at rest.
+    pub fn reset_now(&self, charges: &[Charge<'_>]) -> usize {
+        let mut dropped = 0;
+        for c in charges {
+            let h = self.hash(c);
+            let mut shard = self.shard(h).0.lock();
+            for index in 0..c.rule.enforced_limits().len() {
+                // Every kind of table: a state is found under its tag
+                // whatever the kind, and a rule's limits differ in kind.
+                let tag = limit_tag(h, index);
+                let s = &mut *shard;
+                dropped += usize::from(s.narrow.remove(tag))
+                    + usize::from(s.wide.remove(tag))
+                    + usize::from(s.logs.remove(tag));
+            }
+        }
+        dropped
+    }
+
     /// Decides one limit for one key, without rules: the fastest path, used by
     /// benchmarks and by callers that manage their own keys. `key` is any
     /// byte string naming the client; `limit` must be the same for a key
@@ -648,5 +715,241 @@ mod tests {
         }
         let keys = store.usage().keys;
         assert!((900..=1000).contains(&keys), "{keys}");
+    }
+}
+
+#[cfg(test)]
+mod peek_tests {
+    use super::*;
+    use crate::Key;
+    use spillway_core::{
+        FixedWindow, Gcra, KeySpec, LeakyBucket, ManualClock, Mode, Rate, Shaper, SlidingCounter,
+        SlidingLog, TokenBucket,
+    };
+
+    /// A rule per algorithm, one of two limits, a soft and a shadow one.
+    fn rules() -> Vec<Rule> {
+        let r = Rate::new(4, Nanos::from_secs(1)).unwrap();
+        let w = Nanos::from_secs(2);
+        let limits = [
+            Limit::TokenBucket(TokenBucket::new(5, r).unwrap()),
+            Limit::LeakyBucket(LeakyBucket::new(5, r).unwrap()),
+            Limit::Shaper(Shaper::new(5, r, Nanos::from_millis(600)).unwrap()),
+            Limit::FixedWindow(FixedWindow::new(5, w).unwrap()),
+            Limit::SlidingLog(SlidingLog::new(5, w).unwrap()),
+            Limit::SlidingCounter(SlidingCounter::new(5, w).unwrap()),
+            Limit::Gcra(Gcra::new(r, 3).unwrap()),
+        ];
+        let rule = |name: &str, limits: Vec<Limit>, mode| {
+            Rule::new(name, None, KeySpec::parse("user").unwrap(), limits, mode).unwrap()
+        };
+        let mut out: Vec<Rule> = limits
+            .iter()
+            .map(|l| rule(l.algorithm_name(), vec![l.clone()], Mode::Hard))
+            .collect();
+        out.push(rule(
+            "multi",
+            vec![limits[4].clone(), limits[6].clone()],
+            Mode::Hard,
+        ));
+        out.push(rule(
+            "soft",
+            vec![limits[3].clone(), limits[5].clone()],
+            Mode::Soft { percent: 40 },
+        ));
+        out.push(rule("shadow", vec![limits[0].clone()], Mode::Shadow));
+        out
+    }
+
+    fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+        MemoryStore::new(clock.clone(), MemoryConfig::default())
+    }
+
+    /// Looking changes nothing: a store that is looked at before every
+    /// request decides exactly as its twin that never is, and a look of
+    /// cost 1 finds on each limit what the request then finds.
+    #[test]
+    fn a_look_charges_nothing_and_sees_what_a_request_would() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let (looked, twin) = (store(&clock), store(&clock));
+        let rules = rules();
+        let key = Key::from_parts(["alice"]);
+        for step in 0..40u64 {
+            // Bursts, then pauses that let buckets refill and windows turn.
+            clock.advance(Nanos::from_millis(if step % 8 == 7 { 900 } else { 30 }));
+            for rule in &rules {
+                let charges = [Charge { rule, key: &key }];
+                let first = looked.peek_now(&charges, 1);
+                assert_eq!(looked.peek_now(&charges, 1), first, "{}", rule.name());
+                assert_eq!(first.len(), 1);
+                assert_eq!(first[0].len(), rule.enforced_limits().len());
+                let d = looked.decide_now(&charges, 1);
+                assert_eq!(
+                    d,
+                    twin.decide_now(&charges, 1),
+                    "{} step {step}",
+                    rule.name()
+                );
+                // A hard or shadow rule of one limit reports that limit's
+                // verdict as the look saw it.
+                if rule.limits().len() == 1 && !matches!(rule.mode(), Mode::Soft { .. }) {
+                    let mut seen = first[0][0];
+                    seen.wait = d.rules[0].verdict.wait;
+                    assert_eq!(d.rules[0].verdict, seen, "{} step {step}", rule.name());
+                }
+                // Whether each limit admits is whether the request passed.
+                let all = first[0].iter().all(|v| v.allowed);
+                if rule.mode() != Mode::Shadow {
+                    assert_eq!(all, d.allowed, "{} step {step}", rule.name());
+                }
+            }
+        }
+        assert_eq!(looked.usage().keys, twin.usage().keys);
+    }
+
+    /// A soft rule is seen under its enforced size, the one that refuses.
+    #[test]
+    fn a_soft_rule_is_seen_under_its_raised_size() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let s = store(&clock);
+        let rules = rules();
+        let soft = rules.iter().find(|r| r.name() == "soft").unwrap();
+        let key = Key::from_parts(["bob"]);
+        let charges = [Charge {
+            rule: soft,
+            key: &key,
+        }];
+        // 5 per window, raised by 40 % to 7.
+        for _ in 0..6 {
+            assert!(s.decide_now(&charges, 1).allowed);
+        }
+        let seen = s.peek_now(&charges, 1);
+        assert_eq!(seen[0][0].limit, 7);
+        assert!(seen[0][0].allowed);
+        assert_eq!(seen[0][0].remaining, 0);
+        assert!(s.decide_now(&charges, 1).allowed);
+        assert!(!s.peek_now(&charges, 1)[0][0].allowed);
+        assert!(!s.decide_now(&charges, 1).allowed);
+    }
+
+    /// A reset makes a key fresh on every algorithm: it decides as a store
+    /// that never saw it, and other keys keep their states.
+    #[test]
+    fn a_reset_makes_the_key_fresh_and_spares_the_others() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let s = store(&clock);
+        let rules = rules();
+        let (alice, bob) = (Key::from_parts(["alice"]), Key::from_parts(["bob"]));
+        for rule in &rules {
+            for key in [&alice, &bob] {
+                let c = [Charge { rule, key }];
+                for _ in 0..12 {
+                    s.decide_now(&c, 1);
+                }
+                s.charge_now(&c, 3);
+            }
+        }
+        let before = s.usage().keys;
+        let all: Vec<Charge<'_>> = rules
+            .iter()
+            .map(|rule| Charge { rule, key: &alice })
+            .collect();
+        let dropped = s.reset_now(&all);
+        assert!(dropped > 0);
+        assert_eq!(s.usage().keys, before - dropped);
+        assert_eq!(s.reset_now(&all), 0, "nothing left to drop");
+        let fresh = store(&clock);
+        for rule in &rules {
+            let a = [Charge { rule, key: &alice }];
+            assert_eq!(s.peek_now(&a, 1), fresh.peek_now(&a, 1), "{}", rule.name());
+            assert_eq!(
+                s.decide_now(&a, 1),
+                fresh.decide_now(&a, 1),
+                "{}",
+                rule.name()
+            );
+            // Bob is as far gone as before (every rule denies him or has
+            // spent some of his allowance).
+            let b = [Charge { rule, key: &bob }];
+            let seen = &s.peek_now(&b, 1)[0];
+            assert!(
+                seen.iter()
+                    .zip(rule.enforced_limits())
+                    .any(|(v, l)| !v.allowed || v.remaining + 1 < l.size()),
+                "{}: {seen:?}",
+                rule.name()
+            );
+        }
+    }
+
+    /// A key decided against the shared overflow state is not the
+    /// overflow's only client: a reset leaves that state alone, and a
+    /// look is not counted as an overflowed decision.
+    #[test]
+    fn a_reset_leaves_the_shared_overflow_state_alone() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let s = MemoryStore::new(
+            clock.clone(),
+            MemoryConfig {
+                max_keys: 1,
+                shards: 1,
+            },
+        );
+        let rule = Rule::new(
+            "w",
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![Limit::FixedWindow(
+                FixedWindow::new(2, Nanos::from_secs(60)).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap();
+        let (held, spilled) = (Key::from_parts(["held"]), Key::from_parts(["spilled"]));
+        let h = [Charge {
+            rule: &rule,
+            key: &held,
+        }];
+        let o = [Charge {
+            rule: &rule,
+            key: &spilled,
+        }];
+        // The one slot is taken by a key being limited: the next key spills.
+        for _ in 0..3 {
+            s.decide_now(&h, 1);
+        }
+        for _ in 0..3 {
+            s.decide_now(&o, 1);
+        }
+        let overflowed = s.overflowed();
+        assert!(overflowed > 0);
+        assert!(!s.peek_now(&o, 1)[0][0].allowed);
+        assert_eq!(s.overflowed(), overflowed, "a look is not a decision");
+        assert_eq!(s.reset_now(&o), 0);
+        assert!(!s.decide_now(&o, 1).allowed, "the overflow state is kept");
+        // The held key resets, and the spilled one may then take its slot.
+        assert_eq!(s.reset_now(&h), 1);
+        assert!(s.decide_now(&h, 1).allowed);
+    }
+
+    /// Through the `Store` trait, as the admin API calls it.
+    #[test]
+    fn the_store_trait_looks_and_resets() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let s = store(&clock);
+        let rules = rules();
+        let key = Key::from_parts(["carol"]);
+        let c = [Charge {
+            rule: &rules[3],
+            key: &key,
+        }];
+        for _ in 0..5 {
+            crate::block_on(crate::Store::decide(&s, &c, 1)).unwrap();
+        }
+        let seen = crate::block_on(crate::Store::peek(&s, &c, 1)).unwrap();
+        assert!(!seen[0][0].allowed);
+        crate::block_on(crate::Store::reset(&s, &c)).unwrap();
+        let seen = crate::block_on(crate::Store::peek(&s, &c, 1)).unwrap();
+        assert_eq!((seen[0][0].allowed, seen[0][0].remaining), (true, 4));
     }
 }

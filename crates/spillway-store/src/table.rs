@@ -320,6 +320,17 @@ impl<S: SlotState> Table<S> {
         i
     }
 
+    /// Removes the entry of `tag`, if held; returns whether it was.
+    pub(crate) fn remove(&mut self, tag: u64) -> bool {
+        match self.find(norm(tag)) {
+            Some(i) => {
+                self.remove_at(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Removes the entry at `i`, shifting later members of its probe run back.
     fn remove_at(&mut self, mut i: usize) {
         let n = self.slots.len();
@@ -510,6 +521,30 @@ mod tests {
                 assert_eq!(t.get(tag), Some(&(i as u64 + 100)), "tag {i}");
             }
         }
+    }
+
+    /// Removing keys one by one (a reset) keeps every other key findable,
+    /// whatever probe runs they shared.
+    #[test]
+    fn removing_a_key_keeps_the_others() {
+        let mut t: Table<u64> = Table::new();
+        // Tags that crowd a small table, so probe runs are long.
+        let tags: Vec<u64> = (1..300u64)
+            .map(|i| i.wrapping_mul(0x1234_5678_9abc_def1) << 2)
+            .collect();
+        for (i, &tag) in tags.iter().enumerate() {
+            *t.entry(tag, usize::MAX, 0).unwrap().state = i as u64 + 10;
+        }
+        assert!(!t.remove(12_345 << 2), "a key never held");
+        for (i, &tag) in tags.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+            assert!(t.remove(tag), "key {i}");
+            assert!(!t.remove(tag), "key {i} again");
+        }
+        for (i, &tag) in tags.iter().enumerate() {
+            let expected = (i % 3 != 0).then_some(i as u64 + 10);
+            assert_eq!(t.get(tag).copied(), expected, "key {i}");
+        }
+        assert_eq!(t.len(), tags.len() - tags.len().div_ceil(3));
     }
 
     /// Regression: a purge that kept a handful of live entries sized the

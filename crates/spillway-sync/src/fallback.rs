@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use spillway_core::Decision;
+use spillway_core::{Decision, Verdict};
 use spillway_redis::{RedisStore, SyncItem, SyncOp};
 use spillway_store::{Charge, Store, StoreError};
 
@@ -104,6 +104,30 @@ impl Store for Fallback {
                 .share
                 .decide(charges, cost, after, owe, spillway_redis::tag),
         )
+    }
+
+    /// Redis's view, where decisions are made; an error when Redis cannot
+    /// answer (the share is this instance's fallback, not the key's
+    /// standing).
+    async fn peek(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> Result<Vec<Vec<Verdict>>, StoreError> {
+        self.inner.redis.peek(charges, cost).await
+    }
+
+    /// Resets the keys in Redis. What this instance's share admitted
+    /// while Redis was unreachable and has not charged yet is still
+    /// charged when Redis answers again.
+    ///
+    /// # Errors
+    /// Redis could not reset them (named as the home region's failure).
+    async fn reset(&self, charges: &[Charge<'_>]) -> Result<(), StoreError> {
+        match self.inner.redis.reset_keys(charges).await {
+            Ok(_) => Ok(()),
+            Err(e) => crate::store::reset_failures(&[("home", e)]),
+        }
     }
 }
 

@@ -228,9 +228,86 @@ impl Store for SyncStore {
     fn maintain(&self) {
         let _ = self.inner.local.sweep(4096);
     }
+
+    /// Where decisions are made: in eventual mode this instance's memory
+    /// (which holds every instance's admissions up to the last exchange,
+    /// and its own since); in lease mode the home store, which counted
+    /// every slice leased (a slice an instance holds is spent there
+    /// already), since the memory store is not used.
+    ///
+    /// A key this instance decides on its share (the map of keys full, or
+    /// the store unreachable) is seen as the store or memory hold it.
+    async fn peek(
+        &self,
+        charges: &[Charge<'_>],
+        cost: u64,
+    ) -> Result<Vec<Vec<Verdict>>, StoreError> {
+        match self.inner.config.mode {
+            SyncMode::Eventual => Ok(self.inner.local.peek_now(charges, cost)),
+            SyncMode::Lease => self.inner.home.store.peek(charges, cost).await,
+        }
+    }
+
+    /// Makes the keys fresh everywhere this instance can reach: its
+    /// memory and what it tracks of them (admissions not yet pushed, a
+    /// lease's slice, a refusal), then the home store and every other
+    /// region's store (each tried, whatever the others answer). No
+    /// exchange runs meanwhile, so none brings the old counts back.
+    ///
+    /// Other instances' memories keep what they hold of the keys until
+    /// it ages out (an exchange only ever catches a memory up, never
+    /// down), and deltas already numbered in a push that was not answered
+    /// yet are still sent: a reset is exact on the shared stores, and
+    /// eventually everywhere.
+    ///
+    /// # Errors
+    /// Each store that failed, by region (the home one first); transient
+    /// if every failure was. The local state is reset whatever the
+    /// stores answer.
+    async fn reset(&self, charges: &[Charge<'_>]) -> Result<(), StoreError> {
+        self.inner.reset(charges).await
+    }
 }
 
 impl Inner {
+    /// See [`SyncStore`]'s `Store::reset`.
+    async fn reset(&self, charges: &[Charge<'_>]) -> Result<(), StoreError> {
+        let _turn = self.turn.lock().await;
+        self.local.reset_now(charges);
+        for c in charges {
+            self.keys.get(spillway_redis::tag(c), |e| {
+                // As if new: nothing to push, no slice (the store's count
+                // of it goes with the store's state), nothing refused.
+                e.pending = 0;
+                e.after = 0;
+                e.units = 0;
+                e.refused_until = Nanos::ZERO;
+                e.verdict = None;
+                e.remaining = u64::MAX;
+            });
+        }
+        let stores = std::iter::once(&self.home).chain(&self.remotes);
+        let failed = Mutex::new(Vec::new());
+        join_all(stores.map(|r| {
+            let failed = &failed;
+            async move {
+                if let Err(e) = r.store.reset_keys(charges).await {
+                    failed.lock().push((r.name.as_str(), e));
+                }
+            }
+        }))
+        .await;
+        let mut failed = failed.into_inner();
+        // The home store first, then the regions in their order.
+        let order = |name: &str| {
+            std::iter::once(&self.home)
+                .chain(&self.remotes)
+                .position(|r| r.name == name)
+        };
+        failed.sort_by_key(|(name, _)| order(name));
+        reset_failures(&failed)
+    }
+
     /// The entry of `c`, made if new; `None` when the map is full.
     pub(crate) fn track<T>(
         &self,
@@ -722,6 +799,22 @@ pub(crate) fn sync_items(items: &[Item]) -> Vec<SyncItem<'_>> {
             op: i.op,
         })
         .collect()
+}
+
+/// One error for the stores that could not reset a key (`(region,
+/// error)`), or none: transient if every failure was.
+pub(crate) fn reset_failures(failed: &[(&str, StoreError)]) -> Result<(), StoreError> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let what: Vec<String> = failed
+        .iter()
+        .map(|(name, e)| format!("region {name}: {}", e.message))
+        .collect();
+    Err(StoreError::new(
+        failed.iter().all(|(_, e)| e.transient),
+        format!("reset failed in {}", what.join("; ")),
+    ))
 }
 
 /// Runs the futures together, to the end of the last.

@@ -239,3 +239,188 @@ fn keys_past_max_keys_are_decided_on_the_share_and_still_counted() {
         }
     });
 }
+
+/// What a per-decision store on `redis` says is left of `key` (a check).
+async fn left_in(redis: &RedisStore, rule: &Rule, key: &str) -> u64 {
+    let key = Key::from_parts([key]);
+    let d = redis
+        .decide(&[Charge { rule, key: &key }], 0)
+        .await
+        .unwrap();
+    d.rules[0].verdict.remaining
+}
+
+/// A store of one region that pushes to `remotes` and exchanges only
+/// when the test says.
+fn sync_store(mode: SyncMode, home: RedisStore, remotes: Vec<(String, RedisStore)>) -> SyncStore {
+    SyncStore::new(
+        SyncConfig {
+            mode,
+            interval: Duration::from_secs(3600),
+            region: Some("home".to_string()),
+            ..SyncConfig::default()
+        },
+        home,
+        remotes,
+    )
+}
+
+/// Eventual mode: a look reads this instance's memory and charges
+/// nothing; a reset clears the memory, what waits to be pushed, the home
+/// store and every other region's store, so the key is fresh everywhere.
+#[test]
+fn an_eventual_reset_makes_a_key_fresh_in_memory_and_every_region() {
+    let (home, eu) = (RedisServer::start(), RedisServer::start());
+    rt().block_on(async {
+        let store = sync_store(
+            SyncMode::Eventual,
+            redis(home.url()).await,
+            vec![("eu".to_string(), redis(eu.url()).await)],
+        );
+        let rule = rule();
+        let key = Key::from_parts(["alice"]);
+        let c = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        for _ in 0..5 {
+            assert!(store.decide(&c, 1).await.unwrap().allowed);
+        }
+        // Times read the store's clock, which moves: compare standings.
+        let standing = |v: &[Vec<spillway_core::Verdict>]| (v[0][0].allowed, v[0][0].remaining);
+        let seen = store.peek(&c, 1).await.unwrap();
+        let again = store.peek(&c, 1).await.unwrap();
+        assert_eq!(standing(&again), standing(&seen), "a look charges nothing");
+        assert!(!seen[0][0].allowed);
+        assert!(!store.decide(&c, 1).await.unwrap().allowed);
+        store.exchange_now().await;
+        let (home_redis, eu_redis) = (redis(home.url()).await, redis(eu.url()).await);
+        assert_eq!(left_in(&home_redis, &rule, "alice").await, 0);
+        assert_eq!(left_in(&eu_redis, &rule, "alice").await, 0);
+        // Admitted after the exchange: waiting to be pushed.
+        let bob = Key::from_parts(["bob"]);
+        let b = [Charge {
+            rule: &rule,
+            key: &bob,
+        }];
+        assert!(store.decide(&b, 1).await.unwrap().allowed);
+        store.reset(&c).await.unwrap();
+        store.reset(&b).await.unwrap();
+        let seen = store.peek(&c, 1).await.unwrap();
+        assert_eq!((seen[0][0].allowed, seen[0][0].remaining), (true, 4));
+        assert_eq!(left_in(&home_redis, &rule, "alice").await, 5);
+        assert_eq!(left_in(&eu_redis, &rule, "alice").await, 5);
+        // Nothing of the old counts comes back with an exchange.
+        store.exchange_now().await;
+        assert_eq!(left_in(&home_redis, &rule, "alice").await, 5);
+        assert_eq!(
+            left_in(&home_redis, &rule, "bob").await,
+            5,
+            "bob's delta dropped"
+        );
+        assert_eq!(standing(&store.peek(&c, 1).await.unwrap()), (true, 4));
+        assert!(store.decide(&c, 1).await.unwrap().allowed);
+    });
+}
+
+/// A region that cannot be reached does not stop the others from being
+/// reset, and the error names it.
+#[test]
+fn a_reset_names_the_region_that_failed_after_trying_all() {
+    let (home, eu) = (RedisServer::start(), RedisServer::start());
+    rt().block_on(async {
+        // Nothing listens there: that store never connects.
+        let gone = RedisStore::new(RedisConfig {
+            url: format!("redis://127.0.0.1:{}/0", spillway_testkit::free_port()),
+            timeout: Duration::from_millis(500),
+            ..RedisConfig::default()
+        })
+        .unwrap();
+        let store = sync_store(
+            SyncMode::Eventual,
+            redis(home.url()).await,
+            vec![
+                ("ap".to_string(), gone),
+                ("eu".to_string(), redis(eu.url()).await),
+            ],
+        );
+        let rule = rule();
+        let key = Key::from_parts(["carol"]);
+        let c = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        for _ in 0..3 {
+            assert!(store.decide(&c, 1).await.unwrap().allowed);
+        }
+        store.exchange_now().await;
+        let (home_redis, eu_redis) = (redis(home.url()).await, redis(eu.url()).await);
+        assert_eq!(left_in(&eu_redis, &rule, "carol").await, 2);
+        let e = store.reset(&c).await.unwrap_err();
+        assert!(e.transient, "{e}");
+        assert!(e.message.contains("region ap"), "{e}");
+        assert!(!e.message.contains("region eu"), "{e}");
+        assert_eq!(left_in(&home_redis, &rule, "carol").await, 5);
+        assert_eq!(left_in(&eu_redis, &rule, "carol").await, 5);
+        assert_eq!(store.peek(&c, 1).await.unwrap()[0][0].remaining, 4);
+    });
+}
+
+/// Lease mode decides from slices the home store counted: a look reads
+/// the home store, and a reset drops this instance's slice with the
+/// store's state, so the next request leases afresh.
+#[test]
+fn a_lease_look_reads_the_home_store_and_a_reset_drops_the_slice() {
+    let server = RedisServer::start();
+    rt().block_on(async {
+        let store = sync_store(SyncMode::Lease, redis(server.url()).await, Vec::new());
+        let rule = rule();
+        let key = Key::from_parts(["dave"]);
+        let c = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        assert!(store.decide(&c, 1).await.unwrap().allowed);
+        let per_decision = redis(server.url()).await;
+        let leased = 5 - left_in(&per_decision, &rule, "dave").await;
+        assert!(leased >= 1, "a slice was leased");
+        // A check (cost 0): what is left, counted at the store.
+        let seen = store.peek(&c, 0).await.unwrap();
+        assert_eq!(seen[0][0].remaining, 5 - leased, "the home store's count");
+        store.reset(&c).await.unwrap();
+        assert_eq!(left_in(&per_decision, &rule, "dave").await, 5);
+        // The slice is gone: the next request leases again from a fresh key.
+        assert!(store.decide(&c, 1).await.unwrap().allowed);
+        let again = 5 - left_in(&per_decision, &rule, "dave").await;
+        assert!(again >= 1, "leased anew");
+    });
+}
+
+/// The per-decision store with a share: a look and a reset go to Redis.
+#[test]
+fn a_fallback_looks_and_resets_in_redis() {
+    let mut server = RedisServer::start();
+    rt().block_on(async {
+        let fallback = spillway_sync::Fallback::new(redis(server.url()).await, 1000);
+        let rule = rule();
+        let key = Key::from_parts(["erin"]);
+        let c = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        for _ in 0..2 {
+            assert!(fallback.decide(&c, 1).await.unwrap().allowed);
+        }
+        let seen = fallback.peek(&c, 1).await.unwrap();
+        let again = fallback.peek(&c, 1).await.unwrap();
+        assert_eq!(again[0][0].remaining, seen[0][0].remaining);
+        assert_eq!(seen[0][0].remaining, 2);
+        fallback.reset(&c).await.unwrap();
+        assert_eq!(fallback.peek(&c, 1).await.unwrap()[0][0].remaining, 4);
+        server.kill();
+        let e = fallback.peek(&c, 1).await.unwrap_err();
+        assert!(e.transient, "{e}");
+        let e = fallback.reset(&c).await.unwrap_err();
+        assert!(e.transient && e.message.contains("region home"), "{e}");
+    });
+}

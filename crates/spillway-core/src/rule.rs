@@ -337,6 +337,8 @@ pub struct Rule {
     path_matching: Option<PathMatching>,
     /// Where the cost comes from when it is known only after the answer.
     response_cost: Option<ResponseCost>,
+    /// Every request is refused, whatever the state (an operator's block).
+    blocked: bool,
     fingerprint: u64,
 }
 
@@ -387,8 +389,46 @@ impl Rule {
             on_store_error: None,
             path_matching: None,
             response_cost: None,
+            blocked: false,
             fingerprint,
         })
+    }
+
+    /// This rule with other limits (a key's plan or an operator's
+    /// override): same name, route, key, mode and policies; counters of
+    /// their own (the fingerprint covers the limits), so a key moved to
+    /// other limits starts fresh under them, and back again finds its old
+    /// counters if they have not expired.
+    ///
+    /// # Errors
+    /// No limits.
+    pub fn with_limits(&self, limits: Vec<Limit>) -> Result<Rule, Error> {
+        let mut rule = Rule::new(
+            self.name.clone(),
+            self.route.clone(),
+            self.by.clone(),
+            limits,
+            self.mode,
+        )?;
+        rule.on_store_error = self.on_store_error;
+        rule.path_matching = self.path_matching;
+        rule.response_cost = self.response_cost.clone();
+        Ok(rule)
+    }
+
+    /// This rule refusing every request whatever its counters (an
+    /// operator's block of one key); a shadow rule reports the refusal
+    /// and admits. Same counters as the rule.
+    pub fn blocked(&self) -> Rule {
+        Rule {
+            blocked: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether every request is refused (see [`Rule::blocked`]).
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
     }
 
     /// Takes this rule's cost from the answer (see [`ResponseCost`]).
@@ -470,18 +510,13 @@ impl Rule {
             return self.clone();
         }
         let limits = self.limits.iter().map(|l| l.shared(n)).collect();
-        let mut rule = Rule::new(
-            self.name.clone(),
-            self.route.clone(),
-            self.by.clone(),
-            limits,
-            self.mode,
-        )
-        .unwrap_or_else(|_| self.clone());
-        rule.on_store_error = self.on_store_error;
-        rule.path_matching = self.path_matching;
-        rule.response_cost = self.response_cost.clone();
-        rule
+        match self.with_limits(limits) {
+            Ok(rule) => Rule {
+                blocked: self.blocked,
+                ..rule
+            },
+            Err(_) => self.clone(),
+        }
     }
 
     /// The rule's own store-failure policy, if it sets one.

@@ -64,6 +64,14 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
     };
     match config::load_all(&config::Source::File(file.clone()), &envoy, merge_domains) {
         Ok(cfg) => {
+            // The certificate and key files, read as `serve` reads them.
+            let tls = match cfg.tls.describe() {
+                Ok(lines) => lines,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            };
             outln!("{}: ok, {} rules", file.display(), cfg.rules.len());
             match &cfg.store {
                 config::StoreConfig::Memory { max_keys } => {
@@ -138,6 +146,9 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                 l.max_connections,
                 l.direct_path
             );
+            for line in tls {
+                outln!("{line}");
+            }
             if let Some(p) = &cfg.proxy {
                 print_proxy(p);
             }

@@ -21,6 +21,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod proxy;
 mod reload;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -141,8 +142,18 @@ impl Store for ServerStore {
 }
 
 impl ServerStore {
+    /// The store's kind: `memory`, `redis`, `redis+share` or `redis+sync`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ServerStore::Memory(_) => "memory",
+            ServerStore::Redis(_) => "redis",
+            ServerStore::Shared(_) => "redis+share",
+            ServerStore::Sync(_) => "redis+sync",
+        }
+    }
+
     /// The Redis store decisions go to (the home region's), if any.
-    fn redis(&self) -> Option<&RedisStore> {
+    pub fn redis(&self) -> Option<&RedisStore> {
         match self {
             ServerStore::Memory(_) => None,
             ServerStore::Redis(r) => Some(r),
@@ -197,7 +208,8 @@ impl ServerStore {
     /// against the memory store's shared overflow state (a full table whose
     /// every candidate for eviction was limiting), Redis outages (times
     /// its circuit breaker opened) and decisions the over-limit cache
-    /// answered.
+    /// answered; and whether Redis answers now (see
+    /// [`metrics::redis_gauges`]).
     pub fn metrics(&self) -> String {
         let (name, help, value) = match (self, self.redis()) {
             (ServerStore::Memory(m), _) => (
@@ -216,6 +228,7 @@ impl ServerStore {
             out.push_str(&metrics::sync_metrics(&st));
         }
         if let Some(r) = self.redis() {
+            out.push_str(&metrics::redis_gauges(r.is_connected(), r.breaker()));
             let name = "spillway_redis_over_limit_cache_hits_total";
             out.push_str(&format!(
                 "# HELP {name} Decisions refused from the over-limit cache, without a Redis round trip.\n# TYPE {name} counter\n{name} {}\n",
@@ -368,11 +381,13 @@ struct Parts {
     shared: Shared,
     admin: Arc<AdminState>,
     grpc: Arc<GrpcState>,
+    /// The certificates the listeners serve, if any.
+    tls: tls::Tls,
 }
 
 /// Builds the state for `opts` (inside a Tokio runtime: the Redis store
 /// starts connecting in the background).
-fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
+fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send + Sync>> {
     let store = match &opts.config.store {
         StoreConfig::Memory { max_keys } => ServerStore::Memory(MemoryStore::new(
             SystemClock::new(),
@@ -405,14 +420,35 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
     };
+    let settings = &opts.config.admin;
+    shared.events.set_near_limit(settings.near_limit);
+    let assign = admin::assign::Assignments::open(settings.state_file.as_deref())
+        .map_err(|e| spillway_store::StoreError::new(false, e))?;
+    let top = Arc::new(admin::top::TopKeys::new(
+        settings.top_slots,
+        settings.show_keys,
+        &shared.limiter.rules(),
+    ));
+    shared.limiter.set_watch(top.clone());
+    let tls = tls::Tls::load(&opts.config.tls)?;
     let admin = Arc::new(AdminState {
         shared: shared.clone(),
+        tls: tls.clone(),
         reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),
         })),
         source_name,
+        settings: arc_swap::ArcSwap::from_pointee(settings.clone()),
+        plans: arc_swap::ArcSwap::from_pointee(opts.config.plans.clone()),
+        assign,
+        top,
+        series: admin::series::Series::new(),
+        audit: admin::audit::Audit::new(settings.audit_entries),
+        health: Mutex::new(None),
+        parse_limits: config::limits_from_json,
     });
+    admin.recompile();
     let grpc = Arc::new(GrpcState {
         shared: shared.clone(),
         domains: Arc::new(arc_swap::ArcSwap::from_pointee(grpc::Domains::new(
@@ -424,6 +460,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, spillway_store::StoreError> {
         shared,
         admin,
         grpc,
+        tls,
     })
 }
 
@@ -435,7 +472,7 @@ pub fn rule_set(config: &Config, version: u64) -> RuleSet {
     set
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -484,7 +521,10 @@ pub async fn run_proxy(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let settings = opts.config.proxy.clone().unwrap_or_default();
+    let mut settings = opts.config.proxy.clone().unwrap_or_default();
+    // `admin.listen` (or `admin_listen`) names the proxy's admin
+    // listener too when `proxy.admin_listen` does not.
+    settings.admin_listen = settings.admin_listen.or(opts.config.admin_listen);
     let upstream = settings.upstream.clone().ok_or_else(|| {
         std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
     })?;
@@ -529,6 +569,12 @@ async fn serve_with<H: Handler>(
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let limits = opts.config.server;
+    let acceptor =
+        |c: &Option<Arc<tls::Certs>>, alpn| c.as_ref().map(|c| c.acceptor(alpn)).transpose();
+    let main_tls = acceptor(&parts.tls.listeners, tls::HTTP_ALPN)?;
+    let grpc_tls = acceptor(&parts.tls.listeners, tls::GRPC_ALPN)?;
+    let admin_tls = acceptor(&parts.tls.admin, tls::HTTP_ALPN)?;
+    let scheme = |on: bool| if on { "https" } else { "http" };
     // Bound before anything says it listens: a taken port fails the start.
     let grpc_listener = match opts.config.grpc_listen {
         None => None,
@@ -543,34 +589,45 @@ async fn serve_with<H: Handler>(
         source = %parts.admin.source_name,
         store = %parts.shared.limiter.store().describe(),
         rules = ?names,
-        "{what} listening on http://{addr} with {} rules",
+        "{what} listening on {}://{addr} with {} rules",
+        scheme(main_tls.is_some()),
         names.len()
     );
+    if opts.config.tls.admin.is_some() && admin.is_none() {
+        tracing::warn!(
+            "admin.tls is set but there is no admin listener (admin.listen): it is not used"
+        );
+    }
     if matches!(opts.source, Source::Example) {
         tracing::warn!(
             "no --config given: running the built-in DEMO rules (examples/rules.yaml: 10 requests a minute per user on every API, and more). Give --config FILE for your own."
         );
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let cert_watchers = parts.tls.watch(opts.poll_interval, &stop_rx);
     let reloader = reload::Reloader {
         shared: parts.shared.clone(),
         domains: parts.grpc.domains.clone(),
         status: parts.admin.reload.clone(),
+        admin: parts.admin.clone(),
         #[cfg(unix)]
         hup,
     };
     let reloader = tokio::spawn(reload::watch(reloader, opts.clone(), stop_rx.clone()));
-    let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx));
+    let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx.clone()));
+    let keeper = tokio::spawn(admin_housekeeping(parts.admin.clone(), stop_rx));
     let grpc = match grpc_listener {
         None => None,
         Some(listener) => {
             let addr = listener.local_addr()?;
-            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on http://{addr}");
+            let s = scheme(grpc_tls.is_some());
+            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on {s}://{addr}");
             Some(tokio::spawn(grpc::serve(
                 parts.grpc.clone(),
                 listener,
                 limits,
                 stopped(&stop_tx),
+                grpc_tls,
             )))
         }
     };
@@ -578,21 +635,40 @@ async fn serve_with<H: Handler>(
         None => None,
         Some((listener, router)) => {
             let addr = listener.local_addr()?;
-            tracing::info!(%addr, "admin API (metrics, health, status) listening on http://{addr}");
+            let s = scheme(admin_tls.is_some());
+            tracing::info!(%addr, "admin API (metrics, health, status) listening on {s}://{addr}");
             let stop = stopped(&stop_tx);
             Some(tokio::spawn(async move {
-                if let Err(e) =
-                    spillway_wire::serve(listener, Arc::new(RouterOnly(router)), limits, stop).await
-                {
+                let handler = Arc::new(RouterOnly(router));
+                let served = match admin_tls {
+                    Some(a) => {
+                        let tls = spillway_wire::Tls(a);
+                        spillway_wire::serve_on(listener, tls, handler, limits, stop).await
+                    }
+                    None => spillway_wire::serve(listener, handler, limits, stop).await,
+                };
+                if let Err(e) = served {
                     tracing::error!("admin API stopped: {e}");
                 }
             }))
         }
     };
-    let result = spillway_wire::serve(listener, handler, limits, shutdown).await;
+    // TLS or not, each its own monomorphised accept loop: plain TCP pays
+    // nothing for TLS.
+    let result = match main_tls {
+        Some(a) => {
+            let tls = spillway_wire::Tls(a);
+            spillway_wire::serve_on(listener, tls, handler, limits, shutdown).await
+        }
+        None => spillway_wire::serve(listener, handler, limits, shutdown).await,
+    };
     let _ = stop_tx.send(true);
+    for w in cert_watchers {
+        let _ = w.await;
+    }
     let _ = reloader.await;
     let _ = maintainer.await;
+    let _ = keeper.await;
     for task in [grpc, admin].into_iter().flatten() {
         let _ = task.await;
     }
@@ -667,6 +743,24 @@ async fn maintain(shared: Shared, mut stop: tokio::sync::watch::Receiver<bool>) 
                 let shared = shared.clone();
                 let _ = tokio::task::spawn_blocking(move || shared.limiter.store().maintain()).await;
             }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The admin plane's housekeeping: every second the top keys' minute,
+/// expired overrides and other instances' changes (see
+/// [`AdminState::tick`]); every [`admin::series::STEP`] a point of the
+/// dashboard's chart.
+async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut step = tokio::time::interval(admin::series::STEP);
+    step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => admin.tick().await,
+            _ = step.tick() => admin.series.record(unix_ms(), admin.shared.events.rule_totals()),
             _ = stop.changed() => return,
         }
     }

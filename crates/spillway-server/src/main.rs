@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use spillway_server::config::{Config, Source};
+use spillway_server::config::{Config, LogFormat, Source};
 use spillway_server::proxy::{UpstreamUrl, UserSource};
 use spillway_server::{ServeOptions, run, run_proxy, shutdown_signal};
 
@@ -17,6 +17,8 @@ use spillway_server::{ServeOptions, run, run_proxy, shutdown_signal};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod json_log;
+
 /// A rate limiting service: asks "may this request go through?" and answers
 /// with the rules of a YAML file.
 #[derive(Debug, Parser)]
@@ -24,6 +26,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log as `text` or `json` (one object per line) [default: the rules
+    /// file's `log.format`, else text].
+    #[arg(long, global = true, value_name = "FORMAT", value_parser = parse_log_format)]
+    log_format: Option<LogFormat>,
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    s.parse()
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +67,8 @@ enum Command {
         /// file's `admin_listen`; none: they share the decision port].
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        tls: TlsFlags,
     },
     /// Run as a reverse proxy: decide for every request, forward the admitted
     /// ones to the upstream, answer the others with 429.
@@ -83,6 +95,8 @@ enum Command {
         /// forwards upstream [default: the file's proxy.admin_listen; none].
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        tls: TlsFlags,
     },
     /// Validate a rules file, envoyproxy/ratelimit files or directories of
     /// them, as `serve` would load them together, and print what they mean.
@@ -97,8 +111,22 @@ enum Command {
     },
 }
 
+/// `--tls-cert FILE --tls-key FILE`, given together.
+#[derive(Debug, clap::Args)]
+struct TlsFlags {
+    /// Serve HTTPS on every listener with this PEM certificate chain
+    /// (reloaded when it changes) [default: the file's `tls.cert`].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert [default: the file's `tls.key`].
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
 /// What the flags of `serve` and `proxy` say.
 struct Flags {
+    /// `--tls-cert` and `--tls-key`.
+    tls: TlsFlags,
     config: Option<PathBuf>,
     listen: Option<SocketAddr>,
     grpc_listen: Option<SocketAddr>,
@@ -108,17 +136,13 @@ struct Flags {
     admin_listen: Option<SocketAddr>,
     /// `Some` for `proxy`: its upstream and user flags.
     proxy: Option<(Option<String>, Option<String>)>,
+    /// `--log-format`, which wins over the file's.
+    log_format: Option<LogFormat>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let log_format = cli.log_format;
     match cli.command {
         Command::Serve {
             config,
@@ -128,7 +152,9 @@ fn main() -> ExitCode {
             merge_domains,
             threads,
             admin_listen,
+            tls,
         } => serve(Flags {
+            tls,
             config,
             listen,
             grpc_listen,
@@ -137,6 +163,7 @@ fn main() -> ExitCode {
             threads,
             admin_listen,
             proxy: None,
+            log_format,
         }),
         Command::Proxy {
             upstream,
@@ -145,7 +172,9 @@ fn main() -> ExitCode {
             user,
             threads,
             admin_listen,
+            tls,
         } => serve(Flags {
+            tls,
             config,
             listen,
             grpc_listen: None,
@@ -154,14 +183,49 @@ fn main() -> ExitCode {
             threads,
             admin_listen,
             proxy: Some((upstream, user)),
+            log_format,
         }),
         Command::CheckConfig {
             files,
             merge_domains,
-        } => spillway_server::check_config::check_config(
-            &files,
-            merge_domains || merge_domain_config_env(),
-        ),
+        } => {
+            init_logging(log_format.unwrap_or_default());
+            spillway_server::check_config::check_config(
+                &files,
+                merge_domains || merge_domain_config_env(),
+            )
+        }
+    }
+}
+
+/// Starts logging to stderr (`RUST_LOG` filters, default `info`).
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .event_format(json_log::JsonLines)
+            .init(),
+    }
+}
+
+/// Says why the server stops: as text, or in JSON mode as one `error`
+/// event per line of it (so that every line on stderr is an object).
+fn fatal(format: LogFormat, text: &str) {
+    match format {
+        LogFormat::Text => eprintln!("{text}"),
+        LogFormat::Json => {
+            for line in text.lines() {
+                tracing::error!("{line}");
+            }
+        }
     }
 }
 
@@ -174,6 +238,13 @@ fn merge_domain_config_env() -> bool {
 
 /// Lays the flags over the file's validated settings.
 fn apply_flags(cfg: &mut Config, flags: &Flags) -> Result<(), String> {
+    if let (Some(cert), Some(key)) = (&flags.tls.tls_cert, &flags.tls.tls_key) {
+        cfg.tls.listeners = Some(spillway_server::config::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            named_by: "--tls-cert/--tls-key".into(),
+        });
+    }
     if let Some(a) = flags.grpc_listen {
         cfg.grpc_listen = Some(a);
     }
@@ -215,21 +286,33 @@ fn serve(flags: Flags) -> ExitCode {
     // Before the file is read: the default connection cap follows it.
     spillway_server::raise_descriptor_limit();
     let source = flags.config.clone().map_or(Source::Example, Source::File);
-    let mut cfg =
-        match spillway_server::config::load_all(&source, &flags.envoy_files, flags.merge_domains) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        };
+    let loaded =
+        spillway_server::config::load_all(&source, &flags.envoy_files, flags.merge_domains);
+    // Logging starts once the file has said how; nothing logs before.
+    let format = flags
+        .log_format
+        .or_else(|| loaded.as_ref().ok().and_then(|c| c.log_format))
+        .unwrap_or_default();
+    init_logging(format);
+    let mut cfg = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            fatal(format, &e.to_string());
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = apply_flags(&mut cfg, &flags) {
         let what = if flags.proxy.is_some() {
             "spillway proxy"
         } else {
             "spillway serve"
         };
-        eprintln!("{what}: {e}");
+        fatal(format, &format!("{what}: {e}"));
+        return ExitCode::from(2);
+    }
+    // Certificate and key files: a bad one is a configuration error.
+    if let Err(e) = cfg.tls.check() {
+        fatal(format, &e.to_string());
         return ExitCode::from(2);
     }
     let addr = cfg
@@ -251,7 +334,7 @@ fn serve(flags: Flags) -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
+            fatal(format, &format!("cannot start the runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
@@ -276,7 +359,7 @@ fn serve(flags: Flags) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("spillway: {e:#}");
+            fatal(format, &format!("spillway: {e:#}"));
             ExitCode::from(1)
         }
     }

@@ -15,6 +15,10 @@ use arc_swap::ArcSwap;
 use spillway_core::Outcome;
 use spillway_store::RuleSet;
 
+mod process;
+
+pub use process::{Usage, build_info, process_metrics, usage};
+
 const OUTCOMES: [Outcome; 4] = [
     Outcome::Allowed,
     Outcome::Denied,
@@ -73,6 +77,8 @@ impl Counter {
 #[derive(Debug, Default)]
 pub struct RuleCounters {
     by_outcome: [Counter; 4],
+    /// Admitted with less than the near-limit share of the limit left.
+    near_limit: Counter,
 }
 
 /// Upper bounds of the latency histogram, in seconds.
@@ -108,6 +114,8 @@ pub struct Metrics {
     /// Admitted requests that were told to wait (queues), and the waits.
     delayed: Counter,
     delay_ns: Counter,
+    /// `near_limit`'s share as f64 bits.
+    near_ratio: AtomicU64,
     /// Proxy answers 502 (upstream failed) and 504 (upstream too slow).
     upstream_502: Counter,
     upstream_504: Counter,
@@ -133,6 +141,7 @@ impl Metrics {
             delay_ns: Counter::default(),
             upstream_502: Counter::default(),
             upstream_504: Counter::default(),
+            near_ratio: AtomicU64::new(0.2f64.to_bits()),
         };
         m.rules_changed(set);
         m
@@ -176,6 +185,50 @@ impl Metrics {
         }
     }
 
+    /// Sets the share of a limit below which an admitted request counts
+    /// as near the limit (`admin.near_limit`, default 0.2).
+    pub fn set_near_limit(&self, ratio: f64) {
+        self.near_ratio
+            .store(ratio.clamp(0.0, 1.0).to_bits(), Ordering::Relaxed);
+    }
+
+    /// The near-limit share in force.
+    pub fn near_limit_ratio(&self) -> f64 {
+        f64::from_bits(self.near_ratio.load(Ordering::Relaxed))
+    }
+
+    /// Counts an admitted request near its rule's limit.
+    fn count_near(&self, version: u64, index: usize, name: &str) {
+        let rules = self.rules.load();
+        let counters = if rules.0 == version {
+            rules.1.get(index).map(|(_, c)| c)
+        } else {
+            rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+        };
+        if let Some(c) = counters {
+            c.near_limit.add(1);
+        }
+    }
+
+    /// Every rule's totals so far, in rule order: decisions by outcome
+    /// (allowed, denied, shadow denied, soft exceeded), then near-limit
+    /// admissions.
+    pub fn rule_totals(&self) -> Vec<(String, [u64; 5])> {
+        self.rules
+            .load()
+            .1
+            .iter()
+            .map(|(n, c)| {
+                let mut t = [0; 5];
+                for (i, o) in c.by_outcome.iter().enumerate() {
+                    t[i] = o.get();
+                }
+                t[4] = c.near_limit.get();
+                (n.clone(), t)
+            })
+            .collect()
+    }
+
     /// The counters of the Envoy limit `rule` in `domain` (made on first use).
     pub fn grpc_rule(&self, domain: &str, rule: &str) -> Arc<GrpcRule> {
         if let Some(c) = self.grpc.read().get(domain).and_then(|d| d.get(rule)) {
@@ -211,9 +264,14 @@ impl Metrics {
         if checked.decision.rules.is_empty() {
             self.count_unlimited();
         }
+        let ratio = self.near_limit_ratio();
         for rd in &checked.decision.rules {
             let name = checked.rule(rd).map_or("", |r| r.name());
             self.count(version, rd.rule, name, rd.outcome);
+            let v = &rd.verdict;
+            if rd.outcome == Outcome::Allowed && (v.remaining as f64) < ratio * v.limit as f64 {
+                self.count_near(version, rd.rule, name);
+            }
         }
         if checked.store_error.is_some() {
             self.store_failed();
@@ -297,6 +355,20 @@ impl Metrics {
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_near_limit_total Requests admitted with less than the near-limit share (admin.near_limit, now {}) of the limit left, by rule.",
+            self.near_limit_ratio()
+        );
+        let _ = writeln!(out, "# TYPE spillway_near_limit_total counter");
+        for (name, c) in &rules.1 {
+            let _ = writeln!(
+                out,
+                "spillway_near_limit_total{{rule=\"{}\"}} {}",
+                escape(name),
+                c.near_limit.get()
+            );
+        }
         self.render_grpc(&mut out);
         let _ = writeln!(
             out,
@@ -328,13 +400,16 @@ impl Metrics {
             self.latency_sum_ns.get() as f64 / 1e9
         );
         let _ = writeln!(out, "spillway_decision_duration_seconds_count {count}");
+        // No made-up 0 for a store that cannot count: the series is left
+        // out, and its HELP says when.
+        let _ = writeln!(
+            out,
+            "# HELP spillway_keys Keys held by this instance: the memory store's, or those a sync store tracks. Absent with a per-decision Redis store, whose keys live in Redis for every instance (see Redis's INFO keyspace).\n# TYPE spillway_keys gauge"
+        );
+        if let Some(k) = keys {
+            let _ = writeln!(out, "spillway_keys {k}");
+        }
         let simple = [
-            (
-                "spillway_keys",
-                "gauge",
-                "Keys held by the store.",
-                keys.map_or(0, |k| k as u64),
-            ),
             (
                 "spillway_rules_reloads_total",
                 "counter",
@@ -393,6 +468,8 @@ impl Metrics {
                 c.get()
             );
         }
+        build_info(&mut out);
+        process_metrics(&mut out);
         out
     }
 }
@@ -580,6 +657,37 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// Whether Redis answers, as Prometheus gauges: `spillway_redis_connected`
+/// (1 when connected and the circuit breaker is not open) and
+/// `spillway_redis_breaker_state`, one-hot over closed, open and
+/// half_open.
+pub fn redis_gauges(connected: bool, breaker: spillway_redis::BreakerState) -> String {
+    use spillway_redis::BreakerState;
+    let mut out = String::new();
+    let up = connected && breaker != BreakerState::Open;
+    let _ = writeln!(
+        out,
+        "# HELP spillway_redis_connected 1 when connected to Redis and calls go through (the circuit breaker not open); 0 before the first connection and while the breaker is open.\n# TYPE spillway_redis_connected gauge\nspillway_redis_connected {}",
+        u8::from(up)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP spillway_redis_breaker_state The Redis circuit breaker, one-hot: closed (calls go through), open (calls fail at once), half_open (one probe call under way).\n# TYPE spillway_redis_breaker_state gauge"
+    );
+    for (name, state) in [
+        ("closed", BreakerState::Closed),
+        ("open", BreakerState::Open),
+        ("half_open", BreakerState::HalfOpen),
+    ] {
+        let _ = writeln!(
+            out,
+            "spillway_redis_breaker_state{{state=\"{name}\"}} {}",
+            u8::from(breaker == state)
+        );
+    }
+    out
 }
 
 /// The sync's gauges, per store (region), as Prometheus text: how far

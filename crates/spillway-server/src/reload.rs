@@ -39,6 +39,8 @@ pub(crate) struct Reloader {
     pub(crate) shared: Shared,
     pub(crate) domains: Arc<ArcSwap<Domains>>,
     pub(crate) status: Arc<Mutex<ReloadStatus>>,
+    /// The admin plane: tokens, plans and per-key rules follow the file.
+    pub(crate) admin: Arc<crate::admin::AdminState>,
     /// SIGHUP, taken over before the server says it listens: a SIGHUP
     /// that came before the handler was installed would end the process.
     #[cfg(unix)]
@@ -211,6 +213,7 @@ pub(crate) fn reload(
             let set = rule_set(&config, version);
             state.shared.events.rules_changed(&set);
             state.shared.limiter.replace_rules(set);
+            state.admin.reloaded(&config.admin, &config.plans);
             state.shared.events.reloaded();
             let mut r = state.status.lock();
             r.last_error = None;

@@ -44,6 +44,7 @@
 mod apply;
 mod clock;
 pub mod due;
+mod keyrules;
 mod limiter;
 mod memory;
 mod spin;
@@ -53,6 +54,7 @@ use std::fmt;
 use std::future::Future;
 
 pub use clock::SystemClock;
+pub use keyrules::{KeyRules, SharedWatch, Watch};
 pub use limiter::{Checked, Limiter, Request, RuleSet, SimpleAttributes};
 pub use memory::{MemoryConfig, MemoryStore, MemoryUsage};
 use spillway_core::{Clock, Decision, Rule, Verdict};

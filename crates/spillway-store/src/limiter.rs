@@ -8,6 +8,7 @@ use spillway_core::{
     Rule, RuleDecision, RuleDecisions, canonical_ip,
 };
 
+use crate::keyrules::{KeyRules, SharedWatch};
 use crate::{Charge, Key, Store};
 
 /// The rules in force, replaced whole on reload.
@@ -244,6 +245,12 @@ impl Checked {
 pub struct Limiter<S> {
     rules: ArcSwap<RuleSet>,
     store: S,
+    /// Keys that decide under a rule of their own (overrides, plans).
+    key_rules: ArcSwap<KeyRules>,
+    /// Whether `key_rules` has any: the common case reads one flag.
+    has_key_rules: std::sync::atomic::AtomicBool,
+    /// Sees every decision with its key, if set.
+    watch: std::sync::OnceLock<SharedWatch>,
 }
 
 impl<S: Store> Limiter<S> {
@@ -252,7 +259,46 @@ impl<S: Store> Limiter<S> {
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
+            key_rules: ArcSwap::from_pointee(KeyRules::new()),
+            has_key_rules: std::sync::atomic::AtomicBool::new(false),
+            watch: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Replaces the keys that decide under a rule of their own (see
+    /// [`KeyRules`]). Applies to [`check`](Self::check),
+    /// [`charge`](Self::charge), [`settle`](Self::settle) and
+    /// [`decide`](Self::decide).
+    pub fn set_key_rules(&self, key_rules: KeyRules) {
+        let any = !key_rules.is_empty();
+        self.key_rules.store(Arc::new(key_rules));
+        self.has_key_rules
+            .store(any, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The keys that decide under a rule of their own.
+    pub fn key_rules(&self) -> Arc<KeyRules> {
+        self.key_rules.load_full()
+    }
+
+    /// The rule `key` decides under when it matches `rule`: its own if it
+    /// has one (see [`set_key_rules`](Self::set_key_rules)), else `rule`.
+    pub fn rule_for(&self, rule: &Rule, key: &Key<'_>) -> Option<Arc<Rule>> {
+        if !self
+            .has_key_rules
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        let kr = self.key_rules.load();
+        kr.find(rule, key).map(|r| Arc::new(r.clone()))
+    }
+
+    /// Sets the watcher that sees every decision of
+    /// [`check`](Self::check) with its key; once (later calls are
+    /// ignored and return false).
+    pub fn set_watch(&self, watch: SharedWatch) -> bool {
+        self.watch.set(watch).is_ok()
     }
 
     /// The store.
@@ -406,13 +452,25 @@ impl<S: Store> Limiter<S> {
                 _ => more[j - 1].0,
             }
         };
+        let key_of = |j: usize| -> Option<&Key<'_>> {
+            match (j, &first) {
+                (0, Some((_, k))) => Some(k),
+                _ => more.get(j.wrapping_sub(1)).map(|(_, k)| k),
+            }
+        };
+        // Keys with a rule of their own (an override, a plan): one flag
+        // read when there are none.
+        let key_rules = self
+            .has_key_rules
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| self.key_rules.load_full());
         let one;
         let many: Vec<Charge<'_>>;
         let charges: &[Charge<'_>] = match &first {
             None => &[],
             Some((i, key)) if more.is_empty() => {
                 one = [Charge {
-                    rule: &rules.rules()[*i],
+                    rule: pick(&rules, key_rules.as_deref(), *i, key),
                     key,
                 }];
                 &one
@@ -421,7 +479,7 @@ impl<S: Store> Limiter<S> {
                 many = std::iter::once(f)
                     .chain(&more)
                     .map(|(i, key)| Charge {
-                        rule: &rules.rules()[*i],
+                        rule: pick(&rules, key_rules.as_deref(), *i, key),
                         key,
                     })
                     .collect();
@@ -452,6 +510,14 @@ impl<S: Store> Limiter<S> {
                     .await
             }
         };
+        if let (Some(w), Ask::Check) = (self.watch.get(), &ask) {
+            for d in &decision.rules {
+                if let Some(key) = key_of(d.rule) {
+                    let i = matched(d.rule);
+                    w.decided(rules.version, i, &rules.rules()[i], key, d.outcome);
+                }
+            }
+        }
         for d in decision.rules.iter_mut() {
             d.rule = matched(d.rule);
         }
@@ -467,6 +533,12 @@ impl<S: Store> Limiter<S> {
     }
 }
 
+/// The rule at `i` of `rules`, or the one `key` has of its own.
+fn pick<'r>(rules: &'r RuleSet, own: Option<&'r KeyRules>, i: usize, key: &Key<'_>) -> &'r Rule {
+    let rule = &rules.rules()[i];
+    own.and_then(|kr| kr.find(rule, key)).unwrap_or(rule)
+}
+
 impl<S: Store> Limiter<S> {
     /// Decides `charges` built by the caller (for ways in that match rules
     /// themselves, like the Envoy gRPC API), with the failure policy applied
@@ -477,6 +549,22 @@ impl<S: Store> Limiter<S> {
         cost: u64,
     ) -> (Decision, Option<crate::StoreError>) {
         let default = self.rules.load().on_store_error;
+        if self
+            .has_key_rules
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            let kr = self.key_rules.load_full();
+            if charges.iter().any(|c| kr.find(c.rule, c.key).is_some()) {
+                let own: Vec<Charge<'_>> = charges
+                    .iter()
+                    .map(|c| Charge {
+                        rule: kr.find(c.rule, c.key).unwrap_or(c.rule),
+                        key: c.key,
+                    })
+                    .collect();
+                return self.decide_with(default, &own, cost).await;
+            }
+        }
         self.decide_with(default, charges, cost).await
     }
 
@@ -723,6 +811,18 @@ fn merge(into: &mut Decision, d: Decision) {
 /// it as `ShadowDenied` and lets the request through. `remaining` is 0:
 /// the state was not read. The rule index is 0 (the caller sets it).
 fn over_cost(rule: &Rule, cost: u64) -> Option<RuleDecision> {
+    if rule.is_blocked() {
+        return Some(RuleDecision {
+            rule: 0,
+            limit: 0,
+            verdict: spillway_core::Verdict::never(rule.limits().first().map_or(0, |l| l.size())),
+            outcome: if rule.mode() == Mode::Shadow {
+                Outcome::ShadowDenied
+            } else {
+                Outcome::Denied
+            },
+        });
+    }
     let (li, limit) = rule
         .enforced_limits()
         .iter()

@@ -10,6 +10,8 @@
 //!   hyper and the handler's fallback service. Every connection has a head
 //!   deadline, an idle timeout, a body-progress timeout and a write timeout,
 //!   and the number of connections is capped ([`Limits`]).
+//! - [`stream`]: what connections run over: plain TCP, or (feature `tls`)
+//!   TLS, whose handshake is bounded and capped like any connection.
 //! - [`client`]: a pooled HTTP/1.1 client to one upstream that writes its
 //!   own framing, validates the upstream's response framing as strictly as
 //!   hyper does and relays the body as it arrives.
@@ -25,7 +27,11 @@ pub mod head;
 pub mod headers;
 mod io;
 pub mod server;
+pub mod stream;
 pub mod write;
 
 pub use headers::{HOP_BY_HOP, Headers, Sole};
-pub use server::{ClientConn, Handler, Limits, Message, serve};
+pub use server::{ClientConn, Handler, Limits, Message, serve, serve_on};
+#[cfg(feature = "tls")]
+pub use stream::Tls;
+pub use stream::{Accept, PlainTcp};

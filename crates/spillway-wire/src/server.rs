@@ -38,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::head::{self, Head, RequestHead};
 use crate::io::Rewind;
+use crate::stream::{Accept, Buffered, PlainTcp, Stream, Writer, WriterKind};
 
 /// Time and connection bounds of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,7 +99,7 @@ impl Message<'_> {
 /// The client side of a direct-path connection, for a handler's answer.
 #[derive(Debug)]
 pub struct ClientConn<'c> {
-    tcp: &'c mut TcpStream,
+    io: Writer<'c>,
     write_timeout: Duration,
 }
 
@@ -106,26 +107,34 @@ impl ClientConn<'_> {
     /// Writes all of `bytes` within the write timeout; false if the client
     /// is gone or does not read.
     pub async fn write_all(&mut self, bytes: &[u8]) -> bool {
+        let tcp = match &mut self.io.0 {
+            WriterKind::Tcp(tcp) => tcp,
+            WriterKind::Buffered(s) => {
+                return write_buffered(&mut **s, bytes, self.write_timeout).await;
+            }
+        };
         // Most answers fit the socket's buffer at once: only a write that
         // has to wait needs a timer.
-        let rest = match self.tcp.try_write(bytes) {
+        let rest = match tcp.try_write(bytes) {
             Ok(n) if n == bytes.len() => return true,
             Ok(n) => &bytes[n..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => bytes,
             Err(_) => return false,
         };
         matches!(
-            tokio::time::timeout(self.write_timeout, self.tcp.write_all(rest)).await,
+            tokio::time::timeout(self.write_timeout, tcp.write_all(rest)).await,
             Ok(Ok(()))
         )
     }
 
     /// Completes when the client closes its side (or the connection
     /// breaks): true then; false when it sent more bytes (a pipelined
-    /// request), which leaves nothing to watch for.
+    /// request), which leaves nothing to watch for. On TLS, the socket
+    /// under the session is watched: a client that says goodbye with a
+    /// TLS alert before closing has sent bytes, and is not seen leaving.
     pub async fn gone(&mut self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.tcp.peek(&mut probe).await, Ok(0) | Err(_))
+        matches!(self.io.socket().peek(&mut probe).await, Ok(0) | Err(_))
     }
 
     /// The write timeout, for a handler that streams.
@@ -178,8 +187,52 @@ pub trait Handler: Send + Sync + 'static {
     fn fallback(&self, peer: SocketAddr) -> Self::Fallback;
 }
 
+/// Writes `bytes` into a stream that buffers (TLS) and flushes it, within
+/// the write timeout; false if the client is gone or does not read.
+async fn write_buffered(s: &mut dyn Buffered, bytes: &[u8], timeout: Duration) -> bool {
+    let n = match write_now(s, bytes) {
+        Now::Done(ok) => return ok,
+        Now::Wrote(n) => n,
+    };
+    let rest = &bytes[n..];
+    let write = async {
+        s.write_all(rest).await?;
+        s.flush().await
+    };
+    matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())))
+}
+
+/// What [`write_now`] did.
+enum Now {
+    /// All written and flushed (true), or the stream broke (false).
+    Done(bool),
+    /// This many bytes were taken before the stream had to wait.
+    Wrote(usize),
+}
+
+/// Writes and flushes what `s` takes without waiting: most answers are
+/// sealed and taken by the socket at once, and then no timer is needed
+/// (one would cost a timer wheel registration per answer).
+fn write_now(s: &mut dyn Buffered, bytes: &[u8]) -> Now {
+    use std::task::{Context, Poll, Waker};
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut n = 0;
+    while n < bytes.len() {
+        match std::pin::Pin::new(&mut *s).poll_write(&mut cx, &bytes[n..]) {
+            Poll::Ready(Ok(0) | Err(_)) => return Now::Done(false),
+            Poll::Ready(Ok(k)) => n += k,
+            Poll::Pending => return Now::Wrote(n),
+        }
+    }
+    match std::pin::Pin::new(&mut *s).poll_flush(&mut cx) {
+        Poll::Ready(r) => Now::Done(r.is_ok()),
+        Poll::Pending => Now::Wrote(n),
+    }
+}
+
 /// Accepts connections on `listener` until `shutdown` completes, then lets
-/// requests in flight finish (idle connections close at once).
+/// requests in flight finish (idle connections close at once). Plain TCP:
+/// [`serve_on`] with [`PlainTcp`].
 ///
 /// # Errors
 /// None today: accept errors are backed off and logged.
@@ -189,6 +242,24 @@ pub async fn serve<H: Handler>(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    serve_on(listener, PlainTcp, handler, limits, shutdown).await
+}
+
+/// As [`serve`], each connection's stream made by `accept` (TLS, say).
+/// A handshake is bounded by the head timeout and counts against the
+/// connection cap from the moment its socket is accepted: while it waits
+/// for its client it is an idle connection, closed first to make room.
+///
+/// # Errors
+/// None today: accept errors are backed off and logged.
+pub async fn serve_on<A: Accept, H: Handler>(
+    listener: TcpListener,
+    accept: A,
+    handler: Arc<H>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let acceptor = Arc::new(accept);
     let drain = Arc::new(Drain {
         stopping: AtomicBool::new(false),
         busy: AtomicUsize::new(0),
@@ -255,9 +326,19 @@ pub async fn serve<H: Handler>(
             idle: AtomicBool::new(true),
             deadline: AtomicU64::new(u64::MAX),
         });
-        state.waiting(&drain, limits.idle_timeout);
+        // A handshake must end within the head timeout; a plain
+        // connection may wait the idle timeout for its first request.
+        state.waiting(
+            &drain,
+            if A::HANDSHAKE {
+                limits.head_timeout
+            } else {
+                limits.idle_timeout
+            },
+        );
         let conn = Conn {
             handler: handler.clone(),
+            accept: acceptor.clone(),
             drain: drain.clone(),
             limits,
             peer,
@@ -476,8 +557,10 @@ impl Drop for Busy<'_> {
 }
 
 /// One connection.
-struct Conn<H> {
+struct Conn<H, A> {
     handler: Arc<H>,
+    /// What makes its stream.
+    accept: Arc<A>,
     drain: Arc<Drain>,
     limits: Limits,
     peer: SocketAddr,
@@ -486,7 +569,7 @@ struct Conn<H> {
     state: Arc<ConnState>,
 }
 
-impl<H> Drop for Conn<H> {
+impl<H, A> Drop for Conn<H, A> {
     fn drop(&mut self) {
         self.drain.conns.lock().remove(&self.id);
         self.drain.ended.notify_one();
@@ -527,8 +610,18 @@ enum Read {
     Done,
 }
 
-impl<H: Handler> Conn<H> {
-    async fn run(self, mut tcp: TcpStream) {
+impl<H: Handler, A: Accept> Conn<H, A> {
+    async fn run(self, tcp: TcpStream) {
+        let mut tcp = match self.accept.accept(tcp).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(peer = %self.peer, error = %e, "handshake failed");
+                return;
+            }
+        };
+        if A::HANDSHAKE {
+            self.state.waiting(&self.drain, self.limits.idle_timeout);
+        }
         let mut buf = BytesMut::with_capacity(4096);
         let mut out = Vec::with_capacity(1024);
         let max_body = self.handler.max_body();
@@ -595,7 +688,7 @@ impl<H: Handler> Conn<H> {
         &self,
         buf: &[u8],
         max_body: usize,
-        tcp: &mut TcpStream,
+        tcp: &mut A::Stream,
         out: &mut Vec<u8>,
     ) -> Step {
         let mut headers = head::uninit_headers();
@@ -636,10 +729,7 @@ impl<H: Handler> Conn<H> {
             close,
             peer: self.peer,
         };
-        let mut conn = ClientConn {
-            tcp,
-            write_timeout: self.limits.write_timeout,
-        };
+        let mut conn = self.client(tcp);
         let keep = self.handler.serve(route, msg, &mut conn, out).await;
         Step::Served {
             consumed: head_len + body_len,
@@ -647,16 +737,16 @@ impl<H: Handler> Conn<H> {
         }
     }
 
-    fn client<'c>(&self, tcp: &'c mut TcpStream) -> ClientConn<'c> {
+    fn client<'c>(&self, tcp: &'c mut A::Stream) -> ClientConn<'c> {
         ClientConn {
-            tcp,
+            io: tcp.writer(),
             write_timeout: self.limits.write_timeout,
         }
     }
 
     /// Serves the rest of the connection with hyper and the handler's
     /// fallback, starting with the bytes already read.
-    async fn hand_off(self, tcp: TcpStream, buf: BytesMut) {
+    async fn hand_off(self, tcp: A::Stream, buf: BytesMut) {
         self.state.idle.store(false, Ordering::Relaxed);
         let io = Rewind {
             pre: buf.freeze(),
@@ -791,7 +881,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
 }
 
 /// Reads more of a request (its deadline is the sweeper's).
-async fn read_more(tcp: &mut TcpStream, buf: &mut BytesMut) -> Read {
+async fn read_more<S: AsyncRead + Unpin>(tcp: &mut S, buf: &mut BytesMut) -> Read {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(4096);
     }

@@ -1,6 +1,11 @@
-//! The admin API: `/metrics`, `/healthz`, `/readyz`, `/v1/status` and
-//! `/v1/rules`. On the decision port unless `admin_listen` moves them to
-//! an address of their own.
+//! The admin plane: `/metrics`, `/healthz`, `/readyz`, `/v1/status`,
+//! `/v1/rules`, the operator's calls under `/admin/v1/` ([`api`]) and the
+//! dashboard at `/admin/`. On the decision port unless `admin.listen`
+//! (also spelled `admin_listen`) moves them to an address of their own.
+//!
+//! Once `admin.tokens` lists any token, everything but `/healthz`,
+//! `/readyz` and the dashboard's page needs one; the `/admin/v1/` calls
+//! and `PUT /v1/health` always do.
 
 use std::sync::Arc;
 
@@ -15,6 +20,13 @@ use spillway_core::{Limit, Rule};
 
 use crate::Shared;
 
+pub mod api;
+pub mod assign;
+pub mod audit;
+pub mod series;
+pub mod settings;
+pub mod top;
+
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
@@ -24,6 +36,71 @@ pub struct AdminState {
     pub reload: Arc<Mutex<ReloadStatus>>,
     /// Where rules come from, as shown on `/v1/status`.
     pub source_name: String,
+    /// The listeners' certificates, as shown on `/v1/status`.
+    pub tls: crate::tls::Tls,
+    /// `admin:` as last loaded (tokens are read again on reload).
+    pub settings: arc_swap::ArcSwap<settings::AdminSettings>,
+    /// `plans:` and the rules' plan settings, as last loaded.
+    pub plans: arc_swap::ArcSwap<settings::PlanBook>,
+    /// Overrides and plan assignments.
+    pub assign: assign::Assignments,
+    /// Each rule's heaviest keys.
+    pub top: Arc<top::TopKeys>,
+    /// Decisions over the last 15 minutes.
+    pub series: series::Series,
+    /// Every write call.
+    pub audit: audit::Audit,
+    /// What the service last said of its health (`PUT /v1/health`).
+    pub health: Mutex<Option<api::Reported>>,
+    /// Reads an override's limits (the config layer's reader).
+    pub parse_limits: assign::ParseLimits,
+}
+
+impl AdminState {
+    /// The Redis store overrides and plans are kept in, if any.
+    pub fn redis(&self) -> Option<&spillway_redis::RedisStore> {
+        self.shared.limiter.store().redis()
+    }
+
+    /// Compiles overrides and plans into the limiter's per-key rules.
+    pub fn recompile(&self) {
+        let set = self.shared.limiter.rules();
+        let kr = self.assign.compile(
+            &set,
+            &self.plans.load(),
+            crate::unix_ms(),
+            self.parse_limits,
+        );
+        self.shared.limiter.set_key_rules(kr);
+    }
+
+    /// Takes up a reloaded configuration (after its rules are in force).
+    pub fn reloaded(&self, admin: &settings::AdminSettings, plans: &settings::PlanBook) {
+        self.settings.store(Arc::new(admin.clone()));
+        self.plans.store(Arc::new(plans.clone()));
+        self.top.set_show_keys(admin.show_keys);
+        self.top.rules_changed(&self.shared.limiter.rules());
+        self.audit.set_keep(admin.audit_entries);
+        self.shared.events.set_near_limit(admin.near_limit);
+        self.recompile();
+    }
+
+    /// Housekeeping once a second: the top keys' minute, expired
+    /// overrides, and with Redis what other instances changed.
+    pub async fn tick(&self) {
+        self.top.tick();
+        let redis = self.redis();
+        let mut changed = self.assign.expire(redis, crate::unix_ms()).await;
+        if let Some(r) = redis {
+            match self.assign.refresh(r).await {
+                Ok(c) => changed |= c,
+                Err(e) => tracing::debug!("admin state not read from redis: {e}"),
+            }
+        }
+        if changed {
+            self.recompile();
+        }
+    }
 }
 
 /// The last reload's result.
@@ -53,12 +130,54 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/admin/", get(dashboard))
+        .route("/admin", get(to_dashboard))
+        .merge(api::routes())
         .with_state(state)
 }
 
-async fn rules(State(state): State<Arc<AdminState>>) -> Response {
+/// The dashboard: one page, everything in it (no asset from elsewhere).
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        DASHBOARD,
+    )
+        .into_response()
+}
+
+async fn to_dashboard() -> Response {
+    axum::response::Redirect::permanent("/admin/").into_response()
+}
+
+async fn rules(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
+    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
+        return r;
+    }
     let set = state.shared.limiter.rules();
-    let list: Vec<serde_json::Value> = set.rules().iter().map(rule_json).collect();
+    let plans = state.plans.load();
+    let list: Vec<serde_json::Value> = set
+        .rules()
+        .iter()
+        .map(|r| {
+            let mut v = rule_json(r);
+            v["plan"] = match plans.rules.get(r.name()).and_then(|p| p.default.as_ref()) {
+                Some(d) => json!({ "default": d }),
+                None => serde_json::Value::Null,
+            };
+            v
+        })
+        .collect();
     axum::Json(json!({ "version": set.version, "rules": list })).into_response()
 }
 
@@ -123,10 +242,36 @@ pub fn describe_limit(l: &Limit) -> String {
     }
 }
 
-async fn status(State(state): State<Arc<AdminState>>) -> Response {
+async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
+    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
+        return r;
+    }
     let set = state.shared.limiter.rules();
     let reload = state.reload.lock().clone();
+    let store = state.shared.limiter.store();
+    let degraded = store.degraded();
+    let near: serde_json::Map<String, serde_json::Value> = state
+        .shared
+        .events
+        .rule_totals()
+        .into_iter()
+        .filter(|(n, _)| set.rules().iter().any(|r| r.name() == n))
+        .map(|(n, t)| (n, json!({ "admitted": t[0], "near_limit": t[4] })))
+        .collect();
     axum::Json(json!({
+        "store": {
+            "kind": store.kind(),
+            "describe": store.describe(),
+            "healthy": degraded.is_none(),
+            "degraded": degraded,
+            "breaker": store.redis().map(|r| breaker_name(r.breaker())),
+        },
+        "near_limit": {
+            "ratio": state.shared.events.near_limit_ratio(),
+            "rules": near,
+        },
+        "overrides": state.assign.overrides(crate::unix_ms()).len(),
+        "plan_assignments": state.assign.plans().len(),
         "version": set.version,
         "rules": set.rules().len(),
         "source": state.source_name,
@@ -134,6 +279,7 @@ async fn status(State(state): State<Arc<AdminState>>) -> Response {
         "last_reload_unix_ms": reload.last_reload_unix_ms,
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
+        "tls": state.tls.status_json(),
     }))
     .into_response()
 }
@@ -163,7 +309,19 @@ fn sync_json(st: &spillway_sync::SyncStatus) -> serde_json::Value {
     })
 }
 
-async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+/// A breaker state as the API spells it.
+fn breaker_name(b: spillway_redis::BreakerState) -> &'static str {
+    match b {
+        spillway_redis::BreakerState::Closed => "closed",
+        spillway_redis::BreakerState::Open => "open",
+        spillway_redis::BreakerState::HalfOpen => "half_open",
+    }
+}
+
+async fn metrics(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
+    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
+        return r;
+    }
     let keys = spillway_store::Store::keys(state.shared.limiter.store());
     let mut text = state.shared.events.render(keys);
     text.push_str(&state.shared.limiter.store().metrics());

@@ -5,11 +5,14 @@
 //! validation turns them into core types, collecting every error it finds
 //! with the location it belongs to.
 
+mod admin;
+mod env;
 mod envoy;
 mod errors;
 mod raw;
 mod recover;
 mod rules;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,9 +21,12 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use spillway_core::{FailPolicy, Nanos, PathMatching, Rule};
 
+pub use admin::limits_from_json;
+pub use env::Secrets;
 pub use envoy::{load_envoy, parse_envoy};
 pub use errors::{ConfigError, ConfigErrors};
 pub use rules::{DEFAULT_MAX_KEYS, parse_duration, parse_rate};
+pub use tls::{TlsFiles, TlsSettings};
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
 use errors::Errors;
@@ -82,6 +88,16 @@ pub struct Config {
     /// How long a changed file must stay unchanged before a reload
     /// applies it (`reload.quiet`, default [`DEFAULT_RELOAD_QUIET`]).
     pub reload_quiet: Duration,
+    /// How the binary logs, from `log.format` (`--log-format` wins);
+    /// `None` when the file says nothing. Taken at start only.
+    pub log_format: Option<LogFormat>,
+    /// The operator's plane (`admin:`): tokens, top keys, near-limit
+    /// share. Its address is [`Config::admin_listen`].
+    pub admin: crate::admin::settings::AdminSettings,
+    /// The plans (`plans:`) and the rules' plan settings.
+    pub plans: crate::admin::settings::PlanBook,
+    /// HTTPS on the listeners (`tls:`, `admin.tls:`, the `--tls-*` flags).
+    pub tls: TlsSettings,
     /// The file has a `rules:` key (`rules: []` included). A reload
     /// refuses a file without one: an empty or truncated file is not a
     /// request to drop every limit.
@@ -109,7 +125,13 @@ impl Config {
             ("grpc_listen", self.grpc_listen != newer.grpc_listen),
             ("proxy", self.proxy != newer.proxy),
             ("admin_listen", self.admin_listen != newer.admin_listen),
+            (
+                "admin.state_file",
+                self.admin.state_file != newer.admin.state_file,
+            ),
             ("server", self.server != newer.server),
+            ("log", self.log_format != newer.log_format),
+            ("tls", self.tls != newer.tls),
             (
                 "grpc_response_headers",
                 self.grpc_response_headers != newer.grpc_response_headers,
@@ -152,6 +174,28 @@ pub struct SyncSettings {
     /// The other regions' stores, by name (the home store's settings with
     /// their own URL).
     pub regions: Vec<(String, spillway_redis::RedisConfig)>,
+}
+
+/// How the binary writes its log (`log.format`, `--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Lines for people, as tracing writes them.
+    #[default]
+    Text,
+    /// One JSON object per line and event (see docs/OPERATIONS.md).
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<LogFormat, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log format {other:?}: expected text or json")),
+        }
+    }
 }
 
 /// Reads and validates the file at `path`.
@@ -415,6 +459,14 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
             message: "file larger than 16 MiB".to_string(),
         }]));
     }
+    // `${NAME}` inside scalar values, before serde sees them; errors hide
+    // the values put in again.
+    let env = env::substitute(file, text, &env::process_env)?;
+    parse_substituted(file, &env.text).map_err(|e| env.secrets.redact_errors(e))
+}
+
+/// [`parse`], once `${NAME}` references are substituted.
+fn parse_substituted(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     match serde_saphyr::from_str::<RawConfig>(text) {
         Ok(raw) => validate(file, raw, false),
         // serde stopped at the first structural error: read the file again
@@ -499,10 +551,45 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         .grpc_listen
         .as_ref()
         .and_then(|l| address(&mut errs, l, "grpc_listen", 8081));
-    let admin_listen = raw
+    let mut admin_listen = raw
         .admin_listen
         .as_ref()
         .and_then(|l| address(&mut errs, l, "admin_listen", 9090));
+    let env = |v: &str| std::env::var(v).ok();
+    let admin_settings = match &raw.admin {
+        None => crate::admin::settings::AdminSettings::default(),
+        Some(a) => {
+            let (settings, listen) = admin::admin(&mut errs, a, &env);
+            if let (Some(l), Some(other)) = (listen, admin_listen)
+                && l != other
+            {
+                errs.at(
+                    a.value.listen.as_ref().unwrap_or_else(|| unreachable!()),
+                    format!(
+                        "admin.listen {l} and admin_listen {other} name the same listener: give one address (or remove one)"
+                    ),
+                );
+            }
+            if let (Some(l), Some(p)) = (listen, &proxy)
+                && let Some(other) = p.admin_listen
+                && l != other
+            {
+                errs.at(
+                    a.value.listen.as_ref().unwrap_or_else(|| unreachable!()),
+                    format!(
+                        "admin.listen {l} and proxy.admin_listen {other} name the same listener: give one address (or remove one)"
+                    ),
+                );
+            }
+            admin_listen = admin_listen.or(listen);
+            settings
+        }
+    };
+    let mut proxy = proxy;
+    if let Some(p) = proxy.as_mut() {
+        p.admin_listen = p.admin_listen.or(admin_listen);
+    }
+    let (plan_words, plan_raws) = admin::plans(&mut errs, raw.plans.as_ref());
     let server = raw.server.as_ref().map_or_else(
         || spillway_wire::Limits {
             max_connections: default_max_connections(),
@@ -510,6 +597,14 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         },
         |s| server_limits(&mut errs, s),
     );
+    let tls = TlsSettings {
+        listeners: raw.tls.as_ref().and_then(|t| tls::tls(&mut errs, t, "tls")),
+        admin: raw
+            .admin
+            .as_ref()
+            .and_then(|a| a.value.tls.as_ref())
+            .and_then(|t| tls::tls(&mut errs, t, "admin.tls")),
+    };
     let (envoy, envoy_errors) = crate::grpc::service::settings::EnvoySettings::load(
         raw.envoy.as_ref(),
         errs.file,
@@ -565,11 +660,23 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             Some(d)
         })
         .unwrap_or(DEFAULT_RELOAD_QUIET);
+    let log_format = raw
+        .log
+        .as_ref()
+        .and_then(|l| l.value.format.as_ref())
+        .and_then(|f| {
+            f.value
+                .parse()
+                .map_err(|e: String| errs.at(f, format!("log.format: {e}")))
+                .ok()
+        });
     let ctx = RuleContext {
         descriptors: &descriptors,
         any_descriptor,
         path_matching: global_matching,
+        plans: &plan_raws,
     };
+    let mut rule_plans = std::collections::BTreeMap::new();
     let leased =
         matches!(&store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease);
     let mut rules = Vec::new();
@@ -587,6 +694,15 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         }
         names.push(&r.value.name);
         if let Some(rule) = rule(&mut errs, r, &ctx) {
+            let max_wait = rule.limits().iter().find_map(|l| match l {
+                spillway_core::Limit::Shaper(s) => Some(s.max_wait()),
+                _ => None,
+            });
+            let default = r.value.plan.as_ref().map(|p| p.value.default.value.clone());
+            rule_plans.insert(
+                rule.name().to_string(),
+                admin::rule_plans(&plan_raws, default, max_wait),
+            );
             if leased
                 && rule
                     .limits()
@@ -622,6 +738,10 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             descriptors,
             path_matching: global_matching,
             reload_quiet,
+            log_format,
+            admin: admin_settings,
+            plans: admin::book(plan_words, rule_plans),
+            tls,
             has_rules: raw.rules.is_some(),
         })
     } else {

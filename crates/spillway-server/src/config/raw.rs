@@ -28,8 +28,17 @@ pub(crate) struct RawConfig {
     pub(crate) envoy: Option<Spanned<crate::grpc::service::settings::RawEnvoy>>,
     #[serde(default)]
     pub(crate) admin_listen: Option<Spanned<String>>,
+    /// The operator's plane: its listener, tokens and top keys.
+    #[serde(default)]
+    pub(crate) admin: Option<Spanned<RawAdmin>>,
+    /// Per-tenant limits, by plan name.
+    #[serde(default)]
+    pub(crate) plans: Option<Spanned<std::collections::BTreeMap<String, Spanned<RawPlan>>>>,
     #[serde(default)]
     pub(crate) server: Option<Spanned<RawServer>>,
+    /// HTTPS on every listener: certificate and key files.
+    #[serde(default)]
+    pub(crate) tls: Option<Spanned<RawTls>>,
     #[serde(default)]
     pub(crate) domains: Vec<Spanned<RawDomain>>,
     /// Descriptor names a rule's `by:` may use bare (`by: tenant`).
@@ -38,6 +47,9 @@ pub(crate) struct RawConfig {
     /// Which respellings of a path count as the path, for every rule.
     #[serde(default)]
     pub(crate) path_matching: Option<Spanned<RawPathMatching>>,
+    /// How the binary logs (`log: { format: json }`).
+    #[serde(default)]
+    pub(crate) log: Option<Spanned<RawLog>>,
     #[serde(default)]
     pub(crate) reload: Option<Spanned<RawReload>>,
     /// `None` when the file has no `rules:` key (a reload refuses it).
@@ -59,10 +71,14 @@ impl RawConfig {
             grpc_response_headers,
             envoy,
             admin_listen,
+            admin,
+            plans,
             server,
+            tls,
             domains,
             descriptors,
             path_matching,
+            log,
             reload,
             rules,
         } = part;
@@ -79,10 +95,14 @@ impl RawConfig {
         take(&mut self.grpc_response_headers, grpc_response_headers);
         take(&mut self.envoy, envoy);
         take(&mut self.admin_listen, admin_listen);
+        take(&mut self.admin, admin);
+        take(&mut self.plans, plans);
         take(&mut self.server, server);
+        take(&mut self.tls, tls);
         self.domains.extend(domains);
         take(&mut self.descriptors, descriptors);
         take(&mut self.path_matching, path_matching);
+        take(&mut self.log, log);
         take(&mut self.reload, reload);
         if let Some(rules) = rules {
             self.rules.get_or_insert_with(Vec::new).extend(rules);
@@ -112,6 +132,15 @@ pub(crate) struct RawReload {
     /// How long a changed file must stay unchanged before it applies.
     #[serde(default)]
     pub(crate) quiet: Option<Spanned<String>>,
+}
+
+/// `log:`: how the binary logs.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLog {
+    /// `text` or `json`.
+    #[serde(default)]
+    pub(crate) format: Option<Spanned<String>>,
 }
 
 /// A domain: envoyproxy/ratelimit's file format, also spillway's `domains:`
@@ -208,6 +237,81 @@ pub(crate) struct RawProxy {
     pub(crate) admin_listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) upgrades: Option<Spanned<Vec<String>>>,
+}
+
+/// `admin:`: the operator's plane.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    #[serde(default)]
+    pub(crate) listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) tokens: Option<Spanned<Vec<Spanned<RawToken>>>>,
+    /// Show top keys as the client sent them (else as their hash).
+    #[serde(default)]
+    pub(crate) show_keys: Option<bool>,
+    /// Admitted with less than this share of the limit left: near the limit.
+    #[serde(default)]
+    pub(crate) near_limit: Option<Spanned<RawRatio>>,
+    /// Slots of each rule's top-keys sketch.
+    #[serde(default)]
+    pub(crate) top_slots: Option<Spanned<i64>>,
+    /// Where the memory store keeps overrides and plan assignments.
+    #[serde(default)]
+    pub(crate) state_file: Option<Spanned<String>>,
+    /// Audit entries kept in memory.
+    #[serde(default)]
+    pub(crate) audit_entries: Option<Spanned<i64>>,
+    /// The admin listener's own certificate, if not the top-level `tls:`.
+    #[serde(default)]
+    pub(crate) tls: Option<Spanned<RawTls>>,
+}
+
+/// `tls:` (and `admin.tls:`): a PEM certificate chain and its key.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    #[serde(default)]
+    pub(crate) cert: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) key: Option<Spanned<String>>,
+}
+
+/// A share: `0.2` or `"20%"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RawRatio {
+    Number(f64),
+    Text(String),
+}
+
+/// One bearer token of `admin.tokens`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawToken {
+    pub(crate) name: Spanned<String>,
+    pub(crate) scope: Spanned<String>,
+    #[serde(default)]
+    pub(crate) file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) env: Option<Spanned<String>>,
+}
+
+/// One plan of `plans:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPlan {
+    pub(crate) limits: Spanned<Vec<Spanned<RawLimit>>>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub(crate) description: Option<String>,
+}
+
+/// A rule's `plan:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRulePlan {
+    pub(crate) default: Spanned<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -320,7 +424,12 @@ pub(crate) struct RawRule {
     pub(crate) api: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) by: Option<Spanned<String>>,
-    pub(crate) limits: Vec<Spanned<RawLimit>>,
+    /// Absent when the rule takes its limits from `plan:`.
+    #[serde(default)]
+    pub(crate) limits: Option<Vec<Spanned<RawLimit>>>,
+    /// The key's assigned plan picks its limits, else this default.
+    #[serde(default)]
+    pub(crate) plan: Option<Spanned<RawRulePlan>>,
     #[serde(default)]
     pub(crate) mode: Option<Spanned<String>>,
     #[serde(default)]

@@ -24,6 +24,8 @@ pub(super) struct RuleContext<'a> {
     pub(super) any_descriptor: bool,
     /// The file's `path_matching:` (every switch on when absent).
     pub(super) path_matching: PathMatching,
+    /// The plans' limits as written, by plan name.
+    pub(super) plans: &'a std::collections::BTreeMap<String, &'a [Spanned<super::raw::RawLimit>]>,
 }
 
 /// The file's `descriptors:` list: names that are not built in, each once.
@@ -178,14 +180,69 @@ pub(super) fn rule(
         let mw = &q.value.max_wait;
         duration(errs, mw, "queue.max_wait", true)
     });
-    if raw.limits.is_empty() {
+    let written: &[Spanned<super::raw::RawLimit>] = match (&raw.limits, &raw.plan) {
+        (Some(_), Some(p)) => {
+            errs.at(
+                p,
+                format!(
+                    "rule {name:?}: give limits: or plan:, not both (the plan gives the limits)"
+                ),
+            );
+            &[]
+        }
+        (Some(l), None) => l,
+        (None, Some(p)) => match ctx.plans.get(&p.value.default.value) {
+            Some(l) => l,
+            None => {
+                let known: Vec<&str> = ctx.plans.keys().map(String::as_str).collect();
+                errs.at(
+                    &p.value.default,
+                    format!(
+                        "rule {name:?}: plan {:?} is not in plans: (known: {})",
+                        p.value.default.value,
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
+                &[]
+            }
+        },
+        (None, None) => {
+            errs.at(
+                r,
+                format!("rule {name:?} needs limits: (or plan: {{ default: NAME }})"),
+            );
+            &[]
+        }
+    };
+    if raw.plan.is_none() && raw.limits.as_ref().is_some_and(Vec::is_empty) {
         errs.at(r, format!("rule {name:?} needs at least one limit"));
     }
     let mut limits = Vec::new();
-    for l in &raw.limits {
-        if let Some(limit) = limit(errs, l, max_wait) {
+    // A plan's limits were checked once with `plans:`; a rule with a
+    // queue builds them again as shapers, so errors are not repeated.
+    let mut scratch = Errors {
+        file: errs.file,
+        list: Vec::new(),
+    };
+    let target = if raw.plan.is_some() {
+        &mut scratch
+    } else {
+        &mut *errs
+    };
+    for l in written {
+        if let Some(limit) = limit(target, l, max_wait) {
             limits.push(limit);
         }
+    }
+    if raw.plan.is_some() && !scratch.list.is_empty() && errs.list.len() == before {
+        errs.at(
+            r,
+            format!("rule {name:?}: its plan's limits are not valid (see plans:)"),
+        );
     }
     if let (Some(q), Some(_)) = (&raw.queue, max_wait)
         && !limits.iter().any(|l| matches!(l, Limit::Shaper(_)))

@@ -28,12 +28,13 @@ pub struct GrpcState {
 }
 
 /// Serves the Envoy rate limit service and gRPC health on `listener`
-/// until `stop` completes.
+/// until `stop` completes; over TLS with `tls` (see [`crate::tls`]).
 pub async fn serve(
     state: Arc<GrpcState>,
     listener: TcpListener,
     limits: spillway_wire::Limits,
     stop: impl Future<Output = ()> + Send + 'static,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -45,21 +46,27 @@ pub async fn serve(
     // The HTTP listeners' bounds, as far as tonic has them: a call must end
     // within the body timeout, an HTTP/2 connection that stops answering
     // pings is closed, and one connection cannot open unbounded streams.
-    let result = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .timeout(limits.body_timeout)
         .http2_keepalive_interval(Some(limits.idle_timeout / 2))
         .http2_keepalive_timeout(Some(limits.write_timeout))
         .max_concurrent_streams(256)
         .concurrency_limit_per_connection(256)
         .add_service(health)
-        .add_service(service::RateLimitService::new(state))
+        .add_service(service::RateLimitService::new(state));
+    let result = match tls {
         // No Nagle: answers are small and written when the store replies;
         // behind delayed ACKs they could wait 40 ms.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop,
-        )
-        .await;
+        None => {
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming_shutdown(incoming, stop).await
+        }
+        Some(acceptor) => {
+            let incoming = crate::tls::incoming(listener, acceptor, limits);
+            router.serve_with_incoming_shutdown(incoming, stop).await
+        }
+    };
     if let Err(e) = result {
         tracing::error!("gRPC server stopped: {e}");
     }

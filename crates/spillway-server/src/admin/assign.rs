@@ -1,0 +1,446 @@
+//! What operators give single keys: temporary overrides of a key's
+//! limits (a raise or a block) and tenants' plans.
+//!
+//! With the memory store they live in this process, and in
+//! `admin.state_file` when one is set (written whole, atomically, on every
+//! change; read at start). With Redis they live in Redis, shared by every
+//! instance: a write goes to Redis first, and each instance reads them
+//! again whenever the admin version Redis keeps has moved (checked every
+//! second), so a change reaches every instance within about a second.
+//!
+//! Either way they are kept apart from the rules, so they survive a
+//! reload, and compiled into the limiter's [`KeyRules`] after every change
+//! and every reload.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use spillway_core::{Limit, Nanos, Rule};
+use spillway_redis::RedisStore;
+use spillway_store::{KeyRules, RuleSet};
+
+use super::settings::PlanBook;
+
+/// Reads an override's limits for a rule with the given queue.
+pub type ParseLimits = fn(&serde_json::Value, Option<Nanos>) -> Result<Vec<Limit>, String>;
+
+/// The most overrides held: each is compiled into the limiter on every
+/// change.
+pub const MAX_OVERRIDES: usize = 100_000;
+
+/// The most plan assignments held.
+pub const MAX_PLANS: usize = 1_000_000;
+
+/// Redis admin map of overrides.
+const OVERRIDES: &str = "overrides";
+/// Redis admin map of plan assignments.
+const PLANS: &str = "plans";
+
+/// A temporary override of one key's limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Override {
+    /// The rule.
+    pub rule: String,
+    /// The key's parts.
+    pub key: Vec<String>,
+    /// The limits as given (a list like a rule's `limits:`), unless a block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<serde_json::Value>,
+    /// Refuse every request of the key.
+    #[serde(default)]
+    pub block: bool,
+    /// When it ends, in milliseconds since the Unix epoch.
+    pub expires_unix_ms: u64,
+    /// When it was given.
+    pub created_unix_ms: u64,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
+    /// The token that gave it.
+    #[serde(default)]
+    pub by: String,
+}
+
+/// A key's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanAssignment {
+    /// The rule.
+    pub rule: String,
+    /// The key's parts.
+    pub key: Vec<String>,
+    /// The plan's name.
+    pub plan: String,
+    /// The token that assigned it.
+    #[serde(default)]
+    pub by: String,
+    /// Since when.
+    pub since_unix_ms: u64,
+}
+
+/// The state file's contents.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct StateFile {
+    #[serde(default)]
+    overrides: Vec<Override>,
+    #[serde(default)]
+    plans: Vec<PlanAssignment>,
+}
+
+type Id = (String, Vec<String>);
+
+/// Overrides and plans by rule and key.
+#[derive(Debug, Default)]
+pub struct Assignments {
+    overrides: Mutex<BTreeMap<Id, Override>>,
+    plans: Mutex<BTreeMap<Id, PlanAssignment>>,
+    file: Option<PathBuf>,
+    /// The Redis admin version last read.
+    version: AtomicU64,
+    /// Serialises writes (file saves, Redis round trips with the reading
+    /// that follows).
+    writing: tokio::sync::Mutex<()>,
+}
+
+/// Why a write failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// Too many entries already.
+    Full(String),
+    /// The store could not keep it.
+    Store(String),
+}
+
+impl Assignments {
+    /// Assignments kept in memory, and in `file` if given (read now).
+    ///
+    /// # Errors
+    /// The file exists and cannot be read: refusing to start beats
+    /// overwriting what it holds.
+    pub fn open(file: Option<&Path>) -> Result<Assignments, String> {
+        let a = Assignments {
+            file: file.map(Path::to_path_buf),
+            ..Assignments::default()
+        };
+        if let Some(path) = file {
+            match std::fs::read(path) {
+                Ok(bytes) => {
+                    let state: StateFile = serde_json::from_slice(&bytes).map_err(|e| {
+                        format!(
+                            "admin.state_file {}: not a state file spillway wrote ({e}); move it away to start empty",
+                            path.display()
+                        )
+                    })?;
+                    a.replace(state.overrides, state.plans);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(format!("admin.state_file {}: {e}", path.display()));
+                }
+            }
+        }
+        Ok(a)
+    }
+
+    fn replace(&self, overrides: Vec<Override>, plans: Vec<PlanAssignment>) {
+        *self.overrides.lock() = overrides
+            .into_iter()
+            .map(|o| ((o.rule.clone(), o.key.clone()), o))
+            .collect();
+        *self.plans.lock() = plans
+            .into_iter()
+            .map(|p| ((p.rule.clone(), p.key.clone()), p))
+            .collect();
+    }
+
+    /// The override of a key, if one is in force at `now_ms`.
+    pub fn override_of(&self, rule: &str, key: &[String], now_ms: u64) -> Option<Override> {
+        self.overrides
+            .lock()
+            .get(&(rule.to_string(), key.to_vec()))
+            .filter(|o| o.expires_unix_ms > now_ms)
+            .cloned()
+    }
+
+    /// Every override in force at `now_ms`.
+    pub fn overrides(&self, now_ms: u64) -> Vec<Override> {
+        self.overrides
+            .lock()
+            .values()
+            .filter(|o| o.expires_unix_ms > now_ms)
+            .cloned()
+            .collect()
+    }
+
+    /// A key's assigned plan.
+    pub fn plan_of(&self, rule: &str, key: &[String]) -> Option<PlanAssignment> {
+        self.plans
+            .lock()
+            .get(&(rule.to_string(), key.to_vec()))
+            .cloned()
+    }
+
+    /// Every plan assignment.
+    pub fn plans(&self) -> Vec<PlanAssignment> {
+        self.plans.lock().values().cloned().collect()
+    }
+
+    /// Gives a key an override (replacing its earlier one).
+    ///
+    /// # Errors
+    /// Too many overrides, or the store failed (nothing changed then).
+    pub async fn put_override(
+        &self,
+        redis: Option<&RedisStore>,
+        o: Override,
+    ) -> Result<(), WriteError> {
+        let _w = self.writing.lock().await;
+        let id = (o.rule.clone(), o.key.clone());
+        {
+            let held = self.overrides.lock();
+            if held.len() >= MAX_OVERRIDES && !held.contains_key(&id) {
+                return Err(WriteError::Full(format!(
+                    "{MAX_OVERRIDES} overrides are held already: delete some first"
+                )));
+            }
+        }
+        if let Some(r) = redis {
+            let value = serde_json::to_string(&o).unwrap_or_default();
+            r.admin_put(OVERRIDES, &field(&id), &value)
+                .await
+                .map_err(|e| WriteError::Store(e.to_string()))?;
+        }
+        self.overrides.lock().insert(id, o);
+        self.save()
+    }
+
+    /// Takes a key's override away; whether it had one.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn delete_override(
+        &self,
+        redis: Option<&RedisStore>,
+        rule: &str,
+        key: &[String],
+    ) -> Result<bool, WriteError> {
+        let _w = self.writing.lock().await;
+        let id = (rule.to_string(), key.to_vec());
+        let mut had = false;
+        if let Some(r) = redis {
+            had = r
+                .admin_delete(OVERRIDES, &field(&id))
+                .await
+                .map_err(|e| WriteError::Store(e.to_string()))?
+                .0;
+        }
+        had |= self.overrides.lock().remove(&id).is_some();
+        self.save()?;
+        Ok(had)
+    }
+
+    /// Assigns a key's plan.
+    ///
+    /// # Errors
+    /// Too many assignments, or the store failed.
+    pub async fn put_plan(
+        &self,
+        redis: Option<&RedisStore>,
+        p: PlanAssignment,
+    ) -> Result<(), WriteError> {
+        let _w = self.writing.lock().await;
+        let id = (p.rule.clone(), p.key.clone());
+        {
+            let held = self.plans.lock();
+            if held.len() >= MAX_PLANS && !held.contains_key(&id) {
+                return Err(WriteError::Full(format!(
+                    "{MAX_PLANS} plan assignments are held already"
+                )));
+            }
+        }
+        if let Some(r) = redis {
+            let value = serde_json::to_string(&p).unwrap_or_default();
+            r.admin_put(PLANS, &field(&id), &value)
+                .await
+                .map_err(|e| WriteError::Store(e.to_string()))?;
+        }
+        self.plans.lock().insert(id, p);
+        self.save()
+    }
+
+    /// Takes a key's plan away (back to the rule's default); whether it
+    /// had one.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn delete_plan(
+        &self,
+        redis: Option<&RedisStore>,
+        rule: &str,
+        key: &[String],
+    ) -> Result<bool, WriteError> {
+        let _w = self.writing.lock().await;
+        let id = (rule.to_string(), key.to_vec());
+        let mut had = false;
+        if let Some(r) = redis {
+            had = r
+                .admin_delete(PLANS, &field(&id))
+                .await
+                .map_err(|e| WriteError::Store(e.to_string()))?
+                .0;
+        }
+        had |= self.plans.lock().remove(&id).is_some();
+        self.save()?;
+        Ok(had)
+    }
+
+    /// Reads everything from Redis again if its admin version moved;
+    /// whether anything was read.
+    ///
+    /// # Errors
+    /// Redis failed (what is held stays).
+    pub async fn refresh(&self, redis: &RedisStore) -> Result<bool, String> {
+        let v = redis.admin_version().await.map_err(|e| e.to_string())?;
+        if v == self.version.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let _w = self.writing.lock().await;
+        let (overrides, v1) = redis
+            .admin_all(OVERRIDES)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (plans, v2) = redis.admin_all(PLANS).await.map_err(|e| e.to_string())?;
+        let overrides: Vec<Override> = overrides
+            .iter()
+            .filter_map(|(_, v)| serde_json::from_str(v).ok())
+            .collect();
+        let plans: Vec<PlanAssignment> = plans
+            .iter()
+            .filter_map(|(_, v)| serde_json::from_str(v).ok())
+            .collect();
+        self.replace(overrides, plans);
+        // A write between the two readings is read at the next check.
+        self.version.store(v1.min(v2), Ordering::Release);
+        Ok(true)
+    }
+
+    /// Drops overrides that ended by `now_ms` (and from Redis, best
+    /// effort); whether any did.
+    pub async fn expire(&self, redis: Option<&RedisStore>, now_ms: u64) -> bool {
+        let ended: Vec<Id> = self
+            .overrides
+            .lock()
+            .iter()
+            .filter(|(_, o)| o.expires_unix_ms <= now_ms)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if ended.is_empty() {
+            return false;
+        }
+        let _w = self.writing.lock().await;
+        for id in &ended {
+            if let Some(r) = redis
+                && let Err(e) = r.admin_delete(OVERRIDES, &field(id)).await
+            {
+                tracing::debug!("expired override not removed from redis yet: {e}");
+            }
+            let mut held = self.overrides.lock();
+            if held.get(id).is_some_and(|o| o.expires_unix_ms <= now_ms) {
+                held.remove(id);
+            }
+        }
+        if let Err(WriteError::Store(e)) = self.save() {
+            tracing::warn!("{e}");
+        }
+        true
+    }
+
+    /// Writes the state file, if one is set.
+    fn save(&self) -> Result<(), WriteError> {
+        let Some(path) = &self.file else {
+            return Ok(());
+        };
+        let state = StateFile {
+            overrides: self.overrides.lock().values().cloned().collect(),
+            plans: self.plans.lock().values().cloned().collect(),
+        };
+        let text = serde_json::to_vec_pretty(&state).unwrap_or_default();
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&text)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            WriteError::Store(format!(
+                "admin.state_file {}: cannot write: {e}",
+                path.display()
+            ))
+        })
+    }
+
+    /// The limiter's per-key rules for the rules in `set`: each key's
+    /// plan (unless it is its rule's default), then each override in
+    /// force at `now_ms` (which wins). Entries for rules the set lacks,
+    /// plans the book lacks or limits that no longer read are skipped.
+    pub fn compile(
+        &self,
+        set: &RuleSet,
+        book: &PlanBook,
+        now_ms: u64,
+        parse: ParseLimits,
+    ) -> KeyRules {
+        let mut kr = KeyRules::new();
+        let by_name: std::collections::HashMap<&str, &Rule> =
+            set.rules().iter().map(|r| (r.name(), r)).collect();
+        for p in self.plans.lock().values() {
+            let Some(rule) = by_name.get(p.rule.as_str()) else {
+                continue;
+            };
+            let Some(rp) = book.rules.get(&p.rule) else {
+                continue;
+            };
+            if rp.default.as_deref() == Some(p.plan.as_str()) {
+                continue;
+            }
+            if let Some(limits) = rp.limits.get(&p.plan)
+                && let Ok(own) = rule.with_limits(limits.clone())
+            {
+                let parts: Vec<&str> = p.key.iter().map(String::as_str).collect();
+                kr.insert(rule.fingerprint(), &parts, std::sync::Arc::new(own));
+            }
+        }
+        for o in self.overrides.lock().values() {
+            if o.expires_unix_ms <= now_ms {
+                continue;
+            }
+            let Some(rule) = by_name.get(o.rule.as_str()) else {
+                continue;
+            };
+            let own = if o.block {
+                Some(rule.blocked())
+            } else {
+                let max_wait = book.rules.get(&o.rule).and_then(|rp| rp.max_wait);
+                o.limits
+                    .as_ref()
+                    .and_then(|l| parse(l, max_wait).ok())
+                    .and_then(|l| rule.with_limits(l).ok())
+            };
+            if let Some(own) = own {
+                let parts: Vec<&str> = o.key.iter().map(String::as_str).collect();
+                kr.insert(rule.fingerprint(), &parts, std::sync::Arc::new(own));
+            }
+        }
+        kr
+    }
+}
+
+/// A Redis field naming a rule and key: their JSON (unambiguous
+/// whatever the parts hold).
+fn field(id: &Id) -> String {
+    serde_json::to_string(id).unwrap_or_default()
+}

@@ -1,0 +1,152 @@
+//! The admin plane's settings (`admin:`) and the plans (`plans:`), as the
+//! config layer hands them over.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use spillway_core::{Limit, Nanos};
+
+/// What a token lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Look: GET calls, metrics, status, rules.
+    Read,
+    /// Look and change: every call.
+    Write,
+}
+
+impl Scope {
+    /// `read` or `write`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+        }
+    }
+}
+
+/// One bearer token of `admin.tokens`, read from its file or environment
+/// variable when the configuration loads (a reload reads it again).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token {
+    /// The name audit entries and logs give its holder.
+    pub name: String,
+    /// What it allows.
+    pub scope: Scope,
+    /// Where it came from, for `check-config` (`file /x` or `env X`).
+    pub source: String,
+    secret: Vec<u8>,
+}
+
+impl Token {
+    /// A token named `name` whose value is `secret`.
+    pub fn new(name: String, scope: Scope, source: String, secret: &str) -> Token {
+        Token {
+            name,
+            scope,
+            source,
+            secret: secret.as_bytes().to_vec(),
+        }
+    }
+
+    /// Whether two tokens have the same value.
+    pub fn same_secret(&self, other: &Token) -> bool {
+        self.matches(&other.secret)
+    }
+
+    /// Whether `given` is this token, compared in time independent of
+    /// where the two first differ.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        if given.len() != self.secret.len() {
+            return false;
+        }
+        let mut diff = 0u8;
+        for (a, b) in given.iter().zip(&self.secret) {
+            diff |= a ^ b;
+        }
+        std::hint::black_box(diff) == 0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("scope", &self.scope)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The most slots a rule's top-keys sketch may have.
+pub const MAX_TOP_SLOTS: usize = 65_536;
+
+/// The `admin:` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminSettings {
+    /// Bearer tokens; none: the admin API answers 401 to every call that
+    /// needs one, and metrics, status and rules are open (as before
+    /// tokens existed).
+    pub tokens: Vec<Token>,
+    /// Top keys as the client sent them; else as their hash.
+    pub show_keys: bool,
+    /// An admitted request with less than this share of its limit left is
+    /// near the limit.
+    pub near_limit: f64,
+    /// Slots of each rule's top-keys sketch (per kind and minute).
+    pub top_slots: usize,
+    /// Where the memory store keeps overrides and plan assignments across
+    /// restarts (none: in memory only).
+    pub state_file: Option<PathBuf>,
+    /// Audit entries kept in memory (older ones stay in the log).
+    pub audit_entries: usize,
+}
+
+impl Default for AdminSettings {
+    fn default() -> AdminSettings {
+        AdminSettings {
+            tokens: Vec::new(),
+            show_keys: false,
+            near_limit: 0.2,
+            top_slots: 256,
+            state_file: None,
+            audit_entries: 10_000,
+        }
+    }
+}
+
+impl AdminSettings {
+    /// The token `given` is, if any.
+    pub fn token(&self, given: &[u8]) -> Option<&Token> {
+        // Every token compared, so the time says nothing of which matched.
+        let mut found = None;
+        for t in &self.tokens {
+            if t.matches(given) && found.is_none() {
+                found = Some(t);
+            }
+        }
+        found
+    }
+}
+
+/// The plans (`plans:`) and which rules use them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanBook {
+    /// Each plan's limits in words, by name.
+    pub plans: BTreeMap<String, Vec<String>>,
+    /// Per rule: its default plan, its queue, and every plan's limits as
+    /// that rule enforces them.
+    pub rules: BTreeMap<String, RulePlans>,
+}
+
+/// What a rule needs to give one key other limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RulePlans {
+    /// `plan: { default: NAME }`, if the rule takes its limits from a plan.
+    pub default: Option<String>,
+    /// The rule's `queue.max_wait` (a leaky bucket under it shapes).
+    pub max_wait: Option<Nanos>,
+    /// Every plan's limits, built for this rule.
+    pub limits: BTreeMap<String, Vec<Limit>>,
+}

@@ -1,0 +1,133 @@
+//! Per-key rules: an operator's override or a tenant's plan puts a rule
+//! of its own in place of the rule a key matched, and a watcher sees
+//! every decision with its key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use spillway_core::{Outcome, Rule};
+
+use crate::Key;
+
+/// The seed of the hash that files keys in [`KeyRules`]: fixed, since the
+/// table is rebuilt whole and never shared outside the process.
+const SEED: u64 = 0x5eed_4b65_7952_756c;
+
+/// Which keys decide under a rule of their own instead of the rule they
+/// matched: built whole by the owner (the admin plane) and swapped into
+/// the [`Limiter`](crate::Limiter) with
+/// [`set_key_rules`](crate::Limiter::set_key_rules).
+///
+/// Entries are filed by the matched rule's fingerprint, so a reload that
+/// changes a rule's key or limits leaves its old entries unreachable until
+/// the owner files them again under the new rule.
+#[derive(Debug, Default)]
+pub struct KeyRules {
+    by_rule: HashMap<u64, HashMap<u64, Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    parts: Box<[Box<str>]>,
+    rule: Arc<Rule>,
+}
+
+impl KeyRules {
+    /// No per-key rules.
+    pub fn new() -> KeyRules {
+        KeyRules::default()
+    }
+
+    /// Files `rule` for the key `parts` of the rule whose fingerprint is
+    /// `matched` (replacing an earlier one for the same key).
+    pub fn insert(&mut self, matched: u64, parts: &[&str], rule: Arc<Rule>) {
+        let key = Key::from_parts(parts.iter().copied());
+        let hash = key.hash(matched, SEED);
+        self.by_rule.entry(matched).or_default().insert(
+            hash,
+            Entry {
+                parts: key.parts().iter().map(|p| Box::from(*p)).collect(),
+                rule,
+            },
+        );
+    }
+
+    /// The rule `key` decides under in place of `matched`, if it has one.
+    pub fn find(&self, matched: &Rule, key: &Key<'_>) -> Option<&Rule> {
+        let keys = self.by_rule.get(&matched.fingerprint())?;
+        let e = keys.get(&key.hash(matched.fingerprint(), SEED))?;
+        let same = e.parts.len() == key.parts().len()
+            && e.parts.iter().zip(key.parts()).all(|(a, b)| &**a == *b);
+        same.then_some(&*e.rule)
+    }
+
+    /// How many keys have a rule of their own.
+    pub fn len(&self) -> usize {
+        self.by_rule.values().map(HashMap::len).sum()
+    }
+
+    /// Whether no key has a rule of its own.
+    pub fn is_empty(&self) -> bool {
+        self.by_rule.is_empty()
+    }
+}
+
+/// Sees every rule's decision for every request the [`Limiter`](crate::Limiter)
+/// decides, with the client's key (for heavy-hitter counts). Called on the
+/// hot path, after the decision: keep it cheap and never block.
+pub trait Watch: Send + Sync + std::fmt::Debug + 'static {
+    /// `rule` (the rule as the rule set has it, at `index` of the set
+    /// numbered `version`) decided `outcome` for `key`.
+    fn decided(&self, version: u64, index: usize, rule: &Rule, key: &Key<'_>, outcome: Outcome);
+}
+
+/// A shared watcher.
+pub type SharedWatch = Arc<dyn Watch>;
+
+#[cfg(test)]
+mod tests {
+    use spillway_core::{Gcra, KeySpec, Limit, Mode, Nanos, Rate};
+
+    use super::*;
+
+    fn rule(name: &str, rate: u64) -> Rule {
+        Rule::new(
+            name,
+            None,
+            KeySpec::parse("user+ip").unwrap(),
+            vec![Limit::Gcra(
+                Gcra::new(Rate::new(rate, Nanos::from_secs(1)).unwrap(), 1).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn finds_only_the_exact_key_of_the_matched_rule() {
+        let base = rule("api", 1);
+        let other = rule("other", 1);
+        let raised = Arc::new(base.with_limits(rule("x", 100).limits().to_vec()).unwrap());
+        let mut kr = KeyRules::new();
+        assert!(kr.is_empty());
+        kr.insert(base.fingerprint(), &["alice", "10.0.0.1"], raised.clone());
+        assert_eq!(kr.len(), 1);
+        let alice = Key::from_parts(["alice", "10.0.0.1"]);
+        let found = kr.find(&base, &alice).expect("alice's rule");
+        assert_eq!(found.limits(), raised.limits());
+        // Another key, a respelling across parts, another rule: none.
+        assert!(
+            kr.find(&base, &Key::from_parts(["alice", "10.0.0.2"]))
+                .is_none()
+        );
+        assert!(
+            kr.find(&base, &Key::from_parts(["alice10.0.0.1"]))
+                .is_none()
+        );
+        assert!(
+            kr.find(&base, &Key::from_parts(["alic", "e10.0.0.1"]))
+                .is_none()
+        );
+        assert!(kr.find(&other, &alice).is_none());
+    }
+}

@@ -16,6 +16,15 @@ use crate::fault::{self, Fault};
 use crate::{ADMIN_LUA, Conn, RedisStore, err, keys};
 
 impl RedisStore {
+    /// Forgets every refusal this instance's over-limit cache learned:
+    /// another instance reset a key in Redis (seen as a move of the admin
+    /// version), and a refusal learned before may now be wrong.
+    pub fn forget_refusals(&self) {
+        if let Some(o) = &self.inner.over {
+            o.clear();
+        }
+    }
+
     /// Sets `field` to `value` in the admin map `map` (e.g. "overrides",
     /// "plans"); returns the new admin version. The change and the
     /// version's bump are one atomic step. Field and value are stored as

@@ -439,7 +439,16 @@ async fn key_reset(
         .iter()
         .map(|rule| Charge { rule, key: &key })
         .collect();
-    let result = state.shared.limiter.store().reset(&charges).await;
+    let mut result = state.shared.limiter.store().reset(&charges).await;
+    if result.is_ok()
+        && let Some(r) = state.redis()
+        && let Err(e) = state
+            .assign
+            .announce_reset(r, t.rule().name(), &t.key)
+            .await
+    {
+        result = Err(spillway_store::StoreError::new(true, e));
+    }
     let status = if result.is_ok() { 200 } else { 503 };
     state.record(&who, &method, &uri, "key.reset", Some(&t), None, status);
     match result {

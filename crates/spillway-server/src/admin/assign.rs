@@ -296,6 +296,26 @@ impl Assignments {
         Ok(had)
     }
 
+    /// Tells every instance that a key was reset in Redis (they forget
+    /// what their over-limit caches learned): a bump of the admin
+    /// version, through a map that holds nothing.
+    ///
+    /// # Errors
+    /// Redis failed.
+    pub async fn announce_reset(
+        &self,
+        redis: &RedisStore,
+        rule: &str,
+        key: &[String],
+    ) -> Result<(), String> {
+        let id = (rule.to_string(), key.to_vec());
+        redis
+            .admin_delete("resets", &field(&id))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     /// Reads everything from Redis again if its admin version moved;
     /// whether anything was read.
     ///
@@ -321,6 +341,8 @@ impl Assignments {
             .filter_map(|(_, v)| serde_json::from_str(v).ok())
             .collect();
         self.replace(overrides, plans);
+        // A key may have been reset by another instance.
+        redis.forget_refusals();
         // A write between the two readings is read at the next check.
         self.version.store(v1.min(v2), Ordering::Release);
         Ok(true)

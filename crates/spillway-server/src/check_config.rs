@@ -14,8 +14,22 @@ use crate::config;
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+        let line = hide(format!($($arg)*));
+        let _ = writeln!(std::io::stdout().lock(), "{line}");
     }};
+}
+
+/// The values the rules file takes from the environment (`${NAME}`):
+/// the report says what the file says (`${REDIS_PASSWORD}`) instead of
+/// them. Set once, for the one report this process prints.
+static SECRETS: std::sync::OnceLock<config::Secrets> = std::sync::OnceLock::new();
+
+/// `line` with the environment's values hidden.
+fn hide(line: String) -> String {
+    match SECRETS.get() {
+        Some(s) => s.redact(&line).into_owned(),
+        None => line,
+    }
 }
 
 /// Checks `paths` (a rules file, envoyproxy/ratelimit files and
@@ -49,7 +63,12 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                 }
             };
         }
-        [one] => one,
+        [one] => {
+            if let Ok(text) = std::fs::read_to_string(one) {
+                let _ = SECRETS.set(config::Secrets::of(&text));
+            }
+            one
+        }
         more => {
             eprintln!(
                 "spillway check-config: one rules file at most, not {} ({})",
@@ -135,6 +154,32 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             }
             if let Some(a) = cfg.admin_listen {
                 outln!("admin_listen: {a} (metrics, status and rules leave the decision port)");
+            }
+            let adm = &cfg.admin;
+            if adm.tokens.is_empty() {
+                outln!("admin: no tokens (the /admin/v1 API answers 401; metrics and status are open)");
+            } else {
+                // Names, scopes and where each comes from; never a value.
+                let list: Vec<String> = adm
+                    .tokens
+                    .iter()
+                    .map(|t| format!("{} ({}, {})", t.name, t.scope.as_str(), t.source))
+                    .collect();
+                outln!("admin: tokens {}", list.join(", "));
+            }
+            outln!(
+                "  show_keys {}, near_limit {}, top_slots {}, audit_entries {}{}",
+                adm.show_keys,
+                adm.near_limit,
+                adm.top_slots,
+                adm.audit_entries,
+                adm.state_file
+                    .as_ref()
+                    .map(|p| format!(", state_file {}", p.display()))
+                    .unwrap_or_default()
+            );
+            for (name, limits) in &cfg.plans.plans {
+                outln!("plan {name}: {}", limits.join("; "));
             }
             let l = &cfg.server;
             outln!(

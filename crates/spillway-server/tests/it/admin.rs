@@ -907,3 +907,62 @@ fn the_files_errors_name_the_conflicts() {
         assert!(err.contains(want), "{text}: wanted {want:?} in {err}");
     }
 }
+
+/// The proxy serves the admin plane on `admin.listen`, and an override
+/// given there holds for proxied requests.
+#[tokio::test]
+async fn the_proxy_takes_overrides_from_its_admin_plane() {
+    let up = spillway_testkit::upstream::HttpUpstream::start().await;
+    let dir = TempDir::new("admin-proxy");
+    let text = rules(
+        &format!("proxy:\n  upstream: {}\n  user: header:X-User\n", up.url()),
+        "",
+        "  - name: users\n    by: user\n    limits: [ { fixed_window: { limit: 2, window: 1h } } ]\n",
+    );
+    let path = dir.write("rules.yaml", &text);
+    let env = tokens_env();
+    let server = Server::start_env_cmd("proxy", &["--config", path.to_str().unwrap()], &env);
+    let admin = format!("http://{}", server.listener("admin API"));
+    let c = client();
+    let get = |who: &'static str| {
+        let c = c.clone();
+        let url = server.url("/anything");
+        async move {
+            c.get(url)
+                .header("X-User", who)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(get("gina").await, 200);
+    assert_eq!(get("gina").await, 200);
+    assert_eq!(get("gina").await, 429);
+    let (st, body) = call(
+        &c,
+        reqwest::Method::PUT,
+        &format!("{admin}/admin/v1/overrides/users/gina"),
+        Some(OPS),
+        Some(json!({"limits": [{"fixed_window": {"limit": 5, "window": "1h"}}], "ttl": "1h"})),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    // Her own counters: five more.
+    for i in 0..5 {
+        assert_eq!(get("gina").await, 200, "request {i} under the raise");
+    }
+    assert_eq!(get("gina").await, 429);
+    // The proxy's own port forwards the admin path upstream: it is not
+    // the admin plane.
+    let r = c
+        .get(server.url("/admin/v1/overrides"))
+        .header("X-User", "hal")
+        .bearer_auth(OPS)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(up.requests_to("/admin/v1/overrides").len() == 1);
+}

@@ -38,7 +38,27 @@ impl Server {
         Server::spawn(&[], sub, args)
     }
 
+    /// Starts `spillway serve --listen 127.0.0.1:0 ARGS...` with these
+    /// environment variables set (admin tokens, `${NAME}` values).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Server::spawn_env(&[], "serve", &all, env)
+    }
+
+    /// Starts `spillway <sub> --listen 127.0.0.1:0 ARGS...` with these
+    /// environment variables set.
+    pub fn start_env_cmd(sub: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut all = vec!["--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Server::spawn_env(&[], sub, &all, env)
+    }
+
     fn spawn(wrapper: &[&str], sub: &str, args: &[&str]) -> Server {
+        Server::spawn_env(wrapper, sub, args, &[])
+    }
+
+    fn spawn_env(wrapper: &[&str], sub: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         let bin = env!("CARGO_BIN_EXE_spillway");
         let mut cmd = match wrapper.split_first() {
             None => Command::new(bin),
@@ -55,6 +75,7 @@ impl Server {
             .arg(sub)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -72,7 +93,7 @@ impl Server {
         let addr = loop {
             match rx.recv_timeout(Duration::from_secs(20)) {
                 Ok(line) => {
-                    if let Some(rest) = line.split("listening on http://").nth(1) {
+                    if let Some(rest) = listening_on(&line) {
                         break rest.split_whitespace().next().unwrap().to_string();
                     }
                     seen.push(line);
@@ -117,8 +138,7 @@ impl Server {
     /// "gRPC") took, e.g. with `--admin-listen 127.0.0.1:0`.
     pub fn listener(&self, what: &str) -> String {
         let line = self.wait_line(what);
-        line.split("listening on http://")
-            .nth(1)
+        listening_on(&line)
             .and_then(|r| r.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string()
@@ -150,6 +170,15 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// What follows `listening on http://` (or `https://`) in a log line,
+/// up to a closing quote (a `--log-format json` line).
+fn listening_on(line: &str) -> Option<&str> {
+    ["listening on http://", "listening on https://"]
+        .iter()
+        .find_map(|p| line.split(p).nth(1))
+        .and_then(|r| r.split('"').next())
 }
 
 /// A temporary directory removed on drop.

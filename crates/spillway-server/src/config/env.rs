@@ -97,7 +97,7 @@ impl Secrets {
                 self.pairs.push((text.to_string(), reference.clone()));
             }
         }
-        self.pairs.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+        self.pairs.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
     }
 
     /// Whether there is nothing to hide.

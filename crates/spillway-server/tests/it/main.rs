@@ -7,6 +7,7 @@ mod envoy_format;
 mod grpc;
 mod hardening;
 mod http_wire;
+mod ops;
 mod proxy;
 mod redis;
 mod smuggling;

@@ -257,7 +257,50 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 pub struct Certs {
     files: TlsFiles,
     current: ArcSwap<CertifiedKey>,
+    /// Sessions clients may resume, emptied by a reload.
+    sessions: Arc<Sessions>,
     state: Mutex<CertState>,
+}
+
+/// Sessions kept for resumption (how many at most).
+const SESSIONS: usize = 4096;
+
+/// The resumable sessions of one pair. A resumed session skips the
+/// certificate (it was authenticated by the handshake that made it), so
+/// a reload starts an empty cache: after a key is rotated, no session made
+/// under the old one is resumed.
+#[derive(Debug)]
+struct Sessions(ArcSwap<rustls::server::ServerSessionMemoryCache>);
+
+impl Sessions {
+    fn new() -> Sessions {
+        Sessions(ArcSwap::new(rustls::server::ServerSessionMemoryCache::new(
+            SESSIONS,
+        )))
+    }
+
+    fn forget(&self) {
+        self.0
+            .store(rustls::server::ServerSessionMemoryCache::new(SESSIONS));
+    }
+}
+
+impl rustls::server::StoresServerSessions for Sessions {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.0.load().put(key, value)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.0.load().get(key)
+    }
+
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.0.load().take(key)
+    }
+
+    fn can_cache(&self) -> bool {
+        true
+    }
 }
 
 impl fmt::Debug for Certs {
@@ -297,6 +340,7 @@ impl Certs {
         Ok(Certs {
             files: files.clone(),
             current: ArcSwap::new(loaded.key),
+            sessions: Arc::new(Sessions::new()),
             state: Mutex::new(CertState {
                 info: loaded.info,
                 seen: loaded.stamp,
@@ -321,6 +365,7 @@ impl Certs {
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        config.session_storage = self.sessions.clone();
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
     }
 
@@ -390,6 +435,7 @@ impl Certs {
                     "TLS certificate reloaded: new connections get it"
                 );
                 self.current.store(l.key);
+                self.sessions.forget();
                 st.info = l.info;
                 st.loaded_unix_ms = unix_ms();
                 st.last_error = None;

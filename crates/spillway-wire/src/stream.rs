@@ -7,7 +7,7 @@
 //! which holds the plain socket, or a stream that buffers what is written
 //! (TLS seals bytes into records), and writes and flushes accordingly.
 //!
-//! With the `tls` feature, [`Tls`] accepts TLS connections with a
+//! With the `tls` feature, `Tls` accepts TLS connections with a
 //! `tokio_rustls::TlsAcceptor` (whose configuration may pick its
 //! certificate per handshake, which is how a certificate is reloaded
 //! without touching the listener).

@@ -12,4 +12,5 @@ mod proxy;
 mod redis;
 mod smuggling;
 mod sync;
+mod tls;
 mod util;

@@ -1,0 +1,254 @@
+//! The accept loop over real sockets: plain TCP, and (with the `tls`
+//! feature, as the workspace builds it) TLS with a certificate made here,
+//! on both the direct path and hyper's, with handshakes bounded in time
+//! and counted against the connection cap.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use hyper::body::Incoming;
+use spillway_wire::head::RequestHead;
+use spillway_wire::{ClientConn, Handler, Limits, Message};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Answers `/direct` on the direct path and everything else through hyper,
+/// each saying which it was.
+#[derive(Debug)]
+struct Echo;
+
+#[derive(Debug, Clone)]
+struct Fallback;
+
+impl hyper::service::Service<http::Request<Incoming>> for Fallback {
+    type Response = http::Response<String>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<http::Response<String>, Infallible>>;
+
+    fn call(&self, _: http::Request<Incoming>) -> Self::Future {
+        std::future::ready(Ok(http::Response::new("hyper".to_string())))
+    }
+}
+
+impl Handler for Echo {
+    type Route = ();
+    type Body = String;
+    type Fallback = Fallback;
+
+    fn max_body(&self) -> usize {
+        1024
+    }
+
+    fn route(&self, head: &RequestHead<'_, '_>) -> Option<()> {
+        (head.path() == "/direct").then_some(())
+    }
+
+    async fn serve<'a>(
+        &'a self,
+        (): (),
+        msg: Message<'a>,
+        conn: &'a mut ClientConn<'_>,
+        out: &'a mut Vec<u8>,
+    ) -> bool {
+        spillway_wire::write::answer(
+            out,
+            StatusCode::OK,
+            "text/plain",
+            b"direct",
+            msg.close,
+            false,
+            |_| {},
+        );
+        conn.write_all(out).await
+    }
+
+    fn refuse(&self, status: StatusCode, detail: &str, out: &mut Vec<u8>) {
+        spillway_wire::write::answer(
+            out,
+            status,
+            "text/plain",
+            detail.as_bytes(),
+            true,
+            false,
+            |_| {},
+        );
+    }
+
+    fn fallback(&self, _: SocketAddr) -> Fallback {
+        Fallback
+    }
+}
+
+fn limits() -> Limits {
+    Limits {
+        head_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_secs(30),
+        ..Limits::default()
+    }
+}
+
+/// Sends a request that closes the connection and reads the whole answer.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, path: &str, extra: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{extra}\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "no answer within 20 s");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The direct path's answer and hyper's, on `connect`'s streams.
+async fn both_paths<S, F>(connect: impl Fn() -> F)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    F: std::future::Future<Output = S>,
+{
+    let direct = exchange(&mut connect().await, "/direct", "").await;
+    assert!(direct.starts_with("HTTP/1.1 200"), "{direct:?}");
+    assert!(direct.ends_with("direct"), "{direct:?}");
+    // A chunked body is not the direct path's: hyper answers.
+    let other = exchange(
+        &mut connect().await,
+        "/direct",
+        "transfer-encoding: chunked\r\n\r\n0\r\n",
+    )
+    .await;
+    assert!(other.starts_with("HTTP/1.1 200"), "{other:?}");
+    assert!(other.contains("hyper"), "{other:?}");
+}
+
+#[tokio::test]
+async fn plain_tcp_serves_both_paths() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(spillway_wire::serve(
+        listener,
+        Arc::new(Echo),
+        limits(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    both_paths(|| async { TcpStream::connect(addr).await.unwrap() }).await;
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[cfg(feature = "tls")]
+mod tls {
+    use std::time::Instant;
+
+    use super::*;
+    use tokio_rustls::rustls;
+
+    /// A TLS server on a free port with a new self-signed certificate for
+    /// localhost, and a client configuration that trusts it alone.
+    async fn start(limits: Limits) -> (SocketAddr, tokio_rustls::TlsConnector) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], der)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accept = spillway_wire::Tls(tokio_rustls::TlsAcceptor::from(Arc::new(server)));
+        tokio::spawn(spillway_wire::serve_on(
+            listener,
+            accept,
+            Arc::new(Echo),
+            limits,
+            std::future::pending(),
+        ));
+        (addr, tokio_rustls::TlsConnector::from(Arc::new(client)))
+    }
+
+    async fn connect(
+        addr: SocketAddr,
+        tls: &tokio_rustls::TlsConnector,
+    ) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        tls.connect(name, tcp).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tls_serves_both_paths() {
+        let (addr, tls) = start(limits()).await;
+        both_paths(|| connect(addr, &tls)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn plain_http_on_a_tls_port_is_told_and_closed() {
+        let (addr, tls) = start(limits()).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let answer = exchange(&mut tcp, "/direct", "").await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer:?}");
+        assert!(answer.contains("https://"), "{answer:?}");
+        // The server is still there.
+        assert!(
+            exchange(&mut connect(addr, &tls).await, "/direct", "")
+                .await
+                .ends_with("direct")
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handshake_that_does_not_come_is_closed_at_the_head_timeout() {
+        let (addr, _) = start(limits()).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        let n = tokio::time::timeout(Duration::from_secs(20), tcp.read(&mut buf))
+            .await
+            .expect("closed within 20 s");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        // The head timeout is 500 ms (the idle timeout, 30 s).
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn handshakes_count_against_the_cap_and_make_room() {
+        let (addr, tls) = start(Limits {
+            max_connections: 2,
+            head_timeout: Duration::from_secs(60),
+            ..limits()
+        })
+        .await;
+        // Two sockets that never start their handshake fill the cap...
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // ...and a real client still gets in: the oldest is closed for it.
+        let answer = exchange(&mut connect(addr, &tls).await, "/direct", "").await;
+        assert!(answer.ends_with("direct"), "{answer:?}");
+        let mut buf = [0u8; 1];
+        let first = tokio::time::timeout(Duration::from_secs(20), idle[0].read(&mut buf))
+            .await
+            .expect("the oldest idle socket is closed");
+        assert!(matches!(first, Ok(0) | Err(_)), "{first:?}");
+    }
+}

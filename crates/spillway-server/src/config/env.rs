@@ -140,7 +140,9 @@ pub(crate) fn substitute<'a>(
     env: &dyn Fn(&str) -> Var,
 ) -> Result<Substituted<'a>, ConfigErrors> {
     let mut secrets = Secrets::default();
-    if !text.contains("${") {
+    // No value can hold a `${` without a `$` in the file, or a `\` for a
+    // double-quoted escape of one (`"\u0024{X}"` reads `${X}`).
+    if !text.contains(['$', '\\']) {
         return Ok(Substituted {
             text: Cow::Borrowed(text),
             secrets,
@@ -592,6 +594,9 @@ mod tests {
         let v = read(&out);
         assert_eq!(v["a"], "${A} costs $5 and $$");
         assert_eq!(v["b"], "x${A}v");
+        // A value's own escapes come first: this one reads `${A}`.
+        let out = sub("c: \"\\u0024{A}\"\n", &[("A", "v")]).unwrap();
+        assert_eq!(read(&out)["c"], "v");
     }
 
     #[test]

@@ -422,7 +422,18 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     };
     let settings = &opts.config.admin;
     shared.events.set_near_limit(settings.near_limit);
-    let assign = admin::assign::Assignments::open(settings.state_file.as_deref())
+    // With Redis, overrides and plans live there; the file is the memory
+    // store's.
+    let file = match &shared.limiter.store() {
+        ServerStore::Memory(_) => settings.state_file.as_deref(),
+        _ => None,
+    };
+    if file.is_none() && settings.state_file.is_some() {
+        tracing::warn!(
+            "admin.state_file is not used with a redis store: overrides and plans are kept in redis"
+        );
+    }
+    let assign = admin::assign::Assignments::open(file)
         .map_err(|e| spillway_store::StoreError::new(false, e))?;
     let top = Arc::new(admin::top::TopKeys::new(
         settings.top_slots,

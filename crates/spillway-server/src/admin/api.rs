@@ -49,7 +49,30 @@ pub fn routes() -> Router<Arc<AdminState>> {
         .route("/admin/v1/series", get(series))
         .route("/admin/v1/audit", get(audit))
         .route("/v1/health", get(health_get).put(health_put))
+        .method_not_allowed_fallback(not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+}
+
+async fn not_allowed(method: Method) -> Response {
+    problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{method} is not a method of this path"),
+    )
+}
+
+/// A write call's body, or the problem to answer (too large, unread).
+fn read_body(
+    b: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Bytes, Response> {
+    b.map_err(|e| {
+        let status = e.status();
+        let detail = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the body is over {MAX_BODY} bytes")
+        } else {
+            "the body could not be read".to_string()
+        };
+        problem(status, detail)
+    })
 }
 
 /// An RFC 9457 problem answer.
@@ -253,23 +276,29 @@ fn state_words(l: &Limit, now: &Verdict, next: &Verdict) -> String {
     let size = l.size();
     let left = now.remaining.min(size);
     let used = size - left;
-    let fresh = words(now.reset);
+    let fresh = match now.reset.as_u64() {
+        0 => "now".to_string(),
+        _ => format!("in {}", words(now.reset)),
+    };
     let base = match l {
-        Limit::TokenBucket(_) => format!("{left} of {size} tokens left; full again in {fresh}"),
+        Limit::TokenBucket(_) => format!("{left} of {size} tokens left; full again {fresh}"),
         Limit::LeakyBucket(_) | Limit::Shaper(_) => {
-            format!("{used} of {size} in the bucket; empty in {fresh}")
+            format!("{used} of {size} in the bucket; empty {fresh}")
         }
         Limit::FixedWindow(_) | Limit::SlidingLog(_) | Limit::SlidingCounter(_) => {
-            format!("{used} of {size} used in the window, {left} left; fresh again in {fresh}")
+            format!("{used} of {size} used in the window, {left} left; fresh again {fresh}")
         }
-        Limit::Gcra(_) => format!("{left} of {size} burst left; fresh again in {fresh}"),
+        Limit::Gcra(_) => format!("{left} of {size} burst left; fresh again {fresh}"),
     };
     if next.allowed {
         base
     } else {
         format!(
-            "at the limit: the next request passes in {}; {base}",
-            words(next.retry_after)
+            "refused now: the next request passes {}; {base}",
+            match next.retry_after {
+                Nanos::MAX => "never (blocked, or a cost above the limit)".to_string(),
+                r => format!("in {}", words(r)),
+            }
         )
     }
 }
@@ -375,7 +404,15 @@ async fn key_get(State(state): State<Arc<AdminState>>, headers: HeaderMap, uri: 
     };
     let empty = Vec::new();
     let now = now.first().unwrap_or(&empty);
-    let next = next.first().unwrap_or(&empty);
+    let mut next = next.first().unwrap_or(&empty).clone();
+    if rule.is_blocked() {
+        // Refused whatever the counters say, until the block ends.
+        for v in &mut next {
+            v.allowed = false;
+            v.retry_after = Nanos::MAX;
+        }
+    }
+    let next = &next;
     let limits: Vec<Value> = rule
         .enforced_limits()
         .iter()
@@ -516,8 +553,12 @@ async fn override_put(
     headers: HeaderMap,
     method: Method,
     uri: Uri,
-    bytes: Bytes,
+    bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let bytes = match read_body(bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let who = match authorize(&state, &headers, Scope::Write) {
         Ok(w) => w,
         Err(r) => return r,
@@ -626,10 +667,15 @@ async fn override_delete(
         Ok(t) => t,
         Err(r) => return r,
     };
+    let in_force = state
+        .assign
+        .override_of(t.rule().name(), &t.key, now_ms())
+        .is_some();
     let result = state
         .assign
         .delete_override(state.redis(), t.rule().name(), &t.key)
-        .await;
+        .await
+        .map(|had| had && in_force);
     let status = match &result {
         Ok(true) => 200,
         Ok(false) => 404,
@@ -714,8 +760,12 @@ async fn plan_put(
     headers: HeaderMap,
     method: Method,
     uri: Uri,
-    bytes: Bytes,
+    bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let bytes = match read_body(bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let who = match authorize(&state, &headers, Scope::Write) {
         Ok(w) => w,
         Err(r) => return r,
@@ -841,7 +891,12 @@ async fn top(
         }
     };
     let window = match crate::config::parse_duration(q.window.as_deref().unwrap_or("5m")) {
-        Ok(d) if d.as_u64() > 0 && d <= Nanos::from_secs(super::top::MINUTES as u64 * 60) => d,
+        Ok(d)
+            if d >= Nanos::from_secs(1)
+                && d <= Nanos::from_secs(super::top::MINUTES as u64 * 60) =>
+        {
+            d
+        }
         Ok(_) => {
             return problem(
                 StatusCode::BAD_REQUEST,
@@ -1008,8 +1063,12 @@ async fn health_put(
     headers: HeaderMap,
     method: Method,
     uri: Uri,
-    bytes: Bytes,
+    bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let bytes = match read_body(bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let who = match authorize(&state, &headers, Scope::Write) {
         Ok(w) => w,
         Err(r) => return r,
@@ -1028,7 +1087,7 @@ async fn health_put(
     if !ok(h.load, 1000.0) || !ok(h.latency_ms, 3.6e6) || !ok(h.error_rate, 1.0) {
         return problem(
             StatusCode::BAD_REQUEST,
-            "load: 0 or more (1 = at capacity); latency_ms: 0 or more; error_rate: 0 to 1",
+            "load: 0 to 1000 (1 = at capacity); latency_ms: 0 to 3600000; error_rate: 0 to 1",
         );
     }
     let r = Reported {

@@ -212,8 +212,15 @@ impl Assignments {
                 .await
                 .map_err(|e| WriteError::Store(e.to_string()))?;
         }
-        self.overrides.lock().insert(id, o);
-        self.save()
+        let before = self.overrides.lock().insert(id.clone(), o);
+        self.save().inspect_err(|_| {
+            // Not kept in the file: not kept at all.
+            let mut held = self.overrides.lock();
+            match before {
+                Some(b) => held.insert(id, b),
+                None => held.remove(&id),
+            };
+        })
     }
 
     /// Takes a key's override away; whether it had one.
@@ -236,8 +243,14 @@ impl Assignments {
                 .map_err(|e| WriteError::Store(e.to_string()))?
                 .0;
         }
-        had |= self.overrides.lock().remove(&id).is_some();
-        self.save()?;
+        let before = self.overrides.lock().remove(&id);
+        had |= before.is_some();
+        if let Err(e) = self.save() {
+            if let Some(b) = before {
+                self.overrides.lock().insert(id, b);
+            }
+            return Err(e);
+        }
         Ok(had)
     }
 
@@ -266,8 +279,14 @@ impl Assignments {
                 .await
                 .map_err(|e| WriteError::Store(e.to_string()))?;
         }
-        self.plans.lock().insert(id, p);
-        self.save()
+        let before = self.plans.lock().insert(id.clone(), p);
+        self.save().inspect_err(|_| {
+            let mut held = self.plans.lock();
+            match before {
+                Some(b) => held.insert(id, b),
+                None => held.remove(&id),
+            };
+        })
     }
 
     /// Takes a key's plan away (back to the rule's default); whether it
@@ -291,8 +310,14 @@ impl Assignments {
                 .map_err(|e| WriteError::Store(e.to_string()))?
                 .0;
         }
-        had |= self.plans.lock().remove(&id).is_some();
-        self.save()?;
+        let before = self.plans.lock().remove(&id);
+        had |= before.is_some();
+        if let Err(e) = self.save() {
+            if let Some(b) = before {
+                self.plans.lock().insert(id, b);
+            }
+            return Err(e);
+        }
         Ok(had)
     }
 

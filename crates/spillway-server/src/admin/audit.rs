@@ -205,7 +205,11 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
         }
         _ => return Err(bad()),
     };
+    // No Feb 31: the date must read back as itself.
     let days = days_from_civil(y, mo as u32, d as u32);
+    if civil(days) != (y, mo as u32, d as u32) {
+        return Err(bad());
+    }
     let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_s;
     u64::try_from(secs * 1000 + frac_ms).map_err(|_| bad())
 }
@@ -240,6 +244,7 @@ mod tests {
         assert_eq!(parse_since("1795514400000"), Ok(1_795_514_400_000));
         assert!(parse_since("yesterday").is_err());
         assert!(parse_since("2026-13-24T10:00:00Z").is_err());
+        assert!(parse_since("2026-02-31T10:00:00Z").is_err());
     }
 
     #[test]

@@ -256,7 +256,13 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         .rule_totals()
         .into_iter()
         .filter(|(n, _)| set.rules().iter().any(|r| r.name() == n))
-        .map(|(n, t)| (n, json!({ "admitted": t[0], "near_limit": t[4] })))
+        // Admitted: allowed, shadow denied (admitted) and soft exceeded.
+        .map(|(n, t)| {
+            (
+                n,
+                json!({ "admitted": t[0] + t[2] + t[3], "near_limit": t[4] }),
+            )
+        })
         .collect();
     axum::Json(json!({
         "store": {

@@ -195,6 +195,24 @@ async fn tokens_decide_who_may_look_and_who_may_change() {
     )
     .await;
     assert_eq!(st, 404);
+    // A method a path does not have: a problem document too.
+    let r = c
+        .post(a.url("/admin/v1/overrides"))
+        .bearer_auth(OPS)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let r = c
+        .put(a.url("/admin/v1/overrides/users/alice"))
+        .bearer_auth(OPS)
+        .body(vec![b' '; 100_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
     // Bad input: a clear 4xx, never a 5xx.
     for (m, p, body) in [
         (M::GET, "/admin/v1/keys/nope/alice", None),
@@ -440,6 +458,8 @@ async fn operate(store: &str) {
     )
     .await;
     assert_eq!(k["blocked"], true, "{k}");
+    assert_eq!(k["limits"][0]["allowed"], false, "{k}");
+    assert!(k["limits"][0]["retry_after_ms"].is_null(), "{k}");
     eventually("the block ends", || async {
         user(&c, s, "dave").await == 200
     })

@@ -642,6 +642,8 @@ async fn the_openapi_description_matches_the_server() {
             let r = match method.as_str() {
                 "get" => c.get(url).send().await.unwrap(),
                 "post" => c.post(url).body("{}").send().await.unwrap(),
+                "put" => c.put(url).body("{}").send().await.unwrap(),
+                "delete" => c.delete(url).send().await.unwrap(),
                 m => panic!("unexpected method {m}"),
             };
             assert_ne!(

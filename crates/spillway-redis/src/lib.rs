@@ -570,15 +570,21 @@ impl RedisStore {
         now_us: u64,
         write: Write,
     ) -> redis::RedisResult<Decision> {
-        let out = self
-            .send_single(keys::part(charges, cost, now_us, write))
-            .await?;
+        let answer = self.send_single(keys::part(charges, cost, now_us, write))?;
+        let out = answer
+            .await
+            .map_err(|_| unsent("redis batcher stopped"))??;
         Ok(replay(charges, &out, cost, write))
     }
 
-    /// Queues `part` for the batcher (a single server) and waits for its
-    /// numbers of the reply.
-    async fn send_single(&self, part: keys::Part) -> redis::RedisResult<Vec<i64>> {
+    /// Queues `part` for the batcher (a single server); the receiver of
+    /// its numbers of the reply. Not async: the part is moved into the
+    /// queue before anything waits, so no decision's future holds it (the
+    /// future of every decision stays small).
+    fn send_single(
+        &self,
+        part: keys::Part,
+    ) -> redis::RedisResult<oneshot::Receiver<redis::RedisResult<Vec<i64>>>> {
         let (reply, answer) = oneshot::channel();
         let queued = self.inner.queue.try_send(Pending {
             part,
@@ -588,7 +594,7 @@ impl RedisStore {
         if queued.is_err() {
             return Err(unsent("too many decisions waiting for redis"));
         }
-        answer.await.map_err(|_| unsent("redis batcher stopped"))?
+        Ok(answer)
     }
 
     /// A decision on a cluster: one call when its rules share a slot, else

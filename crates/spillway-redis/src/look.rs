@@ -35,15 +35,21 @@ impl RedisStore {
         }
         let inner = &self.inner;
         let numbers: redis::RedisResult<Vec<Vec<i64>>> = match self.connection()? {
-            Conn::Single(_) => self
-                .send_single(keys::part(charges, cost, now_us, Write::Dry))
-                .await
+            Conn::Single(_) => {
+                match self.send_single(keys::part(charges, cost, now_us, Write::Dry)) {
+                    Ok(answer) => answer
+                        .await
+                        .map_err(|_| crate::unsent("redis batcher stopped"))
+                        .and_then(|r| r),
+                    Err(e) => Err(e),
+                }
                 .map(|out| {
                     reply::split(charges, &out)
                         .iter()
                         .map(|n| n.to_vec())
                         .collect()
-                }),
+                })
+            }
             Conn::Cluster(c) => {
                 let mut c = c.clone();
                 let groups = keys::slot_groups(inner.config.buckets, charges);

@@ -800,25 +800,43 @@ pub fn before_park() {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this
+/// is called, not when the future is first polled: a SIGTERM that comes
+/// right after the server says it listens shuts it down cleanly rather
+/// than ending the process.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (int, term) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT: shutting down"),
-        () = term => tracing::info!("SIGTERM: shutting down"),
+    async move {
+        #[cfg(unix)]
+        let (ctrl_c, term) = {
+            async fn recv(s: Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            (recv(int), recv(term))
+        };
+        #[cfg(not(unix))]
+        let (ctrl_c, term) = (
+            async {
+                let _ = tokio::signal::ctrl_c().await;
+            },
+            std::future::pending::<()>(),
+        );
+        tokio::select! {
+            () = ctrl_c => tracing::info!("SIGINT: shutting down"),
+            () = term => tracing::info!("SIGTERM: shutting down"),
+        }
     }
 }
 

@@ -280,7 +280,25 @@ impl Browser {
         )
     }
 
-    /// A PNG of the window.
+    /// Makes the page's viewport exactly `width` x `height` CSS pixels
+    /// (the window size includes the browser's own bars), through the
+    /// DevTools protocol that chromedriver passes on.
+    ///
+    /// # Errors
+    ///
+    /// When the driver refuses the command.
+    pub fn set_viewport(&self, width: u32, height: u32) -> Result<(), Error> {
+        let params =
+            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": false});
+        self.session_cmd(
+            "POST",
+            "/goog/cdp/execute",
+            Some(&json!({"cmd": "Emulation.setDeviceMetricsOverride", "params": params})),
+        )
+        .map(drop)
+    }
+
+    /// A PNG of the viewport.
     ///
     /// # Errors
     ///
@@ -320,6 +338,19 @@ impl Browser {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+impl Browser {
+    /// Waits until an element matches `css`, and answers it.
+    ///
+    /// # Panics
+    ///
+    /// When none does within `timeout` (the message shows the page's text).
+    pub fn wait_for(&self, css: &str, timeout: Duration) -> Element<'_> {
+        let what = format!("an element matching {css}");
+        let id = self.wait_until(&what, timeout, |b| b.find(css).ok().map(|e| e.id));
+        Element { browser: self, id }
     }
 }
 
@@ -640,7 +671,12 @@ mod tests {
         assert_eq!(e.code, "javascript error", "{e}");
         let e = b.find("#nothing").unwrap_err();
         assert_eq!(e.code, "no such element", "{e}");
+        b.set_viewport(640, 480).unwrap();
+        let size = b.execute("return [innerWidth, innerHeight]", &[]).unwrap();
+        assert_eq!(size, json!([640, 480]));
         let png = b.screenshot().unwrap();
         assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+        // The IHDR chunk: width and height, big-endian, at bytes 16..24.
+        assert_eq!(png[16..24], [0, 0, 2, 128, 0, 0, 1, 224]);
     }
 }

@@ -3,6 +3,7 @@
 
 mod api;
 mod config;
+mod dashboard;
 mod envoy_format;
 mod grpc;
 mod hardening;

@@ -14,6 +14,7 @@
 //! The 15 most recent minutes are kept: `k * 2 * 15` slots per rule.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -26,16 +27,42 @@ use spillway_store::{Key, RuleSet, Watch};
 pub const MINUTES: usize = 15;
 
 /// One Space-Saving sketch.
+///
+/// Built for the hot path (every decision of every rule adds to two of
+/// them): the index is filed by the key's hash as it is (it is a keyed
+/// hash already, so no second hashing), and the min-heap holds each
+/// slot's count beside its number, so sifting reads one array.
 #[derive(Debug, Clone)]
 pub struct SpaceSaving {
     k: usize,
     slots: Vec<Slot>,
     /// Slot of each held key hash.
-    index: HashMap<u64, usize>,
-    /// A min-heap of slot numbers by count; `pos[s]` is slot s's place.
-    heap: Vec<usize>,
-    pos: Vec<usize>,
+    index: HashMap<u64, u32, BuildHasherDefault<AsIs>>,
+    /// A min-heap of (count, slot); `pos[s]` is slot s's place in it.
+    heap: Vec<(u64, u32)>,
+    pos: Vec<u32>,
     total: u64,
+}
+
+/// A hasher for keys that are hashes already.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AsIs(u64);
+
+impl std::hash::Hasher for AsIs {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are filed; anything else is folded in plainly.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -62,10 +89,11 @@ pub struct Heavy {
 impl SpaceSaving {
     /// A sketch of `k` slots (at least 1).
     pub fn new(k: usize) -> SpaceSaving {
+        let k = k.clamp(1, u32::MAX as usize);
         SpaceSaving {
-            k: k.max(1),
+            k,
             slots: Vec::new(),
-            index: HashMap::new(),
+            index: HashMap::default(),
             heap: Vec::new(),
             pos: Vec::new(),
             total: 0,
@@ -77,8 +105,11 @@ impl SpaceSaving {
     pub fn add(&mut self, hash: u64, key: impl FnOnce() -> Option<Box<str>>) {
         self.total += 1;
         if let Some(&s) = self.index.get(&hash) {
+            let s = s as usize;
             self.slots[s].count += 1;
-            self.sift_down(self.pos[s]);
+            let at = self.pos[s] as usize;
+            self.heap[at].0 += 1;
+            self.sift_down(at);
             return;
         }
         if self.slots.len() < self.k {
@@ -89,23 +120,24 @@ impl SpaceSaving {
                 error: 0,
                 key: key(),
             });
-            self.index.insert(hash, s);
-            self.heap.push(s);
-            self.pos.push(self.heap.len() - 1);
+            self.index.insert(hash, s as u32);
+            self.heap.push((1, s as u32));
+            self.pos.push((self.heap.len() - 1) as u32);
             self.sift_up(self.heap.len() - 1);
             return;
         }
         // Replace the smallest.
-        let s = self.heap[0];
-        let min = self.slots[s].count;
-        self.index.remove(&self.slots[s].hash);
-        self.slots[s] = Slot {
+        let (min, s) = self.heap[0];
+        let slot = &mut self.slots[s as usize];
+        self.index.remove(&slot.hash);
+        *slot = Slot {
             hash,
             count: min + 1,
             error: min,
             key: key(),
         };
         self.index.insert(hash, s);
+        self.heap[0].0 = min + 1;
         self.sift_down(0);
     }
 
@@ -120,18 +152,18 @@ impl SpaceSaving {
         if self.slots.len() < self.k {
             0
         } else {
-            self.heap.first().map_or(0, |&s| self.slots[s].count)
+            self.heap.first().map_or(0, |h| h.0)
         }
     }
 
     fn get(&self, hash: u64) -> Option<&Slot> {
-        self.index.get(&hash).map(|&s| &self.slots[s])
+        self.index.get(&hash).map(|&s| &self.slots[s as usize])
     }
 
     fn sift_up(&mut self, mut i: usize) {
         while i > 0 {
             let parent = (i - 1) / 2;
-            if self.slots[self.heap[i]].count >= self.slots[self.heap[parent]].count {
+            if self.heap[i].0 >= self.heap[parent].0 {
                 break;
             }
             self.swap(i, parent);
@@ -144,10 +176,10 @@ impl SpaceSaving {
         loop {
             let (l, r) = (2 * i + 1, 2 * i + 2);
             let mut least = i;
-            if l < n && self.slots[self.heap[l]].count < self.slots[self.heap[least]].count {
+            if l < n && self.heap[l].0 < self.heap[least].0 {
                 least = l;
             }
-            if r < n && self.slots[self.heap[r]].count < self.slots[self.heap[least]].count {
+            if r < n && self.heap[r].0 < self.heap[least].0 {
                 least = r;
             }
             if least == i {
@@ -160,8 +192,8 @@ impl SpaceSaving {
 
     fn swap(&mut self, a: usize, b: usize) {
         self.heap.swap(a, b);
-        self.pos[self.heap[a]] = a;
-        self.pos[self.heap[b]] = b;
+        self.pos[self.heap[a].1 as usize] = a as u32;
+        self.pos[self.heap[b].1 as usize] = b as u32;
     }
 }
 

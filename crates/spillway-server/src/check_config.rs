@@ -157,7 +157,9 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             }
             let adm = &cfg.admin;
             if adm.tokens.is_empty() {
-                outln!("admin: no tokens (the /admin/v1 API answers 401; metrics and status are open)");
+                outln!(
+                    "admin: no tokens (the /admin/v1 API answers 401; metrics and status are open)"
+                );
             } else {
                 // Names, scopes and where each comes from; never a value.
                 let list: Vec<String> = adm

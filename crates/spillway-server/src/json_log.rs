@@ -153,7 +153,8 @@ impl Visit for Fields {
 fn timestamp(out: &mut String, t: SystemTime) {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
-    let (y, m, day) = civil(i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2));
+    let (y, m, day) =
+        spillway_server::admin::audit::civil(i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2));
     let s = secs % 86_400;
     let _ = write!(
         out,
@@ -163,25 +164,6 @@ fn timestamp(out: &mut String, t: SystemTime) {
         s % 60,
         d.subsec_micros()
     );
-}
-
-/// The proleptic Gregorian date of a day counted from 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`).
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (
-        y,
-        u32::try_from(m).unwrap_or(1),
-        u32::try_from(d).unwrap_or(1),
-    )
 }
 
 #[cfg(test)]

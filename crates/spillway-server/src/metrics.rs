@@ -174,6 +174,12 @@ impl Metrics {
 
     /// Counts one rule's outcome. `index` is the rule's index in the set of `version`.
     pub fn count(&self, version: u64, index: usize, name: &str, outcome: Outcome) {
+        self.with_counters(version, index, name, |c| c.by_outcome[slot(outcome)].add(1));
+    }
+
+    /// Runs `f` on the counters of the rule at `index` of the set
+    /// numbered `version` (by name if the set changed since).
+    fn with_counters(&self, version: u64, index: usize, name: &str, f: impl FnOnce(&RuleCounters)) {
         let rules = self.rules.load();
         let counters = if rules.0 == version {
             rules.1.get(index).map(|(_, c)| c)
@@ -181,7 +187,7 @@ impl Metrics {
             rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
         };
         if let Some(c) = counters {
-            c.by_outcome[slot(outcome)].add(1);
+            f(c);
         }
     }
 
@@ -199,15 +205,7 @@ impl Metrics {
 
     /// Counts an admitted request near its rule's limit.
     fn count_near(&self, version: u64, index: usize, name: &str) {
-        let rules = self.rules.load();
-        let counters = if rules.0 == version {
-            rules.1.get(index).map(|(_, c)| c)
-        } else {
-            rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
-        };
-        if let Some(c) = counters {
-            c.near_limit.add(1);
-        }
+        self.with_counters(version, index, name, |c| c.near_limit.add(1));
     }
 
     /// Every rule's totals so far, in rule order: decisions by outcome

@@ -659,43 +659,73 @@ async fn override_delete(
     method: Method,
     uri: Uri,
 ) -> Response {
-    let who = match authorize(&state, &headers, Scope::Write) {
+    delete_assigned(&state, &headers, &method, &uri, Assigned::Override).await
+}
+
+/// What a DELETE of an assignment takes away.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Assigned {
+    Override,
+    Plan,
+}
+
+/// DELETE of a key's override or plan: 200 with what the key has now,
+/// 404 if it had none.
+async fn delete_assigned(
+    state: &AdminState,
+    headers: &HeaderMap,
+    method: &Method,
+    uri: &Uri,
+    what: Assigned,
+) -> Response {
+    let who = match authorize(state, headers, Scope::Write) {
         Ok(w) => w,
         Err(r) => return r,
     };
-    let t = match target(&state, &uri, "/admin/v1/overrides/") {
+    let (prefix, action, none) = match what {
+        Assigned::Override => (
+            "/admin/v1/overrides/",
+            "override.delete",
+            "no override for this key",
+        ),
+        Assigned::Plan => (
+            "/admin/v1/plans/",
+            "plan.delete",
+            "this key has no assigned plan",
+        ),
+    };
+    let t = match target(state, uri, prefix) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    let in_force = state
-        .assign
-        .override_of(t.rule().name(), &t.key, now_ms())
-        .is_some();
-    let result = state
-        .assign
-        .delete_override(state.redis(), t.rule().name(), &t.key)
-        .await
-        .map(|had| had && in_force);
+    let (rule, redis) = (t.rule().name(), state.redis());
+    let result = match what {
+        Assigned::Override => {
+            // One that ended but is not swept yet is gone already.
+            let in_force = state.assign.override_of(rule, &t.key, now_ms()).is_some();
+            state
+                .assign
+                .delete_override(redis, rule, &t.key)
+                .await
+                .map(|had| had && in_force)
+        }
+        Assigned::Plan => state.assign.delete_plan(redis, rule, &t.key).await,
+    };
     let status = match &result {
         Ok(true) => 200,
         Ok(false) => 404,
         Err(_) => 503,
     };
-    state.record(
-        &who,
-        &method,
-        &uri,
-        "override.delete",
-        Some(&t),
-        None,
-        status,
-    );
+    state.record(&who, method, uri, action, Some(&t), None, status);
     match result {
         Ok(true) => {
             state.recompile();
-            axum::Json(json!({"deleted": true})).into_response()
+            match what {
+                Assigned::Override => axum::Json(json!({"deleted": true})).into_response(),
+                Assigned::Plan => axum::Json(plan_json(state, &t)).into_response(),
+            }
         }
-        Ok(false) => problem(StatusCode::NOT_FOUND, "no override for this key"),
+        Ok(false) => problem(StatusCode::NOT_FOUND, none),
         Err(e) => write_failed(e),
     }
 }
@@ -825,32 +855,7 @@ async fn plan_delete(
     method: Method,
     uri: Uri,
 ) -> Response {
-    let who = match authorize(&state, &headers, Scope::Write) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let t = match target(&state, &uri, "/admin/v1/plans/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let result = state
-        .assign
-        .delete_plan(state.redis(), t.rule().name(), &t.key)
-        .await;
-    let status = match &result {
-        Ok(true) => 200,
-        Ok(false) => 404,
-        Err(_) => 503,
-    };
-    state.record(&who, &method, &uri, "plan.delete", Some(&t), None, status);
-    match result {
-        Ok(true) => {
-            state.recompile();
-            axum::Json(plan_json(&state, &t)).into_response()
-        }
-        Ok(false) => problem(StatusCode::NOT_FOUND, "this key has no assigned plan"),
-        Err(e) => write_failed(e),
-    }
+    delete_assigned(&state, &headers, &method, &uri, Assigned::Plan).await
 }
 
 #[derive(Deserialize)]

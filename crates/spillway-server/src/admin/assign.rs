@@ -39,6 +39,39 @@ const OVERRIDES: &str = "overrides";
 /// Redis admin map of plan assignments.
 const PLANS: &str = "plans";
 
+/// Which of the two maps.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Overrides,
+    Plans,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Overrides => OVERRIDES,
+            Kind::Plans => PLANS,
+        }
+    }
+}
+
+/// What each map holds.
+trait Held: Sized {
+    fn map(a: &Assignments) -> &Mutex<BTreeMap<Id, Self>>;
+}
+
+impl Held for Override {
+    fn map(a: &Assignments) -> &Mutex<BTreeMap<Id, Override>> {
+        &a.overrides
+    }
+}
+
+impl Held for PlanAssignment {
+    fn map(a: &Assignments) -> &Mutex<BTreeMap<Id, PlanAssignment>> {
+        &a.plans
+    }
+}
+
 /// A temporary override of one key's limits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Override {
@@ -196,31 +229,10 @@ impl Assignments {
         redis: Option<&RedisStore>,
         o: Override,
     ) -> Result<(), WriteError> {
-        let _w = self.writing.lock().await;
         let id = (o.rule.clone(), o.key.clone());
-        {
-            let held = self.overrides.lock();
-            if held.len() >= MAX_OVERRIDES && !held.contains_key(&id) {
-                return Err(WriteError::Full(format!(
-                    "{MAX_OVERRIDES} overrides are held already: delete some first"
-                )));
-            }
-        }
-        if let Some(r) = redis {
-            let value = serde_json::to_string(&o).unwrap_or_default();
-            r.admin_put(OVERRIDES, &field(&id), &value)
-                .await
-                .map_err(|e| WriteError::Store(e.to_string()))?;
-        }
-        let before = self.overrides.lock().insert(id.clone(), o);
-        self.save().inspect_err(|_| {
-            // Not kept in the file: not kept at all.
-            let mut held = self.overrides.lock();
-            match before {
-                Some(b) => held.insert(id, b),
-                None => held.remove(&id),
-            };
-        })
+        let full = || format!("{MAX_OVERRIDES} overrides are held already: delete some first");
+        self.put(redis, Kind::Overrides, id, o, MAX_OVERRIDES, full)
+            .await
     }
 
     /// Takes a key's override away; whether it had one.
@@ -233,25 +245,9 @@ impl Assignments {
         rule: &str,
         key: &[String],
     ) -> Result<bool, WriteError> {
-        let _w = self.writing.lock().await;
         let id = (rule.to_string(), key.to_vec());
-        let mut had = false;
-        if let Some(r) = redis {
-            had = r
-                .admin_delete(OVERRIDES, &field(&id))
-                .await
-                .map_err(|e| WriteError::Store(e.to_string()))?
-                .0;
-        }
-        let before = self.overrides.lock().remove(&id);
-        had |= before.is_some();
-        if let Err(e) = self.save() {
-            if let Some(b) = before {
-                self.overrides.lock().insert(id, b);
-            }
-            return Err(e);
-        }
-        Ok(had)
+        self.delete(redis, Kind::Overrides, id, &self.overrides)
+            .await
     }
 
     /// Assigns a key's plan.
@@ -263,30 +259,9 @@ impl Assignments {
         redis: Option<&RedisStore>,
         p: PlanAssignment,
     ) -> Result<(), WriteError> {
-        let _w = self.writing.lock().await;
         let id = (p.rule.clone(), p.key.clone());
-        {
-            let held = self.plans.lock();
-            if held.len() >= MAX_PLANS && !held.contains_key(&id) {
-                return Err(WriteError::Full(format!(
-                    "{MAX_PLANS} plan assignments are held already"
-                )));
-            }
-        }
-        if let Some(r) = redis {
-            let value = serde_json::to_string(&p).unwrap_or_default();
-            r.admin_put(PLANS, &field(&id), &value)
-                .await
-                .map_err(|e| WriteError::Store(e.to_string()))?;
-        }
-        let before = self.plans.lock().insert(id.clone(), p);
-        self.save().inspect_err(|_| {
-            let mut held = self.plans.lock();
-            match before {
-                Some(b) => held.insert(id, b),
-                None => held.remove(&id),
-            };
-        })
+        let full = || format!("{MAX_PLANS} plan assignments are held already");
+        self.put(redis, Kind::Plans, id, p, MAX_PLANS, full).await
     }
 
     /// Takes a key's plan away (back to the rule's default); whether it
@@ -300,21 +275,69 @@ impl Assignments {
         rule: &str,
         key: &[String],
     ) -> Result<bool, WriteError> {
-        let _w = self.writing.lock().await;
         let id = (rule.to_string(), key.to_vec());
+        self.delete(redis, Kind::Plans, id, &self.plans).await
+    }
+
+    /// Stores `value` under `id` in `kind`'s map: in Redis first if the
+    /// store is Redis, then here and in the state file. A write the file
+    /// cannot take is undone here and refused.
+    async fn put<T: Serialize + Clone + Held>(
+        &self,
+        redis: Option<&RedisStore>,
+        kind: Kind,
+        id: Id,
+        value: T,
+        max: usize,
+        full: impl FnOnce() -> String,
+    ) -> Result<(), WriteError> {
+        let _w = self.writing.lock().await;
+        let map = T::map(self);
+        {
+            let held = map.lock();
+            if held.len() >= max && !held.contains_key(&id) {
+                return Err(WriteError::Full(full()));
+            }
+        }
+        if let Some(r) = redis {
+            let text = serde_json::to_string(&value).unwrap_or_default();
+            r.admin_put(kind.name(), &field(&id), &text)
+                .await
+                .map_err(|e| WriteError::Store(e.to_string()))?;
+        }
+        let before = map.lock().insert(id.clone(), value);
+        self.save().inspect_err(|_| {
+            let mut held = map.lock();
+            match before {
+                Some(b) => held.insert(id, b),
+                None => held.remove(&id),
+            };
+        })
+    }
+
+    /// Removes `id` from `kind`'s map, as [`put`](Self::put) stores;
+    /// whether it was there.
+    async fn delete<T>(
+        &self,
+        redis: Option<&RedisStore>,
+        kind: Kind,
+        id: Id,
+        map: &Mutex<BTreeMap<Id, T>>,
+    ) -> Result<bool, WriteError> {
+        let _w = self.writing.lock().await;
         let mut had = false;
         if let Some(r) = redis {
             had = r
-                .admin_delete(PLANS, &field(&id))
+                .admin_delete(kind.name(), &field(&id))
                 .await
                 .map_err(|e| WriteError::Store(e.to_string()))?
                 .0;
         }
-        let before = self.plans.lock().remove(&id);
+        let before = map.lock().remove(&id);
         had |= before.is_some();
         if let Err(e) = self.save() {
             if let Some(b) = before {
-                self.plans.lock().insert(id, b);
+                map.lock().insert(id, b);
             }
             return Err(e);
         }

@@ -114,7 +114,7 @@ pub fn rfc3339(ms: u64) -> String {
 
 /// Days since 1970-01-01 as (year, month, day) (Howard Hinnant's
 /// algorithm for the proleptic Gregorian calendar).
-fn civil(days: i64) -> (i64, u32, u32) {
+pub fn civil(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);

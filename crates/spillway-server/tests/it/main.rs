@@ -1,6 +1,7 @@
 //! spillway-server's integration tests, one binary: the real `spillway`
 //! process on free loopback ports, real clients, real redis-server.
 
+mod admin;
 mod api;
 mod config;
 mod dashboard;

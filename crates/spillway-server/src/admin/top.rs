@@ -26,23 +26,31 @@ use spillway_store::{Key, RuleSet, Watch};
 /// Minutes of history kept.
 pub const MINUTES: usize = 15;
 
-/// One Space-Saving sketch.
+/// One Space-Saving sketch, kept as a "stream summary": slots with equal
+/// counts share a bucket, and buckets are linked in increasing count, so
+/// adding to a key moves its slot to the next bucket and the smallest
+/// count is the first bucket's: constant time per update whatever the
+/// ties (a min-heap sank a replaced slot through every slot tied at the
+/// smallest count, which is most of them under many distinct keys).
 ///
-/// Built for the hot path (every decision of every rule adds to two of
-/// them): the index is filed by the key's hash as it is (it is a keyed
-/// hash already, so no second hashing), and the min-heap holds each
-/// slot's count beside its number, so sifting reads one array.
+/// Built for the hot path (every decision of every rule adds to one or
+/// two of them): the index files the key's hash as it is (a keyed hash
+/// already), and everything is indexes into two arrays.
 #[derive(Debug, Clone)]
 pub struct SpaceSaving {
     k: usize,
     slots: Vec<Slot>,
+    buckets: Vec<Bucket>,
+    /// Buckets not in use, for reuse.
+    spare: Vec<u32>,
+    /// The bucket of the smallest count.
+    first: u32,
     /// Slot of each held key hash.
     index: HashMap<u64, u32, BuildHasherDefault<AsIs>>,
-    /// A min-heap of (count, slot); `pos[s]` is slot s's place in it.
-    heap: Vec<(u64, u32)>,
-    pos: Vec<u32>,
     total: u64,
 }
+
+const NIL: u32 = u32::MAX;
 
 /// A hasher for keys that are hashes already.
 #[derive(Debug, Default, Clone, Copy)]
@@ -68,9 +76,22 @@ impl std::hash::Hasher for AsIs {
 #[derive(Debug, Clone)]
 struct Slot {
     hash: u64,
-    count: u64,
     error: u64,
     key: Option<Box<str>>,
+    bucket: u32,
+    /// Neighbours in the bucket's list.
+    prev: u32,
+    next: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Bucket {
+    count: u64,
+    /// The first slot of its list.
+    head: u32,
+    /// Neighbours in increasing count.
+    prev: u32,
+    next: u32,
 }
 
 /// One key as a sketch reports it.
@@ -89,13 +110,13 @@ pub struct Heavy {
 impl SpaceSaving {
     /// A sketch of `k` slots (at least 1).
     pub fn new(k: usize) -> SpaceSaving {
-        let k = k.clamp(1, u32::MAX as usize);
         SpaceSaving {
-            k,
+            k: k.clamp(1, (u32::MAX - 1) as usize),
             slots: Vec::new(),
+            buckets: Vec::new(),
+            spare: Vec::new(),
+            first: NIL,
             index: HashMap::default(),
-            heap: Vec::new(),
-            pos: Vec::new(),
             total: 0,
         }
     }
@@ -105,40 +126,139 @@ impl SpaceSaving {
     pub fn add(&mut self, hash: u64, key: impl FnOnce() -> Option<Box<str>>) {
         self.total += 1;
         if let Some(&s) = self.index.get(&hash) {
-            let s = s as usize;
-            self.slots[s].count += 1;
-            let at = self.pos[s] as usize;
-            self.heap[at].0 += 1;
-            self.sift_down(at);
+            self.bump(s);
             return;
         }
         if self.slots.len() < self.k {
-            let s = self.slots.len();
+            let s = self.slots.len() as u32;
             self.slots.push(Slot {
                 hash,
-                count: 1,
                 error: 0,
                 key: key(),
+                bucket: NIL,
+                prev: NIL,
+                next: NIL,
             });
-            self.index.insert(hash, s as u32);
-            self.heap.push((1, s as u32));
-            self.pos.push((self.heap.len() - 1) as u32);
-            self.sift_up(self.heap.len() - 1);
+            self.index.insert(hash, s);
+            let b = if self.first != NIL && self.buckets[self.first as usize].count == 1 {
+                self.first
+            } else {
+                let b = self.new_bucket(1);
+                self.link_bucket_after(b, NIL);
+                b
+            };
+            self.attach(s, b);
             return;
         }
-        // Replace the smallest.
-        let (min, s) = self.heap[0];
+        // Replace a slot of the smallest count: the newcomer takes over
+        // its count (its error) and adds one.
+        let s = self.buckets[self.first as usize].head;
+        let min = self.buckets[self.first as usize].count;
         let slot = &mut self.slots[s as usize];
-        self.index.remove(&slot.hash);
-        *slot = Slot {
-            hash,
-            count: min + 1,
-            error: min,
-            key: key(),
-        };
+        let old = slot.hash;
+        slot.hash = hash;
+        slot.error = min;
+        slot.key = key();
+        self.index.remove(&old);
         self.index.insert(hash, s);
-        self.heap[0].0 = min + 1;
-        self.sift_down(0);
+        self.bump(s);
+    }
+
+    /// Moves slot `s` to the bucket of its count plus one.
+    fn bump(&mut self, s: u32) {
+        let b = self.slots[s as usize].bucket;
+        let c = self.buckets[b as usize].count + 1;
+        let next = self.buckets[b as usize].next;
+        let to = if next != NIL && self.buckets[next as usize].count == c {
+            next
+        } else {
+            let nb = self.new_bucket(c);
+            self.link_bucket_after(nb, b);
+            nb
+        };
+        self.detach(s);
+        self.attach(s, to);
+    }
+
+    fn new_bucket(&mut self, count: u64) -> u32 {
+        let fresh = Bucket {
+            count,
+            head: NIL,
+            prev: NIL,
+            next: NIL,
+        };
+        match self.spare.pop() {
+            Some(b) => {
+                self.buckets[b as usize] = fresh;
+                b
+            }
+            None => {
+                self.buckets.push(fresh);
+                (self.buckets.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Links bucket `b` after `after` (`NIL`: first).
+    fn link_bucket_after(&mut self, b: u32, after: u32) {
+        let next = if after == NIL {
+            self.first
+        } else {
+            self.buckets[after as usize].next
+        };
+        self.buckets[b as usize].prev = after;
+        self.buckets[b as usize].next = next;
+        if next != NIL {
+            self.buckets[next as usize].prev = b;
+        }
+        if after == NIL {
+            self.first = b;
+        } else {
+            self.buckets[after as usize].next = b;
+        }
+    }
+
+    /// Puts slot `s` at the head of bucket `b`'s list.
+    fn attach(&mut self, s: u32, b: u32) {
+        let head = self.buckets[b as usize].head;
+        let slot = &mut self.slots[s as usize];
+        slot.bucket = b;
+        slot.prev = NIL;
+        slot.next = head;
+        if head != NIL {
+            self.slots[head as usize].prev = s;
+        }
+        self.buckets[b as usize].head = s;
+    }
+
+    /// Takes slot `s` out of its bucket; an emptied bucket is unlinked.
+    fn detach(&mut self, s: u32) {
+        let Slot {
+            bucket: b,
+            prev,
+            next,
+            ..
+        } = self.slots[s as usize];
+        if prev != NIL {
+            self.slots[prev as usize].next = next;
+        } else {
+            self.buckets[b as usize].head = next;
+        }
+        if next != NIL {
+            self.slots[next as usize].prev = prev;
+        }
+        if self.buckets[b as usize].head == NIL {
+            let Bucket { prev, next, .. } = self.buckets[b as usize];
+            if prev != NIL {
+                self.buckets[prev as usize].next = next;
+            } else {
+                self.first = next;
+            }
+            if next != NIL {
+                self.buckets[next as usize].prev = prev;
+            }
+            self.spare.push(b);
+        }
     }
 
     /// Occurrences counted.
@@ -149,51 +269,31 @@ impl SpaceSaving {
     /// The smallest count held when every slot is taken (what a key not
     /// held may have had), else 0.
     pub fn floor(&self) -> u64 {
-        if self.slots.len() < self.k {
+        if self.slots.len() < self.k || self.first == NIL {
             0
         } else {
-            self.heap.first().map_or(0, |h| h.0)
+            self.buckets[self.first as usize].count
         }
     }
 
-    fn get(&self, hash: u64) -> Option<&Slot> {
-        self.index.get(&hash).map(|&s| &self.slots[s as usize])
+    /// The count and error of a held key.
+    fn get(&self, hash: u64) -> Option<(u64, u64)> {
+        self.index.get(&hash).map(|&s| {
+            let slot = &self.slots[s as usize];
+            (self.buckets[slot.bucket as usize].count, slot.error)
+        })
     }
 
-    fn sift_up(&mut self, mut i: usize) {
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            if self.heap[i].0 >= self.heap[parent].0 {
-                break;
-            }
-            self.swap(i, parent);
-            i = parent;
-        }
-    }
-
-    fn sift_down(&mut self, mut i: usize) {
-        let n = self.heap.len();
-        loop {
-            let (l, r) = (2 * i + 1, 2 * i + 2);
-            let mut least = i;
-            if l < n && self.heap[l].0 < self.heap[least].0 {
-                least = l;
-            }
-            if r < n && self.heap[r].0 < self.heap[least].0 {
-                least = r;
-            }
-            if least == i {
-                return;
-            }
-            self.swap(i, least);
-            i = least;
-        }
-    }
-
-    fn swap(&mut self, a: usize, b: usize) {
-        self.heap.swap(a, b);
-        self.pos[self.heap[a].1 as usize] = a as u32;
-        self.pos[self.heap[b].1 as usize] = b as u32;
+    /// Every held key: hash, name, count, error.
+    fn held(&self) -> impl Iterator<Item = (u64, Option<&str>, u64, u64)> {
+        self.slots.iter().map(|s| {
+            (
+                s.hash,
+                s.key.as_deref(),
+                self.buckets[s.bucket as usize].count,
+                s.error,
+            )
+        })
     }
 }
 
@@ -203,9 +303,8 @@ impl SpaceSaving {
 pub fn merge(sketches: &[&SpaceSaving], limit: usize) -> (Vec<Heavy>, u64, u64) {
     let mut seen: HashMap<u64, Option<String>> = HashMap::new();
     for s in sketches {
-        for slot in &s.slots {
-            seen.entry(slot.hash)
-                .or_insert_with(|| slot.key.as_deref().map(str::to_string));
+        for (hash, key, _, _) in s.held() {
+            seen.entry(hash).or_insert_with(|| key.map(str::to_string));
         }
     }
     let mut out: Vec<Heavy> = seen
@@ -214,9 +313,9 @@ pub fn merge(sketches: &[&SpaceSaving], limit: usize) -> (Vec<Heavy>, u64, u64) 
             let (mut count, mut error) = (0, 0);
             for s in sketches {
                 match s.get(hash) {
-                    Some(slot) => {
-                        count += slot.count;
-                        error += slot.error;
+                    Some((c, e)) => {
+                        count += c;
+                        error += e;
                     }
                     None => {
                         count += s.floor();
@@ -483,6 +582,54 @@ mod tests {
                         prop_assert!(sk.get(x).is_some(), "key {x} with {c} of {n} not held (k {k})");
                     }
                 }
+            }
+        }
+    }
+
+    /// The buckets are linked in strictly increasing count, each slot is
+    /// in the list of its bucket, and the counts add up to the total.
+    fn check(sk: &SpaceSaving) {
+        let mut b = sk.first;
+        let mut prev = NIL;
+        let mut last = 0;
+        let mut seen = 0;
+        let mut sum = 0;
+        while b != NIL {
+            let bucket = &sk.buckets[b as usize];
+            assert_eq!(bucket.prev, prev);
+            assert!(bucket.count > last, "counts not increasing");
+            assert_ne!(bucket.head, NIL, "an empty bucket is linked");
+            let mut s = bucket.head;
+            let mut sp = NIL;
+            while s != NIL {
+                let slot = &sk.slots[s as usize];
+                assert_eq!((slot.bucket, slot.prev), (b, sp));
+                seen += 1;
+                sum += bucket.count;
+                sp = s;
+                s = slot.next;
+            }
+            last = bucket.count;
+            prev = b;
+            b = bucket.next;
+        }
+        assert_eq!(seen, sk.slots.len());
+        assert_eq!(sk.index.len(), sk.slots.len());
+        // Each replacement adds the old count to the new key's error: the
+        // counts add up to the total exactly.
+        assert_eq!(sum, sk.total);
+    }
+
+    proptest! {
+        #[test]
+        fn the_buckets_stay_consistent(
+            stream in proptest::collection::vec(0u64..30, 0..400),
+            k in 1usize..12,
+        ) {
+            let mut sk = SpaceSaving::new(k);
+            for &x in &stream {
+                sk.add(x, || None);
+                check(&sk);
             }
         }
     }

@@ -170,7 +170,8 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                 outln!("admin: tokens {}", list.join(", "));
             }
             outln!(
-                "  show_keys {}, near_limit {}, top_slots {}, audit_entries {}{}",
+                "  top_keys {}, show_keys {}, near_limit {}, top_slots {}, audit_entries {}{}",
+                adm.top_keys,
                 adm.show_keys,
                 adm.near_limit,
                 adm.top_slots,

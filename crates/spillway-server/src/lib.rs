@@ -440,6 +440,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         settings.show_keys,
         &shared.limiter.rules(),
     ));
+    top.set_enabled(settings.top_keys);
     shared.limiter.set_watch(top.clone());
     let tls = tls::Tls::load(&opts.config.tls)?;
     let admin = Arc::new(AdminState {

@@ -885,6 +885,12 @@ async fn top(
             "query: rule=NAME&by=denied|decided&window=5m&limit=20",
         );
     };
+    if !state.top.enabled() {
+        return problem(
+            StatusCode::CONFLICT,
+            "top keys are not counted here (admin.top_keys: false)",
+        );
+    }
     let by = match q.by.as_deref().unwrap_or("decided") {
         "decided" => By::Decided,
         "denied" => By::Denied,

@@ -79,6 +79,7 @@ impl AdminState {
         self.settings.store(Arc::new(admin.clone()));
         self.plans.store(Arc::new(plans.clone()));
         self.top.set_show_keys(admin.show_keys);
+        self.top.set_enabled(admin.top_keys);
         self.top.rules_changed(&self.shared.limiter.rules());
         self.audit.set_keep(admin.audit_entries);
         self.shared.events.set_near_limit(admin.near_limit);

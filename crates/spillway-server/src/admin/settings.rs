@@ -89,6 +89,9 @@ pub struct AdminSettings {
     /// needs one, and metrics, status and rules are open (as before
     /// tokens existed).
     pub tokens: Vec<Token>,
+    /// Count top keys at all (their sketches cost every decision a few
+    /// hundred instructions; see docs/BENCHMARKS.md).
+    pub top_keys: bool,
     /// Top keys as the client sent them; else as their hash.
     pub show_keys: bool,
     /// An admitted request with less than this share of its limit left is
@@ -107,6 +110,7 @@ impl Default for AdminSettings {
     fn default() -> AdminSettings {
         AdminSettings {
             tokens: Vec::new(),
+            top_keys: true,
             show_keys: false,
             near_limit: 0.2,
             top_slots: 256,

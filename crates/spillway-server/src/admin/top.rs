@@ -169,6 +169,16 @@ impl SpaceSaving {
         let b = self.slots[s as usize].bucket;
         let c = self.buckets[b as usize].count + 1;
         let next = self.buckets[b as usize].next;
+        let slot = &self.slots[s as usize];
+        if slot.prev == NIL
+            && slot.next == NIL
+            && (next == NIL || self.buckets[next as usize].count != c)
+        {
+            // Alone in its bucket, and no bucket of the next count: the
+            // bucket itself moves up (a hot key's common case).
+            self.buckets[b as usize].count = c;
+            return;
+        }
         let to = if next != NIL && self.buckets[next as usize].count == c {
             next
         } else {
@@ -367,6 +377,8 @@ struct RuleTop {
 /// Every rule's top keys; the limiter's [`Watch`].
 #[derive(Debug)]
 pub struct TopKeys {
+    /// Counting at all (`admin.top_keys`).
+    enabled: AtomicBool,
     slots: usize,
     show_keys: AtomicBool,
     /// The current minute (since the Unix epoch), set by [`tick`](Self::tick).
@@ -397,6 +409,7 @@ impl TopKeys {
     /// Top keys with `slots` per sketch.
     pub fn new(slots: usize, show_keys: bool, set: &RuleSet) -> TopKeys {
         let t = TopKeys {
+            enabled: AtomicBool::new(true),
             slots,
             show_keys: AtomicBool::new(show_keys),
             minute: AtomicU64::new(now_minute()),
@@ -405,6 +418,17 @@ impl TopKeys {
         };
         t.rules_changed(set);
         t
+    }
+
+    /// Counts from now on, or stops (`admin.top_keys`); what was counted
+    /// stays until it ages out.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether decisions are counted.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed)
     }
 
     /// Whether keys are kept as sent.
@@ -516,7 +540,9 @@ impl TopKeys {
 
 impl Watch for TopKeys {
     fn decided(&self, version: u64, index: usize, rule: &Rule, key: &Key<'_>, outcome: Outcome) {
-        self.count(version, index, rule.name(), key, outcome);
+        if self.enabled() {
+            self.count(version, index, rule.name(), key, outcome);
+        }
     }
 }
 

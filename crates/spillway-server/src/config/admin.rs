@@ -58,6 +58,7 @@ pub(super) fn admin(
         }
     }
     out.show_keys = a.show_keys.unwrap_or(false);
+    out.top_keys = a.top_keys.unwrap_or(true);
     if let Some(r) = &a.near_limit {
         match ratio(&r.value) {
             Some(v) if v > 0.0 && v < 1.0 => out.near_limit = v,

@@ -247,6 +247,9 @@ pub(crate) struct RawAdmin {
     pub(crate) listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) tokens: Option<Spanned<Vec<Spanned<RawToken>>>>,
+    /// Count top keys at all.
+    #[serde(default)]
+    pub(crate) top_keys: Option<bool>,
     /// Show top keys as the client sent them (else as their hash).
     #[serde(default)]
     pub(crate) show_keys: Option<bool>,

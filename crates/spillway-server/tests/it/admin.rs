@@ -986,3 +986,22 @@ async fn the_proxy_takes_overrides_from_its_admin_plane() {
     assert_eq!(r.status(), 200);
     assert!(up.requests_to("/admin/v1/overrides").len() == 1);
 }
+
+/// With `admin.top_keys: false` nothing is counted, and the call says so.
+#[tokio::test]
+async fn top_keys_can_be_turned_off() {
+    let dir = TempDir::new("admin-top-off");
+    let a = Admin::start(&rules("", "  top_keys: false\n", RULES), &dir);
+    let c = client();
+    assert_eq!(user(&c, &a.server, "ivy").await, 200);
+    let (st, body) = call(
+        &c,
+        reqwest::Method::GET,
+        &a.url("/admin/v1/top?rule=users"),
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(st, 409, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("top_keys"));
+}

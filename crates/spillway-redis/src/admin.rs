@@ -113,6 +113,45 @@ impl RedisStore {
         cmd
     }
 
+    /// Removes `field` from `map` only if its value (a JSON object) has an
+    /// `expires_unix_ms` at or before `now_ms`; whether it did, and the
+    /// admin version (bumped only if it did). For sweeping ended entries
+    /// without deleting one that another instance just renewed.
+    ///
+    /// # Errors
+    /// As [`admin_put`](Self::admin_put).
+    pub async fn admin_expire(
+        &self,
+        map: &str,
+        field: &str,
+        now_ms: u64,
+    ) -> Result<(bool, u64), StoreError> {
+        let now = now_ms.to_string();
+        let cmd = self.admin_cmd(map, "expire", &[field, &now]);
+        let (gone, version): (u64, u64) = self.query(&cmd).await?;
+        Ok((gone == 1, version))
+    }
+
+    /// Adds one to the admin counter `name` (apart from the admin version:
+    /// a bump here does not make instances read the maps again); its new
+    /// value.
+    ///
+    /// # Errors
+    /// As [`admin_put`](Self::admin_put).
+    pub async fn admin_incr(&self, name: &str) -> Result<u64, StoreError> {
+        let cmd = self.admin_cmd(name, "incr", &[]);
+        self.query(&cmd).await
+    }
+
+    /// The admin counter `name` (0 if never bumped).
+    ///
+    /// # Errors
+    /// As [`admin_put`](Self::admin_put).
+    pub async fn admin_counter(&self, name: &str) -> Result<u64, StoreError> {
+        let cmd = self.admin_cmd(name, "get", &[]);
+        self.query(&cmd).await
+    }
+
     /// Sends one command straight to Redis (not through the batcher, nor
     /// past the circuit breaker) and reads its reply as a `T`, within the
     /// store's timeout.

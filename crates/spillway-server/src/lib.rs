@@ -459,6 +459,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         audit: admin::audit::Audit::new(settings.audit_entries),
         health: Mutex::new(None),
         parse_limits: config::limits_from_json,
+        compiling: Mutex::new(()),
     });
     admin.recompile();
     let grpc = Arc::new(GrpcState {

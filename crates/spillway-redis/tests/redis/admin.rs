@@ -155,3 +155,60 @@ fn admin_errors_are_clear() {
     let e = rt.block_on(redis.admin_put("plans", "k", "v")).unwrap_err();
     assert!(e.transient, "{e}");
 }
+
+/// A sweep deletes an entry only if what Redis holds has ended: one
+/// another instance renewed stays. Counters stand apart from the version.
+#[test]
+fn an_expiry_sweep_never_deletes_a_renewed_entry() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let a = rt.block_on(connected(server.url()));
+    rt.block_on(async {
+        a.admin_put("overrides", "k", r#"{"expires_unix_ms": 1000}"#)
+            .await
+            .unwrap();
+        // Not ended yet at 999: kept, version untouched.
+        let v = a.admin_version().await.unwrap();
+        assert_eq!(
+            a.admin_expire("overrides", "k", 999).await.unwrap(),
+            (false, v)
+        );
+        // Renewed (by another instance) before the sweep at 1000.
+        a.admin_put("overrides", "k", r#"{"expires_unix_ms": 5000}"#)
+            .await
+            .unwrap();
+        assert!(!a.admin_expire("overrides", "k", 1000).await.unwrap().0);
+        assert_eq!(a.admin_all("overrides").await.unwrap().0.len(), 1);
+        // Ended: gone, and the version moves.
+        let v = a.admin_version().await.unwrap();
+        assert_eq!(
+            a.admin_expire("overrides", "k", 5000).await.unwrap(),
+            (true, v + 1)
+        );
+        // Not JSON, or no end: never swept; a missing field: nothing.
+        a.admin_put("overrides", "x", "not json").await.unwrap();
+        a.admin_put("overrides", "y", r#"{"plan": "pro"}"#)
+            .await
+            .unwrap();
+        assert!(
+            !a.admin_expire("overrides", "x", u64::MAX / 2)
+                .await
+                .unwrap()
+                .0
+        );
+        assert!(
+            !a.admin_expire("overrides", "y", u64::MAX / 2)
+                .await
+                .unwrap()
+                .0
+        );
+        assert!(!a.admin_expire("overrides", "gone", 1).await.unwrap().0);
+        // A counter: bumped and read without moving the version.
+        let v = a.admin_version().await.unwrap();
+        assert_eq!(a.admin_counter("resets").await.unwrap(), 0);
+        assert_eq!(a.admin_incr("resets").await.unwrap(), 1);
+        assert_eq!(a.admin_incr("resets").await.unwrap(), 2);
+        assert_eq!(a.admin_counter("resets").await.unwrap(), 2);
+        assert_eq!(a.admin_version().await.unwrap(), v);
+    });
+}

@@ -205,6 +205,14 @@ fn target(state: &AdminState, uri: &Uri, prefix: &str) -> Result<Target, Respons
                 "a key part over 4096 bytes",
             ));
         }
+        if p.chars().any(char::is_control) {
+            // No request is keyed so (header values and the decision
+            // API's fields carry none), and logs must not get one.
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "a key part with a control character: no request is keyed so",
+            ));
+        }
         key.push(match kind {
             KeyPart::Ip => spillway_core::canonical_ip(p).into_owned(),
             _ => p.clone(),
@@ -221,6 +229,9 @@ fn decode(s: &str) -> Option<String> {
     while i < b.len() {
         if b[i] == b'%' {
             let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
             let v = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
             out.push(v);
             i += 3;
@@ -479,10 +490,7 @@ async fn key_reset(
     let mut result = state.shared.limiter.store().reset(&charges).await;
     if result.is_ok()
         && let Some(r) = state.redis()
-        && let Err(e) = state
-            .assign
-            .announce_reset(r, t.rule().name(), &t.key)
-            .await
+        && let Err(e) = state.assign.announce_reset(r).await
     {
         result = Err(spillway_store::StoreError::new(true, e));
     }
@@ -539,6 +547,17 @@ struct OverrideBody {
     reason: Option<String>,
 }
 
+/// A reason for the audit trail: at most 1,024 bytes, one line.
+fn check_reason(reason: &str) -> Result<(), Response> {
+    if reason.len() > 1024 || reason.chars().any(char::is_control) {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "reason: at most 1024 bytes, no control characters (one line)",
+        ));
+    }
+    Ok(())
+}
+
 fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(bytes).map_err(|e| {
         problem(
@@ -586,11 +605,8 @@ async fn override_put(
         Err(e) => return problem(StatusCode::BAD_REQUEST, format!("ttl: {e}")),
     };
     let reason = b.reason.unwrap_or_default();
-    if reason.len() > 1024 || reason.chars().any(|c| c.is_control() && c != '\n') {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "reason: at most 1024 characters, no control characters",
-        );
+    if let Err(r) = check_reason(&reason) {
+        return r;
     }
     match (&b.limits, block) {
         (Some(_), true) => {
@@ -808,6 +824,9 @@ async fn plan_put(
         Ok(b) => b,
         Err(r) => return r,
     };
+    if let Err(r) = check_reason(b.reason.as_deref().unwrap_or("")) {
+        return r;
+    }
     let usable = state
         .plans
         .load()
@@ -858,8 +877,9 @@ async fn plan_delete(
     delete_assigned(&state, &headers, &method, &uri, Assigned::Plan).await
 }
 
+/// Unknown parameters (a cache buster) are ignored; an empty one is as
+/// good as none.
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct TopQuery {
     #[serde(default)]
     rule: Option<String>,
@@ -879,12 +899,17 @@ async fn top(
     if let Err(r) = authorize(&state, &headers, Scope::Read) {
         return r;
     }
-    let Ok(Query(q)) = q else {
+    let Ok(Query(mut q)) = q else {
         return problem(
             StatusCode::BAD_REQUEST,
             "query: rule=NAME&by=denied|decided&window=5m&limit=20",
         );
     };
+    for v in [&mut q.rule, &mut q.by, &mut q.window, &mut q.limit] {
+        if v.as_deref().is_some_and(str::is_empty) {
+            *v = None;
+        }
+    }
     if !state.top.enabled() {
         return problem(
             StatusCode::CONFLICT,
@@ -992,7 +1017,6 @@ async fn series(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Res
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct AuditQuery {
     #[serde(default)]
     since: Option<String>,
@@ -1008,9 +1032,14 @@ async fn audit(
     if let Err(r) = authorize(&state, &headers, Scope::Read) {
         return r;
     }
-    let Ok(Query(q)) = q else {
+    let Ok(Query(mut q)) = q else {
         return problem(StatusCode::BAD_REQUEST, "query: since=TIME&limit=N");
     };
+    for v in [&mut q.since, &mut q.limit] {
+        if v.as_deref().is_some_and(str::is_empty) {
+            *v = None;
+        }
+    }
     let since = match q.since.as_deref().map(super::audit::parse_since) {
         None => 0,
         Some(Ok(v)) => v,
@@ -1149,6 +1178,7 @@ mod tests {
         assert_eq!(decode("%zz"), None);
         assert_eq!(decode("%2"), None);
         assert_eq!(decode("%ff"), None);
+        assert_eq!(decode("%+f"), None);
         assert_eq!(decode("plain").as_deref(), Some("plain"));
     }
 

@@ -38,6 +38,8 @@ pub const MAX_PLANS: usize = 1_000_000;
 const OVERRIDES: &str = "overrides";
 /// Redis admin map of plan assignments.
 const PLANS: &str = "plans";
+/// Redis admin counter of key resets.
+const RESETS: &str = "resets";
 
 /// Which of the two maps.
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +124,8 @@ struct StateFile {
     plans: Vec<PlanAssignment>,
 }
 
-type Id = (String, Vec<String>);
+/// A rule's name and a key's parts.
+pub type Id = (String, Vec<String>);
 
 /// Overrides and plans by rule and key.
 #[derive(Debug, Default)]
@@ -132,6 +135,8 @@ pub struct Assignments {
     file: Option<PathBuf>,
     /// The Redis admin version last read.
     version: AtomicU64,
+    /// The Redis reset counter last read.
+    resets: AtomicU64,
     /// Serialises writes (file saves, Redis round trips with the reading
     /// that follows).
     writing: tokio::sync::Mutex<()>,
@@ -345,31 +350,33 @@ impl Assignments {
     }
 
     /// Tells every instance that a key was reset in Redis (they forget
-    /// what their over-limit caches learned): a bump of the admin
-    /// version, through a map that holds nothing.
+    /// what their over-limit caches learned): a counter of its own, so a
+    /// reset does not make every instance read the maps again.
     ///
     /// # Errors
     /// Redis failed.
-    pub async fn announce_reset(
-        &self,
-        redis: &RedisStore,
-        rule: &str,
-        key: &[String],
-    ) -> Result<(), String> {
-        let id = (rule.to_string(), key.to_vec());
+    pub async fn announce_reset(&self, redis: &RedisStore) -> Result<(), String> {
         redis
-            .admin_delete("resets", &field(&id))
+            .admin_incr(RESETS)
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
     }
 
-    /// Reads everything from Redis again if its admin version moved;
-    /// whether anything was read.
+    /// Reads everything from Redis again if its admin version moved, and
+    /// forgets cached refusals if another instance reset a key; whether
+    /// the maps were read.
     ///
     /// # Errors
     /// Redis failed (what is held stays).
     pub async fn refresh(&self, redis: &RedisStore) -> Result<bool, String> {
+        let resets = redis
+            .admin_counter(RESETS)
+            .await
+            .map_err(|e| e.to_string())?;
+        if resets != self.resets.swap(resets, Ordering::AcqRel) {
+            redis.forget_refusals();
+        }
         let v = redis.admin_version().await.map_err(|e| e.to_string())?;
         if v == self.version.load(Ordering::Acquire) {
             return Ok(false);
@@ -389,42 +396,45 @@ impl Assignments {
             .filter_map(|(_, v)| serde_json::from_str(v).ok())
             .collect();
         self.replace(overrides, plans);
-        // A key may have been reset by another instance.
-        redis.forget_refusals();
         // A write between the two readings is read at the next check.
         self.version.store(v1.min(v2), Ordering::Release);
         Ok(true)
     }
 
-    /// Drops overrides that ended by `now_ms` (and from Redis, best
-    /// effort); whether any did.
-    pub async fn expire(&self, redis: Option<&RedisStore>, now_ms: u64) -> bool {
-        let ended: Vec<Id> = self
-            .overrides
-            .lock()
-            .iter()
-            .filter(|(_, o)| o.expires_unix_ms <= now_ms)
-            .map(|(id, _)| id.clone())
-            .collect();
-        if ended.is_empty() {
-            return false;
-        }
-        let _w = self.writing.lock().await;
-        for id in &ended {
-            if let Some(r) = redis
-                && let Err(e) = r.admin_delete(OVERRIDES, &field(id)).await
-            {
-                tracing::debug!("expired override not removed from redis yet: {e}");
-            }
+    /// Drops overrides that ended by `now_ms` here; the ended ones, to
+    /// sweep from Redis with [`sweep`](Self::sweep) (after the limiter
+    /// has been recompiled: an ended override never waits on Redis).
+    pub fn expire(&self, now_ms: u64) -> Vec<Id> {
+        let ended: Vec<Id> = {
             let mut held = self.overrides.lock();
-            if held.get(id).is_some_and(|o| o.expires_unix_ms <= now_ms) {
+            let ended: Vec<Id> = held
+                .iter()
+                .filter(|(_, o)| o.expires_unix_ms <= now_ms)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ended {
                 held.remove(id);
             }
-        }
-        if let Err(WriteError::Store(e)) = self.save() {
+            ended
+        };
+        if !ended.is_empty()
+            && let Err(WriteError::Store(e)) = self.save()
+        {
             tracing::warn!("{e}");
         }
-        true
+        ended
+    }
+
+    /// Removes ended overrides from Redis, each only if what Redis holds
+    /// has ended too (another instance may have renewed it meanwhile).
+    /// Best effort: what fails is swept at a later tick.
+    pub async fn sweep(&self, redis: &RedisStore, ended: &[Id], now_ms: u64) {
+        for id in ended {
+            if let Err(e) = redis.admin_expire(OVERRIDES, &field(id), now_ms).await {
+                tracing::debug!("ended overrides not swept from redis yet: {e}");
+                return;
+            }
+        }
     }
 
     /// Writes the state file, if one is set.
@@ -437,13 +447,20 @@ impl Assignments {
             plans: self.plans.lock().values().cloned().collect(),
         };
         let text = serde_json::to_vec_pretty(&state).unwrap_or_default();
-        let tmp = path.with_extension("tmp");
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".spillway-{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
         let write = || -> std::io::Result<()> {
             use std::io::Write;
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&text)?;
             f.sync_all()?;
-            std::fs::rename(&tmp, path)
+            std::fs::rename(&tmp, path)?;
+            // The rename itself reaches the disk with the directory.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
         };
         write().map_err(|e| {
             WriteError::Store(format!(
@@ -464,10 +481,15 @@ impl Assignments {
         now_ms: u64,
         parse: ParseLimits,
     ) -> KeyRules {
+        use std::collections::HashMap;
+        use std::sync::Arc;
         let mut kr = KeyRules::new();
-        let by_name: std::collections::HashMap<&str, &Rule> =
-            set.rules().iter().map(|r| (r.name(), r)).collect();
-        for p in self.plans.lock().values() {
+        let by_name: HashMap<&str, &Rule> = set.rules().iter().map(|r| (r.name(), r)).collect();
+        // One rule per (rule, plan) and per (rule, limits given), shared
+        // by every key on it: many keys share a plan or an override.
+        let mut planned: HashMap<(&str, &str), Option<Arc<Rule>>> = HashMap::new();
+        let plans = self.plans.lock();
+        for p in plans.values() {
             let Some(rule) = by_name.get(p.rule.as_str()) else {
                 continue;
             };
@@ -477,14 +499,21 @@ impl Assignments {
             if rp.default.as_deref() == Some(p.plan.as_str()) {
                 continue;
             }
-            if let Some(limits) = rp.limits.get(&p.plan)
-                && let Ok(own) = rule.with_limits(limits.clone())
-            {
+            let own = planned
+                .entry((p.rule.as_str(), p.plan.as_str()))
+                .or_insert_with(|| {
+                    let limits = rp.limits.get(&p.plan)?;
+                    rule.with_limits(limits.clone()).ok().map(Arc::new)
+                });
+            if let Some(own) = own {
                 let parts: Vec<&str> = p.key.iter().map(String::as_str).collect();
-                kr.insert(rule.fingerprint(), &parts, std::sync::Arc::new(own));
+                kr.insert(rule.fingerprint(), &parts, own.clone());
             }
         }
-        for o in self.overrides.lock().values() {
+        drop(plans);
+        let mut given: HashMap<(&str, String), Option<Arc<Rule>>> = HashMap::new();
+        let overrides = self.overrides.lock();
+        for o in overrides.values() {
             if o.expires_unix_ms <= now_ms {
                 continue;
             }
@@ -492,17 +521,26 @@ impl Assignments {
                 continue;
             };
             let own = if o.block {
-                Some(rule.blocked())
+                given
+                    .entry((rule.name(), String::new()))
+                    .or_insert_with(|| Some(Arc::new(rule.blocked())))
+                    .clone()
             } else {
-                let max_wait = book.rules.get(&o.rule).and_then(|rp| rp.max_wait);
-                o.limits
-                    .as_ref()
-                    .and_then(|l| parse(l, max_wait).ok())
-                    .and_then(|l| rule.with_limits(l).ok())
+                let Some(limits) = o.limits.as_ref() else {
+                    continue;
+                };
+                given
+                    .entry((rule.name(), limits.to_string()))
+                    .or_insert_with(|| {
+                        let max_wait = book.rules.get(&o.rule).and_then(|rp| rp.max_wait);
+                        let l = parse(limits, max_wait).ok()?;
+                        rule.with_limits(l).ok().map(Arc::new)
+                    })
+                    .clone()
             };
             if let Some(own) = own {
                 let parts: Vec<&str> = o.key.iter().map(String::as_str).collect();
-                kr.insert(rule.fingerprint(), &parts, std::sync::Arc::new(own));
+                kr.insert(rule.fingerprint(), &parts, own);
             }
         }
         kr

@@ -70,8 +70,8 @@ impl Audit {
             path = %entry.path,
             action = %entry.action,
             rule = entry.rule.as_deref().unwrap_or(""),
-            key = %entry.key.as_ref().map(|k| k.join("+")).unwrap_or_default(),
-            reason = entry.reason.as_deref().unwrap_or(""),
+            key = ?entry.key.as_deref().unwrap_or_default(),
+            reason = ?entry.reason.as_deref().unwrap_or(""),
             status = entry.status,
             "audit: {} {} by {} -> {}",
             entry.action,
@@ -197,7 +197,11 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
     }
     let offset_s: i64 = match rest {
         "Z" | "z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+        o if o.len() == 6
+            && o.is_ascii()
+            && (o.starts_with('+') || o.starts_with('-'))
+            && &o[3..4] == ":" =>
+        {
             let hh: i64 = o[1..3].parse().map_err(|_| bad())?;
             let mm: i64 = o[4..6].parse().map_err(|_| bad())?;
             let v = hh * 3600 + mm * 60;
@@ -245,6 +249,8 @@ mod tests {
         assert!(parse_since("yesterday").is_err());
         assert!(parse_since("2026-13-24T10:00:00Z").is_err());
         assert!(parse_since("2026-02-31T10:00:00Z").is_err());
+        // A multi-byte character where the offset's colon would be.
+        assert!(parse_since("2026-11-24T10:00:00+0\u{e9}00").is_err());
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct AdminState {
     pub health: Mutex<Option<api::Reported>>,
     /// Reads an override's limits (the config layer's reader).
     pub parse_limits: assign::ParseLimits,
+    /// Held while the per-key rules are compiled.
+    pub compiling: Mutex<()>,
 }
 
 impl AdminState {
@@ -63,7 +65,10 @@ impl AdminState {
     }
 
     /// Compiles overrides and plans into the limiter's per-key rules.
+    /// One at a time, each from the rules in force when it starts: the
+    /// last to finish saw the newest state.
     pub fn recompile(&self) {
+        let _one = self.compiling.lock();
         let set = self.shared.limiter.rules();
         let kr = self.assign.compile(
             &set,
@@ -91,15 +96,22 @@ impl AdminState {
     pub async fn tick(&self) {
         self.top.tick();
         let redis = self.redis();
-        let mut changed = self.assign.expire(redis, crate::unix_ms()).await;
+        // What other instances changed first, so what ends here is swept
+        // from what Redis holds now.
+        let mut changed = false;
         if let Some(r) = redis {
             match self.assign.refresh(r).await {
-                Ok(c) => changed |= c,
+                Ok(c) => changed = c,
                 Err(e) => tracing::debug!("admin state not read from redis: {e}"),
             }
         }
-        if changed {
+        let now = crate::unix_ms();
+        let ended = self.assign.expire(now);
+        if changed || !ended.is_empty() {
             self.recompile();
+        }
+        if let (Some(r), false) = (redis, ended.is_empty()) {
+            self.assign.sweep(r, &ended, now).await;
         }
     }
 }

@@ -486,7 +486,7 @@ impl TopKeys {
         let Some(rt) = rt else { return };
         let hash = key.hash(0, self.seed);
         let show = self.show_keys();
-        let name_key = || show.then(|| key.parts().join("+").into_boxed_str());
+        let name_key = || show.then(|| shown(key));
         let at = self.minute.load(Ordering::Relaxed);
         let mut minutes = rt.minutes.lock();
         if minutes.back().is_none_or(|m| m.at != at) {
@@ -512,16 +512,20 @@ impl TopKeys {
         let rules = self.rules.load();
         let rt = rules.1.iter().find(|r| r.name == rule)?;
         let now = self.minute.load(Ordering::Relaxed);
-        let held = rt.minutes.lock();
         let from = now.saturating_sub(minutes.saturating_sub(1) as u64);
-        let sketches: Vec<&SpaceSaving> = held
+        // Copied out, and merged without the lock every decision of the
+        // rule takes.
+        let copies: Vec<SpaceSaving> = rt
+            .minutes
+            .lock()
             .iter()
             .filter(|m| m.at >= from && m.at <= now)
             .map(|m| match by {
-                By::Decided => &m.decided,
-                By::Denied => &m.denied,
+                By::Decided => m.decided.clone(),
+                By::Denied => m.denied.clone(),
             })
             .collect();
+        let sketches: Vec<&SpaceSaving> = copies.iter().collect();
         let (keys, total, max_error) = merge(&sketches, limit);
         Some(TopList {
             rule: rule.to_string(),
@@ -544,6 +548,25 @@ impl Watch for TopKeys {
             self.count(version, index, rule.name(), key, outcome);
         }
     }
+}
+
+/// The longest key kept as sent: a client chooses its key, and a slot
+/// must not hold kilobytes of it.
+pub const MAX_SHOWN: usize = 256;
+
+/// A key as the top list shows it: its parts joined by `+`, cut to
+/// [`MAX_SHOWN`] bytes (marked with `…`).
+fn shown(key: &Key<'_>) -> Box<str> {
+    let mut s = key.parts().join("+");
+    if s.len() > MAX_SHOWN {
+        let mut end = MAX_SHOWN;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s.into_boxed_str()
 }
 
 fn now_minute() -> u64 {
@@ -658,6 +681,16 @@ mod tests {
                 check(&sk);
             }
         }
+    }
+
+    #[test]
+    fn long_keys_are_cut() {
+        let long = "é".repeat(300);
+        let k = Key::from_parts([long.as_str(), "x"]);
+        let s = shown(&k);
+        assert!(s.len() <= MAX_SHOWN + '…'.len_utf8());
+        assert!(s.ends_with('…'));
+        assert_eq!(&*shown(&Key::from_parts(["a", "b"])), "a+b");
     }
 
     #[test]

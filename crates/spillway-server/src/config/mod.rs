@@ -587,6 +587,21 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
     };
     let mut proxy = proxy;
     if let Some(p) = proxy.as_mut() {
+        if let (Some(mine), Some(other), Some(at)) = (
+            p.admin_listen,
+            raw.admin_listen.as_ref().and(admin_listen),
+            raw.proxy
+                .as_ref()
+                .and_then(|x| x.value.admin_listen.as_ref()),
+        ) && mine != other
+        {
+            errs.at(
+                at,
+                format!(
+                    "proxy.admin_listen {mine} and admin_listen {other} name the same listener: give one address (or remove one)"
+                ),
+            );
+        }
         p.admin_listen = p.admin_listen.or(admin_listen);
     }
     let (plan_words, plan_raws) = admin::plans(&mut errs, raw.plans.as_ref());

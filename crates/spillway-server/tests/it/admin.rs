@@ -57,12 +57,45 @@ impl Admin {
         let env = tokens_env();
         let server = Server::start_env(&["--config", path.to_str().unwrap()], &env);
         let base = format!("http://{}", server.listener("admin API"));
+        // A Redis store connects in the background: until it answers,
+        // decisions follow the failure policy (and count nowhere).
+        let ready = format!("{base}/readyz");
+        let start = Instant::now();
+        loop {
+            let body = get_blocking(&ready);
+            if body.contains("\"ready\"") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "not ready within 30 s: {body}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Admin { server, base }
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+}
+
+/// A plain blocking GET (for fixtures outside a runtime): the body.
+fn get_blocking(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let Ok(mut c) = std::net::TcpStream::connect(host) else {
+        return String::new();
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        c,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    out
 }
 
 async fn call(
@@ -901,6 +934,10 @@ fn the_files_errors_name_the_conflicts() {
         (
             "proxy: { upstream: http://127.0.0.1:1, admin_listen: 127.0.0.1:9091 }\nadmin: { listen: 127.0.0.1:9092 }\nrules: []\n",
             "proxy.admin_listen",
+        ),
+        (
+            "admin_listen: 127.0.0.1:9091\nproxy: { upstream: http://127.0.0.1:1, admin_listen: 127.0.0.1:9093 }\nrules: []\n",
+            "proxy.admin_listen 127.0.0.1:9093 and admin_listen 127.0.0.1:9091",
         ),
         (
             "rules:\n  - name: a\n    by: user\n    plan: { default: gold }\n",

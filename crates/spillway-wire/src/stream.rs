@@ -134,9 +134,9 @@ mod tls {
     /// The answer to plain HTTP on a TLS port (nginx answers 400 too).
     const PLAIN_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\n\
 content-type: application/problem+json\r\n\
-content-length: 108\r\n\
+content-length: 105\r\n\
 connection: close\r\n\r\n\
-{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\"detail\":\"this port speaks HTTPS: use https://\"}";
+{\"type\":\"about:blank\",\"title\":\"bad request\",\"status\":400,\"detail\":\"this port speaks HTTPS: use https://\"}";
 
     /// The first byte of a TLS record that starts a handshake.
     const HANDSHAKE_RECORD: u8 = 0x16;

@@ -558,6 +558,21 @@ fn check_reason(reason: &str) -> Result<(), Response> {
     Ok(())
 }
 
+/// A write call's token, key and body, in that order of checks (401/403
+/// before anything about the body).
+fn write_call<T: serde::de::DeserializeOwned>(
+    state: &AdminState,
+    headers: &HeaderMap,
+    uri: &Uri,
+    prefix: &str,
+    bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(String, Target, T), Response> {
+    let who = authorize(state, headers, Scope::Write)?;
+    let t = target(state, uri, prefix)?;
+    let b = body(&read_body(bytes)?)?;
+    Ok((who, t, b))
+}
+
 fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(bytes).map_err(|e| {
         problem(
@@ -574,22 +589,11 @@ async fn override_put(
     uri: Uri,
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let bytes = match read_body(bytes) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let who = match authorize(&state, &headers, Scope::Write) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let t = match target(&state, &uri, "/admin/v1/overrides/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let b: OverrideBody = match body(&bytes) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let (who, t, b) =
+        match write_call::<OverrideBody>(&state, &headers, &uri, "/admin/v1/overrides/", bytes) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     let block = b.block.unwrap_or(false);
     let Some(ttl) = b.ttl.as_deref() else {
         return problem(
@@ -808,22 +812,11 @@ async fn plan_put(
     uri: Uri,
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let bytes = match read_body(bytes) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let who = match authorize(&state, &headers, Scope::Write) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let t = match target(&state, &uri, "/admin/v1/plans/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let b: PlanBody = match body(&bytes) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+    let (who, t, b) =
+        match write_call::<PlanBody>(&state, &headers, &uri, "/admin/v1/plans/", bytes) {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
     if let Err(r) = check_reason(b.reason.as_deref().unwrap_or("")) {
         return r;
     }

@@ -32,6 +32,7 @@
 
 pub mod algo;
 pub mod decision;
+pub mod elastic;
 mod error;
 mod ip;
 mod path;
@@ -43,6 +44,7 @@ pub use algo::{
     StateKind, TokenBucket, Verdict, Wide,
 };
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, charge, decide};
+pub use elastic::{Elastic, Health};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};

@@ -654,22 +654,54 @@ async fn override_put(
         by: who.clone(),
     };
     let result = state.assign.put_override(state.redis(), o.clone()).await;
-    let status = if result.is_ok() { 200 } else { 503 };
-    state.record(
-        &who,
-        &method,
-        &uri,
-        "override.put",
-        Some(&t),
-        Some(reason),
-        status,
-    );
-    match result {
-        Ok(()) => {
-            state.recompile();
-            axum::Json(override_json(&o, &state)).into_response()
-        }
-        Err(e) => write_failed(e),
+    let put = Put {
+        who: &who,
+        method: &method,
+        uri: &uri,
+        action: "override.put",
+        t: &t,
+        reason: Some(reason),
+    };
+    put.answer(&state, result, || override_json(&o, &state))
+}
+
+/// A PUT of an assignment, for its audit entry and answer.
+struct Put<'a> {
+    who: &'a str,
+    method: &'a Method,
+    uri: &'a Uri,
+    action: &'a str,
+    t: &'a Target,
+    reason: Option<String>,
+}
+
+impl Put<'_> {
+    /// Records the call with the status it gets, and answers: on success
+    /// the per-key rules are compiled again and `ok` is the body.
+    fn answer(
+        self,
+        state: &AdminState,
+        result: Result<(), WriteError>,
+        ok: impl FnOnce() -> Value,
+    ) -> Response {
+        let answer = match result {
+            Ok(()) => {
+                state.recompile();
+                axum::Json(ok()).into_response()
+            }
+            Err(e) => write_failed(e),
+        };
+        let status = answer.status().as_u16();
+        state.record(
+            self.who,
+            self.method,
+            self.uri,
+            self.action,
+            Some(self.t),
+            self.reason,
+            status,
+        );
+        answer
     }
 }
 
@@ -850,15 +882,15 @@ async fn plan_put(
         since_unix_ms: now_ms(),
     };
     let result = state.assign.put_plan(state.redis(), p).await;
-    let status = if result.is_ok() { 200 } else { 503 };
-    state.record(&who, &method, &uri, "plan.put", Some(&t), b.reason, status);
-    match result {
-        Ok(()) => {
-            state.recompile();
-            axum::Json(plan_json(&state, &t)).into_response()
-        }
-        Err(e) => write_failed(e),
-    }
+    let put = Put {
+        who: &who,
+        method: &method,
+        uri: &uri,
+        action: "plan.put",
+        t: &t,
+        reason: b.reason,
+    };
+    put.answer(&state, result, || plan_json(&state, &t))
 }
 
 async fn plan_delete(

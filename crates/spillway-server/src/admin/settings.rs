@@ -56,14 +56,13 @@ impl Token {
     }
 
     /// Whether `given` is this token, compared in time independent of
-    /// where the two first differ.
+    /// where the two first differ and of the guess's length.
     pub fn matches(&self, given: &[u8]) -> bool {
-        if given.len() != self.secret.len() {
-            return false;
-        }
-        let mut diff = 0u8;
-        for (a, b) in given.iter().zip(&self.secret) {
-            diff |= a ^ b;
+        // As long as the token whatever was given: the time says nothing
+        // of the guess, not even whether its length is right.
+        let mut diff = u8::from(given.len() != self.secret.len());
+        for (i, b) in self.secret.iter().enumerate() {
+            diff |= given.get(i).copied().unwrap_or(0) ^ b;
         }
         std::hint::black_box(diff) == 0
     }
@@ -76,6 +75,28 @@ impl fmt::Debug for Token {
             .field("scope", &self.scope)
             .field("source", &self.source)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_matches_only_itself() {
+        let t = Token::new(
+            "ops".into(),
+            Scope::Write,
+            "env X".into(),
+            "0123456789abcdef",
+        );
+        assert!(t.matches(b"0123456789abcdef"));
+        assert!(!t.matches(b"0123456789abcde"));
+        assert!(!t.matches(b"0123456789abcdef0"));
+        assert!(!t.matches(b"0123456789abcdeF"));
+        assert!(!t.matches(b""));
+        // A guess that is the token with NULs after it is not the token.
+        assert!(!t.matches(b"0123456789abcdef\0"));
     }
 }
 

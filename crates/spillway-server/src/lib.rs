@@ -458,6 +458,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         series: admin::series::Series::new(),
         audit: admin::audit::Audit::new(settings.audit_entries),
         health: Mutex::new(None),
+        health_settings: arc_swap::ArcSwap::from_pointee(opts.config.health),
         parse_limits: config::limits_from_json,
         compiling: Mutex::new(()),
     });

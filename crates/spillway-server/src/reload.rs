@@ -213,7 +213,9 @@ pub(crate) fn reload(
             let set = rule_set(&config, version);
             state.shared.events.rules_changed(&set);
             state.shared.limiter.replace_rules(set);
-            state.admin.reloaded(&config.admin, &config.plans);
+            state
+                .admin
+                .reloaded(&config.admin, &config.plans, &config.health);
             state.shared.events.reloaded();
             let mut r = state.status.lock();
             r.last_error = None;

@@ -1102,8 +1102,25 @@ pub struct Reported {
     pub at_unix_ms: u64,
 }
 
-fn health_json(r: Option<Reported>) -> Value {
-    match r {
+/// Health as seen now, as `/v1/health` and `/v1/status` show it.
+pub fn seen_json(state: &AdminState) -> Value {
+    let settings = state.health_settings.load();
+    let (known, load) = match state.health_now() {
+        spillway_core::Health::Unknown => (false, None),
+        spillway_core::Health::Load(l) => (true, Some(l)),
+    };
+    json!({
+        "known": known,
+        "load": load,
+        "stale_after_s": settings.stale_after.as_secs_f64(),
+        "latency_target_ms": settings.latency_target.map(|d| d.as_secs_f64() * 1000.0),
+        "errors_max": settings.errors_max,
+    })
+}
+
+fn health_json(state: &AdminState) -> Value {
+    let r = *state.health.lock();
+    let mut v = match r {
         None => json!({ "reported": false }),
         Some(r) => json!({
             "reported": true,
@@ -1113,14 +1130,16 @@ fn health_json(r: Option<Reported>) -> Value {
             "received_unix_ms": r.at_unix_ms,
             "age_ms": now_ms().saturating_sub(r.at_unix_ms),
         }),
-    }
+    };
+    v["as_seen"] = seen_json(state);
+    v
 }
 
 async fn health_get(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
     if let Err(r) = authorize(&state, &headers, Scope::Read) {
         return r;
     }
-    axum::Json(health_json(*state.health.lock())).into_response()
+    axum::Json(health_json(&state)).into_response()
 }
 
 async fn health_put(
@@ -1161,7 +1180,7 @@ async fn health_put(
     };
     *state.health.lock() = Some(r);
     state.record(&who, &method, &uri, "health.put", None, None, 200);
-    axum::Json(health_json(Some(r))).into_response()
+    axum::Json(health_json(&state)).into_response()
 }
 
 impl AdminState {

@@ -52,6 +52,8 @@ pub struct AdminState {
     pub audit: audit::Audit,
     /// What the service last said of its health (`PUT /v1/health`).
     pub health: Mutex<Option<api::Reported>>,
+    /// `health:` as last loaded.
+    pub health_settings: arc_swap::ArcSwap<settings::HealthSettings>,
     /// Reads an override's limits (the config layer's reader).
     pub parse_limits: assign::ParseLimits,
     /// Held while the per-key rules are compiled.
@@ -79,8 +81,29 @@ impl AdminState {
         self.shared.limiter.set_key_rules(kr);
     }
 
+    /// Health as seen now: the last report, read against `health:`;
+    /// unknown if none came or it is stale.
+    pub fn health_now(&self) -> spillway_core::Health {
+        let Some(r) = *self.health.lock() else {
+            return spillway_core::Health::Unknown;
+        };
+        let age = std::time::Duration::from_millis(crate::unix_ms().saturating_sub(r.at_unix_ms));
+        self.health_settings.load().health(
+            r.health.load,
+            r.health.latency_ms,
+            r.health.error_rate,
+            age,
+        )
+    }
+
     /// Takes up a reloaded configuration (after its rules are in force).
-    pub fn reloaded(&self, admin: &settings::AdminSettings, plans: &settings::PlanBook) {
+    pub fn reloaded(
+        &self,
+        admin: &settings::AdminSettings,
+        plans: &settings::PlanBook,
+        health: &settings::HealthSettings,
+    ) {
+        self.health_settings.store(Arc::new(*health));
         self.settings.store(Arc::new(admin.clone()));
         self.plans.store(Arc::new(plans.clone()));
         self.top.set_show_keys(admin.show_keys);
@@ -289,6 +312,7 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
             "ratio": state.shared.events.near_limit_ratio(),
             "rules": near,
         },
+        "health": api::seen_json(&state),
         "overrides": state.assign.overrides(crate::unix_ms()).len(),
         "plan_assignments": state.assign.plans().len(),
         "version": set.version,
@@ -328,6 +352,24 @@ fn sync_json(st: &spillway_sync::SyncStatus) -> serde_json::Value {
     })
 }
 
+/// Health as seen, as Prometheus text: whether it is known, and the
+/// load when it is.
+fn health_metrics(h: spillway_core::Health) -> String {
+    let mut out = String::from(
+        "# HELP spillway_health_known Whether the service's health is known (a fresh report).\n# TYPE spillway_health_known gauge\n",
+    );
+    match h {
+        spillway_core::Health::Unknown => out.push_str("spillway_health_known 0\n"),
+        spillway_core::Health::Load(l) => {
+            out.push_str("spillway_health_known 1\n");
+            out.push_str(&format!(
+                "# HELP spillway_health_load The service's load as seen (0 idle, 1 at capacity).\n# TYPE spillway_health_load gauge\nspillway_health_load {l}\n"
+            ));
+        }
+    }
+    out
+}
+
 /// A breaker state as the API spells it.
 fn breaker_name(b: spillway_redis::BreakerState) -> &'static str {
     match b {
@@ -343,6 +385,7 @@ async fn metrics(State(state): State<Arc<AdminState>>, headers: axum::http::Head
     }
     let keys = spillway_store::Store::keys(state.shared.limiter.store());
     let mut text = state.shared.events.render(keys);
+    text.push_str(&health_metrics(state.health_now()));
     text.push_str(&state.shared.limiter.store().metrics());
     let mut resp = text.into_response();
     resp.headers_mut().insert(

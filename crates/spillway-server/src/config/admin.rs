@@ -7,9 +7,11 @@ use serde_saphyr::Spanned;
 use spillway_core::{Limit, Nanos};
 
 use super::errors::Errors;
-use super::raw::{RawAdmin, RawLimit, RawPlan, RawRatio};
+use super::raw::{RawAdmin, RawHealth, RawLimit, RawPlan, RawRatio};
 use super::rules::limit;
-use crate::admin::settings::{AdminSettings, MAX_TOP_SLOTS, PlanBook, RulePlans, Scope, Token};
+use crate::admin::settings::{
+    AdminSettings, HealthSettings, MAX_TOP_SLOTS, PlanBook, RulePlans, Scope, Token,
+};
 
 /// The most tokens `admin.tokens` may list.
 const MAX_TOKENS: usize = 64;
@@ -97,6 +99,42 @@ pub(super) fn admin(
         }
     }
     (out, listen)
+}
+
+/// Reads `health:`.
+pub(super) fn health(errs: &mut Errors<'_>, raw: &Spanned<RawHealth>) -> HealthSettings {
+    let mut out = HealthSettings::default();
+    let h = &raw.value;
+    if let Some(l) = &h.latency {
+        out.latency_target =
+            super::rules::duration(errs, &l.value.target, "health.latency.target", false)
+                .map(Into::into);
+        if let Some(p) = &l.value.percentile {
+            if (50.0..100.0).contains(&p.value) {
+                out.percentile = p.value;
+            } else {
+                errs.at(
+                    p,
+                    "health.latency.percentile: from 50 to below 100, like 99",
+                );
+            }
+        }
+    }
+    if let Some(e) = &h.errors {
+        match ratio(&e.value.max.value) {
+            Some(v) if v > 0.0 && v <= 1.0 => out.errors_max = Some(v),
+            _ => errs.at(
+                &e.value.max,
+                "health.errors.max: a share above 0 and at most 1, like 0.02 or \"2%\"",
+            ),
+        }
+    }
+    if let Some(s) = &h.stale_after
+        && let Some(d) = super::rules::duration(errs, s, "health.stale_after", false)
+    {
+        out.stale_after = d.into();
+    }
+    out
 }
 
 fn ratio(r: &RawRatio) -> Option<f64> {

@@ -96,6 +96,8 @@ pub struct Config {
     pub admin: crate::admin::settings::AdminSettings,
     /// The plans (`plans:`) and the rules' plan settings.
     pub plans: crate::admin::settings::PlanBook,
+    /// What "the service has room" means (`health:`).
+    pub health: crate::admin::settings::HealthSettings,
     /// HTTPS on the listeners (`tls:`, `admin.tls:`, the `--tls-*` flags).
     pub tls: TlsSettings,
     /// The file has a `rules:` key (`rules: []` included). A reload
@@ -605,6 +607,11 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         p.admin_listen = p.admin_listen.or(admin_listen);
     }
     let (plan_words, plan_raws) = admin::plans(&mut errs, raw.plans.as_ref());
+    let health = raw
+        .health
+        .as_ref()
+        .map(|h| admin::health(&mut errs, h))
+        .unwrap_or_default();
     let server = raw.server.as_ref().map_or_else(
         || spillway_wire::Limits {
             max_connections: default_max_connections(),
@@ -756,6 +763,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             log_format,
             admin: admin_settings,
             plans: admin::book(plan_words, rule_plans),
+            health,
             tls,
             has_rules: raw.rules.is_some(),
         })

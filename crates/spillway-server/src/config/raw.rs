@@ -52,6 +52,9 @@ pub(crate) struct RawConfig {
     pub(crate) log: Option<Spanned<RawLog>>,
     #[serde(default)]
     pub(crate) reload: Option<Spanned<RawReload>>,
+    /// What "the service has room" means (elastic rules).
+    #[serde(default)]
+    pub(crate) health: Option<Spanned<RawHealth>>,
     /// `None` when the file has no `rules:` key (a reload refuses it).
     #[serde(default)]
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
@@ -80,6 +83,7 @@ impl RawConfig {
             path_matching,
             log,
             reload,
+            health,
             rules,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
@@ -104,6 +108,7 @@ impl RawConfig {
         take(&mut self.path_matching, path_matching);
         take(&mut self.log, log);
         take(&mut self.reload, reload);
+        take(&mut self.health, health);
         if let Some(rules) = rules {
             self.rules.get_or_insert_with(Vec::new).extend(rules);
         }
@@ -278,6 +283,33 @@ pub(crate) struct RawTls {
     pub(crate) cert: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) key: Option<Spanned<String>>,
+}
+
+/// `health:`: the service's targets.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealth {
+    #[serde(default)]
+    pub(crate) latency: Option<Spanned<RawLatency>>,
+    #[serde(default)]
+    pub(crate) errors: Option<Spanned<RawErrors>>,
+    /// After how long without a report health is unknown.
+    #[serde(default)]
+    pub(crate) stale_after: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLatency {
+    pub(crate) target: Spanned<String>,
+    #[serde(default)]
+    pub(crate) percentile: Option<Spanned<f64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawErrors {
+    pub(crate) max: Spanned<RawRatio>,
 }
 
 /// A share: `0.2` or `"20%"`.

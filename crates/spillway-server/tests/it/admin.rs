@@ -940,6 +940,14 @@ fn the_files_errors_name_the_conflicts() {
             "proxy.admin_listen 127.0.0.1:9093 and admin_listen 127.0.0.1:9091",
         ),
         (
+            "health: { errors: { max: 0 } }\nrules: []\n",
+            "health.errors.max",
+        ),
+        (
+            "health: { latency: { target: 0s } }\nrules: []\n",
+            "health.latency.target must be longer than zero",
+        ),
+        (
             "rules:\n  - name: a\n    by: user\n    plan: { default: gold }\n",
             "plan \"gold\" is not in plans:",
         ),
@@ -1041,4 +1049,52 @@ async fn top_keys_can_be_turned_off() {
     .await;
     assert_eq!(st, 409, "{body}");
     assert!(body["detail"].as_str().unwrap().contains("top_keys"));
+}
+
+/// A health report is read against `health:`'s targets (the worst signal
+/// counts), shown on status and metrics, and is unknown once stale.
+#[tokio::test]
+async fn health_reports_are_read_against_targets_and_go_stale() {
+    let dir = TempDir::new("admin-health");
+    let top = "health:\n  latency: { target: 200ms, percentile: 99 }\n  errors: { max: 2% }\n  stale_after: 1s\n";
+    let a = Admin::start(&rules(top, "", RULES), &dir);
+    let c = client();
+    use reqwest::Method as M;
+    let (_, h) = call(&c, M::GET, &a.url("/v1/health"), Some(READ), None).await;
+    assert_eq!(
+        (&h["reported"], &h["as_seen"]["known"]),
+        (&json!(false), &json!(false))
+    );
+    let (st, h) = call(
+        &c,
+        M::PUT,
+        &a.url("/v1/health"),
+        Some(OPS),
+        Some(json!({"load": 0.2, "latency_ms": 300, "error_rate": 0.01})),
+    )
+    .await;
+    assert_eq!(st, 200, "{h}");
+    // 300 ms of a 200 ms target is the worst: 1.5.
+    assert_eq!(h["as_seen"]["known"], true, "{h}");
+    assert_eq!(h["as_seen"]["load"], 1.5, "{h}");
+    let (_, s) = call(&c, M::GET, &a.url("/v1/status"), Some(READ), None).await;
+    assert_eq!(s["health"]["load"], 1.5, "{s}");
+    let m = c
+        .get(a.url("/metrics"))
+        .bearer_auth(READ)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("spillway_health_known 1"), "{m}");
+    assert!(m.contains("spillway_health_load 1.5"), "{m}");
+    eventually("the report goes stale", || async {
+        let (_, h) = call(&c, M::GET, &a.url("/v1/health"), Some(READ), None).await;
+        h["as_seen"]["known"] == false && h["reported"] == true
+    })
+    .await;
+    let (st, _) = call(&c, M::GET, &a.url("/v1/status"), Some(READ), None).await;
+    assert_eq!(st, 200);
 }

@@ -499,6 +499,10 @@ struct Rig {
     ch: Channel,
     _dir: TempDir,
     _redis: Option<spillway_testkit::RedisServer>,
+    /// Files the server reads besides its rules (an `--envoy-config`),
+    /// kept while it runs: a file removed is a domain dropped at the next
+    /// reload, which a slow run would see mid-test.
+    _files: Option<TempDir>,
 }
 
 async fn start_rig(on: On, rules: &str, wrapper: &[&str], args: &[&str]) -> Rig {
@@ -542,6 +546,7 @@ async fn start_rig(on: On, rules: &str, wrapper: &[&str], args: &[&str]) -> Rig 
         ch,
         _dir: dir,
         _redis: redis,
+        _files: None,
     }
 }
 
@@ -649,14 +654,14 @@ descriptors:
 async fn rl_rig(on: On, rules: &str) -> Rig {
     let dir = TempDir::new("rl");
     let file = dir.write("rl.yaml", RL);
-    let r = start_rig(
+    let mut r = start_rig(
         on,
         &format!("rules: []\n{rules}"),
         &[],
         &["--envoy-config", file.to_str().unwrap()],
     )
     .await;
-    drop(dir);
+    r._files = Some(dir);
     r
 }
 

@@ -203,11 +203,6 @@ impl Metrics {
         f64::from_bits(self.near_ratio.load(Ordering::Relaxed))
     }
 
-    /// Counts an admitted request near its rule's limit.
-    fn count_near(&self, version: u64, index: usize, name: &str) {
-        self.with_counters(version, index, name, |c| c.near_limit.add(1));
-    }
-
     /// Every rule's totals so far, in rule order: decisions by outcome
     /// (allowed, denied, shadow denied, soft exceeded), then near-limit
     /// admissions.
@@ -265,11 +260,16 @@ impl Metrics {
         let ratio = self.near_limit_ratio();
         for rd in &checked.decision.rules {
             let name = checked.rule(rd).map_or("", |r| r.name());
-            self.count(version, rd.rule, name, rd.outcome);
             let v = &rd.verdict;
-            if rd.outcome == Outcome::Allowed && (v.remaining as f64) < ratio * v.limit as f64 {
-                self.count_near(version, rd.rule, name);
-            }
+            let near =
+                rd.outcome == Outcome::Allowed && (v.remaining as f64) < ratio * v.limit as f64;
+            // One lookup of the rule's counters for both.
+            self.with_counters(version, rd.rule, name, |c| {
+                c.by_outcome[slot(rd.outcome)].add(1);
+                if near {
+                    c.near_limit.add(1);
+                }
+            });
         }
         if checked.store_error.is_some() {
             self.store_failed();

@@ -54,11 +54,16 @@ impl KeyRules {
 
     /// The rule `key` decides under in place of `matched`, if it has one.
     pub fn find(&self, matched: &Rule, key: &Key<'_>) -> Option<&Rule> {
+        self.get(matched, key).map(|r| &**r)
+    }
+
+    /// As [`find`](Self::find), the shared rule itself.
+    pub fn get(&self, matched: &Rule, key: &Key<'_>) -> Option<&Arc<Rule>> {
         let keys = self.by_rule.get(&matched.fingerprint())?;
         let e = keys.get(&key.hash(matched.fingerprint(), SEED))?;
         let same = e.parts.len() == key.parts().len()
             && e.parts.iter().zip(key.parts()).all(|(a, b)| &**a == *b);
-        same.then_some(&*e.rule)
+        same.then_some(&e.rule)
     }
 
     /// How many keys have a rule of their own.

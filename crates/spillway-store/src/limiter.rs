@@ -276,11 +276,6 @@ impl<S: Store> Limiter<S> {
             .store(any, std::sync::atomic::Ordering::Release);
     }
 
-    /// The keys that decide under a rule of their own.
-    pub fn key_rules(&self) -> Arc<KeyRules> {
-        self.key_rules.load_full()
-    }
-
     /// The rule `key` decides under when it matches `rule`: its own if it
     /// has one (see [`set_key_rules`](Self::set_key_rules)), else `rule`.
     pub fn rule_for(&self, rule: &Rule, key: &Key<'_>) -> Option<Arc<Rule>> {
@@ -290,8 +285,7 @@ impl<S: Store> Limiter<S> {
         {
             return None;
         }
-        let kr = self.key_rules.load();
-        kr.find(rule, key).map(|r| Arc::new(r.clone()))
+        self.key_rules.load().get(rule, key).cloned()
     }
 
     /// Sets the watcher that sees every decision of

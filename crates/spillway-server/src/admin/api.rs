@@ -902,6 +902,15 @@ async fn plan_delete(
     delete_assigned(&state, &headers, &method, &uri, Assigned::Plan).await
 }
 
+/// Query parameters given empty (`rule=`) are as good as absent.
+fn unset_blanks<const N: usize>(params: [&mut Option<String>; N]) {
+    for v in params {
+        if v.as_deref().is_some_and(str::is_empty) {
+            *v = None;
+        }
+    }
+}
+
 /// Unknown parameters (a cache buster) are ignored; an empty one is as
 /// good as none.
 #[derive(Deserialize)]
@@ -930,11 +939,7 @@ async fn top(
             "query: rule=NAME&by=denied|decided&window=5m&limit=20",
         );
     };
-    for v in [&mut q.rule, &mut q.by, &mut q.window, &mut q.limit] {
-        if v.as_deref().is_some_and(str::is_empty) {
-            *v = None;
-        }
-    }
+    unset_blanks([&mut q.rule, &mut q.by, &mut q.window, &mut q.limit]);
     if !state.top.enabled() {
         return problem(
             StatusCode::CONFLICT,
@@ -1060,11 +1065,7 @@ async fn audit(
     let Ok(Query(mut q)) = q else {
         return problem(StatusCode::BAD_REQUEST, "query: since=TIME&limit=N");
     };
-    for v in [&mut q.since, &mut q.limit] {
-        if v.as_deref().is_some_and(str::is_empty) {
-            *v = None;
-        }
-    }
+    unset_blanks([&mut q.since, &mut q.limit]);
     let since = match q.since.as_deref().map(super::audit::parse_since) {
         None => 0,
         Some(Ok(v)) => v,

@@ -88,7 +88,7 @@
 -- `since` is in the state's current window (a later window never counted
 -- those units); a sliding counter's current window, or the previous one,
 -- whichever holds `since` (neither: nothing); a sliding log drops up to
--- `cost` of its newest entries at or after `since`. A state changed is
+-- `cost` of its oldest entries at or after `since` (see `log_refund`). A state changed is
 -- written with its TTL as a charge's; one that is already empty or
 -- unaffected is left alone. Its verdicts are checks of cost 0 after it,
 -- as a charge's.
@@ -531,31 +531,55 @@ local function refunded(code, state, a, now, cost, since)
   return e + a, known, e + a, cur, prev
 end
 
--- Refunds `cost` units taken at `since` from a sliding log: drops up to
--- `cost` of its newest entries at or after `since` (entries are in time
--- order, so they are its last ones), read from its tail in chunks.
-local function log_refund(key, since, cost)
+-- Refunds `cost` units taken at or after `since` from a sliding log:
+-- drops its oldest `cost` entries at or after `since` (entries are in
+-- time order, so they start the list's tail). Of all choices of that
+-- many entries from `since` on, dropping the oldest leaves, at every
+-- later time, at least as many live entries as dropping the lease's own
+-- would: a refund never admits more later than the true units would.
+-- And refunds of several instances, each dated at its oldest grant
+-- still held, all find their units however they interleave (dropping
+-- the newest instead, one instance's refund can take entries another's
+-- units made, and that one's refund then finds too few: budget lost).
+-- The tail from `since` is read in chunks and written back without the
+-- dropped entries.
+local function log_refund(key, since, cost, a, now)
   local len = redis.call('LLEN', key)
-  local k = 0
-  while k < cost and k < len do
-    local m = min(CHUNK, len - k, cost - k)
-    local part = redis.call('LRANGE', key, -(k + m), -(k + 1))
+  local m = 0
+  while m < len do
+    local c = min(CHUNK, len - m)
+    local part = redis.call('LRANGE', key, -(m + c), -(m + 1))
     local older = false
     for i = #part, 1, -1 do
       if tonumber(part[i]) < since then
         older = true
         break
       end
-      k = k + 1
+      m = m + 1
     end
-    if older or #part < m then break end
+    if older or #part < c then break end
   end
-  if k > 0 then
-    if k >= len then
-      redis.call('DEL', key)
-    else
-      redis.call('LTRIM', key, 0, -(k + 1))
-    end
+  if m == 0 or cost <= 0 then return end
+  local k = min(cost, m)
+  local keep = {}
+  if k < m then keep = redis.call('LRANGE', key, -(m - k), -1) end
+  if m >= len then
+    redis.call('DEL', key)
+  else
+    redis.call('LTRIM', key, 0, -(m + 1))
+  end
+  -- RPUSH in chunks: Lua's unpack has a stack limit. The newest entry
+  -- is kept when any is, and with it the list's TTL; a list emptied and
+  -- refilled gets the TTL of its newest entry again.
+  local i = 1
+  while i <= #keep do
+    local e = min(i + 999, #keep)
+    redis.call('RPUSH', key, unpack(keep, i, e))
+    i = e + 1
+  end
+  if m >= len and #keep > 0 then
+    local newest = tonumber(keep[#keep])
+    redis.call('PEXPIRE', key, max(math.ceil((newest + a - now) / 1000), 1))
   end
 end
 
@@ -807,7 +831,7 @@ for _ = 1, ndecisions do
         local key = KEYS[key_base + k]
         if code == 5 then
           if refund then
-            log_refund(key, at, cost)
+            log_refund(key, at, cost, a, now)
           else
             log_charge(key, enf, a, now, cost)
           end

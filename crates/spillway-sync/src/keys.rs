@@ -31,8 +31,16 @@ pub(crate) struct Entry {
     pub idle: u32,
     /// Lease mode: units held.
     pub units: u64,
-    /// Lease mode: when the units were taken (store microseconds).
+    /// Lease mode: when the newest units were taken (store microseconds).
     pub since_us: u64,
+    /// Lease mode: when the oldest units that may still be held were
+    /// taken (a slice topped up keeps units of earlier grants).
+    pub first_us: u64,
+    /// Lease mode: units of a slice that expired before its refund, still
+    /// counted by the store: given back at the next exchange.
+    pub stale: u64,
+    /// Lease mode: the refund time of `stale`.
+    pub stale_since_us: u64,
     /// Lease mode: until when the units may be used (store time): the
     /// end of a fixed window, an interval for sliding windows.
     pub expires: Nanos,
@@ -58,6 +66,9 @@ impl Entry {
             idle: 0,
             units: 0,
             since_us: 0,
+            first_us: 0,
+            stale: 0,
+            stale_since_us: 0,
             expires: Nanos::ZERO,
             refused_until: Nanos::ZERO,
             verdict: None,

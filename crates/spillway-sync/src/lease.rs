@@ -60,6 +60,16 @@ pub(crate) fn lease_ops(
         idle_after,
     } = *tick;
     let demand = std::mem::take(&mut e.demand);
+    if e.stale > 0 {
+        ops.push(Item {
+            tag,
+            rule: e.rule.clone(),
+            op: SyncOp::Refund {
+                units: std::mem::take(&mut e.stale),
+                since_us: e.stale_since_us,
+            },
+        });
+    }
     let expired = now >= e.expires;
     let recent = e.idle <= idle_after;
     let w = want(demand.max(1), e.remaining, live);
@@ -75,7 +85,7 @@ pub(crate) fn lease_ops(
             rule: e.rule.clone(),
             op: SyncOp::Refund {
                 units: give_back,
-                since_us: e.since_us,
+                since_us: refund_since(e),
             },
         });
     }
@@ -97,6 +107,22 @@ pub(crate) fn lease_ops(
             });
         }
     }
+}
+
+/// The time a refund of a key's units is given as taken at. A counter
+/// gives units back into the window that holds the newest grant. A
+/// sliding log drops its oldest entries taken at or after this time, so
+/// it is the oldest grant whose units may still be held: a slice topped
+/// up a unit at a time holds units of earlier grants, and with the newest
+/// grant's time the log would find too few entries and keep units that
+/// were never spent.
+fn refund_since(e: &Entry) -> u64 {
+    let log = e
+        .rule
+        .enforced_limits()
+        .iter()
+        .any(|l| matches!(l, Limit::SlidingLog(_)));
+    if log { e.first_us } else { e.since_us }
 }
 
 /// Hands a granted slice to its key.
@@ -123,11 +149,24 @@ pub(crate) fn grant(
         e.verdict = limits.iter().find(|v| !v.allowed).copied();
         return;
     }
-    // Units of an expired slice are not carried into the new one: a fixed
-    // window's would be spent in the next window (and given back into
-    // it). They were counted in the store; dropping them admits less.
-    if now >= e.expires {
+    // Units of an expired slice are not carried into the new one (a fixed
+    // window's would be spent in the next window, a sliding log's after
+    // its entries left the window): they are given back at the next
+    // exchange, as taken when they were (the store refunds what still
+    // counts). A grant late past the expiry (a busy machine's timers) so
+    // loses nothing of a budget that does not refill.
+    if now >= e.expires && e.units > 0 {
+        let since = refund_since(e);
+        e.stale_since_us = if e.stale == 0 {
+            since
+        } else {
+            e.stale_since_us.min(since)
+        };
+        e.stale = e.stale.saturating_add(e.units);
         e.units = 0;
+    }
+    if e.units == 0 {
+        e.first_us = now_us;
     }
     e.units = e.units.saturating_add(granted);
     e.since_us = now_us;
@@ -548,6 +587,81 @@ mod tests {
         assert!(slice_take(&mut e, 1, false, later).is_err(), "expired");
         grant(&mut e, 3, 2, &[v(Nanos::from_secs(60))], later, interval);
         assert_eq!(e.units, 3, "the old window's units were not carried");
+        assert_eq!((e.stale, e.stale_since_us), (5, 1), "but are given back");
+        let mut ops = Vec::new();
+        let tick = Tick {
+            now: later,
+            ttl: interval.as_u64() * 2,
+            live: 1,
+            idle_after: 10,
+        };
+        let leasing = e.rule.clone();
+        lease_ops(&mut e, 7, &tick, leasing, &mut ops);
+        assert!(matches!(
+            ops.first().map(|i| &i.op),
+            Some(SyncOp::Refund {
+                units: 5,
+                since_us: 1
+            })
+        ));
+        assert_eq!(e.stale, 0);
+    }
+
+    /// A sliding log's refund is dated at the oldest grant whose units
+    /// may be held: a slice renewed a unit at a time gives back units of
+    /// its first grant too (the log drops entries at or after the date).
+    #[test]
+    fn a_log_refund_is_dated_at_the_oldest_grant_held() {
+        use spillway_core::SlidingLog;
+        let rule = Arc::new(
+            Rule::new(
+                "l",
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![Limit::SlidingLog(
+                    SlidingLog::new(100, Nanos::from_secs(3600)).unwrap(),
+                )],
+                Mode::Hard,
+            )
+            .unwrap(),
+        );
+        let interval = Nanos::from_millis(100);
+        let v = Verdict {
+            allowed: true,
+            limit: 100,
+            remaining: 50,
+            reset: Nanos::from_secs(3600),
+            retry_after: Nanos::ZERO,
+            wait: Nanos::ZERO,
+        };
+        let mut e = Entry::new(rule.clone(), 0);
+        let mut t = Nanos::from_secs(10);
+        grant(&mut e, 4, 1_000, &[v], t, interval);
+        for us in [2_000, 3_000] {
+            t = t.saturating_add(interval);
+            grant(&mut e, 1, us, &[v], t, interval);
+        }
+        assert_eq!((e.units, e.since_us, e.first_us), (6, 3_000, 1_000));
+        // Idle past `idle_after`: everything goes back.
+        e.idle = 20;
+        let mut ops = Vec::new();
+        let tick = Tick {
+            now: t,
+            ttl: interval.as_u64() * 2,
+            live: 1,
+            idle_after: 10,
+        };
+        lease_ops(&mut e, 7, &tick, rule, &mut ops);
+        assert!(matches!(
+            ops.first().map(|i| &i.op),
+            Some(SyncOp::Refund {
+                units: 6,
+                since_us: 1_000
+            })
+        ));
+        // Emptied: the next grant starts a new oldest date.
+        grant(&mut e, 2, 9_000, &[v], t, interval);
+        assert_eq!(e.first_us, 9_000);
     }
 
     proptest! {
@@ -555,8 +669,9 @@ mod tests {
         /// answers and expiries over three instances sharing one budget:
         /// the requests admitted never exceed the budget; and what the
         /// store counts (budget - left) is always what was admitted plus
-        /// what the instances hold plus what lost answers granted
-        /// (nothing counted twice, nothing admitted uncounted).
+        /// what the instances hold (expired units included, until their
+        /// refund) plus what lost answers granted (nothing counted twice,
+        /// nothing admitted uncounted, nothing held lost).
         #[test]
         fn leases_never_admit_more_than_the_budget(
             budget in 1u64..60,
@@ -586,8 +701,6 @@ mod tests {
                                 store.left -= g;
                                 let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
                                     reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
-                                // An expired slice's units are dropped by a grant: counted, never spent.
-                                if g > 0 && now >= entries[i].expires { lost += entries[i].units; }
                                 grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
                                 if slice_take(&mut entries[i], 1, false, now).is_ok() { admitted += 1; }
                             }
@@ -608,7 +721,6 @@ mod tests {
                                     let v = Verdict { allowed: g > 0, limit: budget, remaining: store.left,
                                         reset: Nanos::from_secs(1_000_000), retry_after: interval, wait: Nanos::ZERO };
                                     if gone { lost += g } else {
-                                        if g > 0 && now >= entries[i].expires { lost += entries[i].units; }
                                         grant(&mut entries[i], g, now.as_u64() / 1000, &[v], now, interval);
                                     }
                                 }
@@ -618,7 +730,9 @@ mod tests {
                     }
                     Step::Pass(ms) => now = now.saturating_add(Nanos::from_millis(ms)),
                 }
-                let held: u64 = entries.iter().map(|e| e.units).sum();
+                // Expired units a grant set aside are still held: given back
+                // at the instance's next exchange.
+                let held: u64 = entries.iter().map(|e| e.units + e.stale).sum();
                 prop_assert!(admitted <= budget, "admitted {admitted} of {budget}");
                 prop_assert_eq!(budget - store.left, admitted + held + lost);
             }

@@ -281,6 +281,7 @@ impl Inner {
                 e.pending = 0;
                 e.after = 0;
                 e.units = 0;
+                e.stale = 0;
                 e.refused_until = Nanos::ZERO;
                 e.verdict = None;
                 e.remaining = u64::MAX;
@@ -456,7 +457,13 @@ impl Inner {
         self.keys.retain(|tag, e| {
             let used = e.idle == 0;
             let moved = e.pending > 0 || e.after > 0;
-            if !used && !moved && e.units == 0 && e.idle >= IDLE_EXCHANGES && e.asking.is_none() {
+            if !used
+                && !moved
+                && e.units == 0
+                && e.stale == 0
+                && e.idle >= IDLE_EXCHANGES
+                && e.asking.is_none()
+            {
                 return false;
             }
             e.idle = e.idle.saturating_add(1);

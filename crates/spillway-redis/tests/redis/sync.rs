@@ -285,6 +285,59 @@ fn a_sliding_log_refund_keeps_entries_older_than_its_lease() {
     });
 }
 
+/// Two instances' leases of one sliding log, given back in either order,
+/// each dated at its own grant: every unit comes back (a refund drops the
+/// oldest entries from its date on, so the earlier lease's refund cannot
+/// take the entries the later lease's units made), and entries charged
+/// before both stay.
+#[test]
+fn sliding_log_refunds_of_two_leases_give_back_every_unit_in_either_order() {
+    let server = RedisServer::start();
+    let rt = rt();
+    rt.block_on(async {
+        let redis = connected(server.url()).await;
+        for (n, first_back) in [(0, false), (1, true)] {
+            let log = Limit::SlidingLog(SlidingLog::new(20, Nanos::from_secs(HOUR)).unwrap());
+            let rule = user_rule("log", vec![log], Mode::Hard);
+            let name = format!("u{n}");
+            let key = Key::from_parts([name.as_str()]);
+            one(&redis, &rule, &key, SyncOp::Charge(2)).await;
+            let a = one(&redis, &rule, &key, SyncOp::Lease { want: 8 }).await;
+            let b = one(&redis, &rule, &key, SyncOp::Lease { want: 10 }).await;
+            assert_eq!((a.items[0].granted, b.items[0].granted), (8, 10));
+            assert!(b.now_us > a.now_us);
+            // `a` spent 3 of its 8, `b` none of its 10.
+            let back_a = SyncOp::Refund {
+                units: 5,
+                since_us: a.now_us,
+            };
+            let back_b = SyncOp::Refund {
+                units: 10,
+                since_us: b.now_us,
+            };
+            let order = if first_back {
+                [back_a, back_b]
+            } else {
+                [back_b, back_a]
+            };
+            let mut last = None;
+            for op in order {
+                last = Some(one(&redis, &rule, &key, op).await);
+            }
+            assert_eq!(
+                remaining(&last.unwrap().items[0].decision),
+                15,
+                "order {n}: 2 charged and 3 spent stay, 15 come back"
+            );
+        }
+        // Rewritten logs keep a TTL.
+        for k in server.cli(&["KEYS", "*"]).lines().filter(|k| !k.is_empty()) {
+            let ttl: i64 = server.cli(&["PTTL", k]).trim().parse().unwrap();
+            assert!(ttl > 0, "{k}: PTTL {ttl}");
+        }
+    });
+}
+
 /// The hash of sequence numbers does not keep instances that stopped
 /// pushing: a push to a hash of more than 8 sweeps a sample of 16 for
 /// numbers a day old (here: written at time 0).

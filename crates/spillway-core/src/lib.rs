@@ -48,5 +48,7 @@ pub use elastic::{Elastic, Health};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};
-pub use rule::{Attributes, FailPolicy, KeyPart, KeySpec, Mode, ResponseCost, Route, Rule};
+pub use rule::{
+    Attributes, FailPolicy, KeyPart, KeySpec, Mode, Priority, ResponseCost, Route, Rule,
+};
 pub use time::{Clock, ManualClock, Nanos, parse_duration};

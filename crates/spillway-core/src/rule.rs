@@ -32,6 +32,45 @@ impl fmt::Display for Mode {
     }
 }
 
+/// How much a rule's traffic matters when the service behind it is
+/// overloaded: under overload `Sheddable` traffic is refused first and
+/// `Critical` last. Ordered from least to most important.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    /// Refused first (batch jobs, prefetches, retries).
+    Sheddable,
+    /// Neither (the default).
+    #[default]
+    Default,
+    /// Refused last (logins, payments, health of the business).
+    Critical,
+}
+
+impl Priority {
+    /// Every priority, least important first.
+    pub const ALL: [Priority; 3] = [Priority::Sheddable, Priority::Default, Priority::Critical];
+
+    /// The name the configuration and metrics use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Sheddable => "sheddable",
+            Priority::Default => "default",
+            Priority::Critical => "critical",
+        }
+    }
+
+    /// Reads a name as written in the configuration.
+    pub fn parse(s: &str) -> Option<Priority> {
+        Priority::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What to do when the store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailPolicy {
@@ -339,6 +378,8 @@ pub struct Rule {
     response_cost: Option<ResponseCost>,
     /// Every request is refused, whatever the state (an operator's block).
     blocked: bool,
+    /// How much its traffic matters under overload, if the rule says.
+    priority: Option<Priority>,
     fingerprint: u64,
 }
 
@@ -390,6 +431,7 @@ impl Rule {
             path_matching: None,
             response_cost: None,
             blocked: false,
+            priority: None,
             fingerprint,
         })
     }
@@ -413,6 +455,7 @@ impl Rule {
         rule.on_store_error = self.on_store_error;
         rule.path_matching = self.path_matching;
         rule.response_cost = self.response_cost.clone();
+        rule.priority = self.priority;
         Ok(rule)
     }
 
@@ -424,6 +467,18 @@ impl Rule {
             blocked: true,
             ..self.clone()
         }
+    }
+
+    /// Sets how much this rule's traffic matters under overload. Does not
+    /// change the rule's counters.
+    pub fn with_priority(mut self, priority: Priority) -> Rule {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// How much this rule's traffic matters under overload, if it says.
+    pub fn priority(&self) -> Option<Priority> {
+        self.priority
     }
 
     /// Whether every request is refused (see [`Rule::blocked`]).

@@ -1,8 +1,10 @@
 //! Test fixtures: real `redis-server` processes on free loopback ports,
 //! stopped when dropped, a three-master Redis Cluster, fake HTTP
 //! upstreams for the proxy's tests ([`upstream`]), and a TCP [`Relay`]
-//! that slows, cuts or stalls a link for failure tests ([`relay`]), and a
-//! headless Chromium driven over WebDriver ([`browser`]).
+//! that slows, cuts or stalls a link for failure tests ([`relay`]), a
+//! headless Chromium driven over WebDriver ([`browser`]), an upstream whose
+//! latency grows with its load ([`queueing`]) and an open-loop load driver
+//! ([`load`]).
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -14,6 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod browser;
+pub mod load;
+pub mod queueing;
 pub mod relay;
 pub mod upstream;
 

@@ -15,6 +15,9 @@ pub enum Outcome {
     ShadowDenied,
     /// A soft rule admitted it above the limit, within the tolerance.
     SoftExceeded,
+    /// An elastic rule admitted it above the plain limit, within the
+    /// allowance the service's health gives.
+    ElasticAdmitted,
 }
 
 impl Outcome {
@@ -25,6 +28,7 @@ impl Outcome {
             Outcome::Denied => "denied",
             Outcome::ShadowDenied => "shadow_denied",
             Outcome::SoftExceeded => "soft_exceeded",
+            Outcome::ElasticAdmitted => "elastic_admitted",
         }
     }
 }
@@ -72,13 +76,18 @@ impl Decision {
         }
     }
 
-    /// The overall outcome: denied if denied; else shadow-denied or
-    /// soft-exceeded if any rule says so; else allowed.
+    /// The overall outcome: denied if denied; else shadow-denied,
+    /// soft-exceeded or elastic-admitted if any rule says so (in that
+    /// order); else allowed.
     pub fn outcome(&self) -> Outcome {
         if !self.allowed {
             return Outcome::Denied;
         }
-        for o in [Outcome::ShadowDenied, Outcome::SoftExceeded] {
+        for o in [
+            Outcome::ShadowDenied,
+            Outcome::SoftExceeded,
+            Outcome::ElasticAdmitted,
+        ] {
             if self.rules.iter().any(|r| r.outcome == o) {
                 return o;
             }
@@ -242,11 +251,16 @@ fn decide_rule<V: StateView>(
             hard_ok,
             hard_ok,
         ),
-        Mode::Soft { .. } => {
+        Mode::Soft { .. } | Mode::Elastic(_) => {
             if !enforced_ok {
                 (Outcome::Denied, false, false)
             } else if !hard_ok {
-                (Outcome::SoftExceeded, true, true)
+                let above = if matches!(rule.mode(), Mode::Elastic(_)) {
+                    Outcome::ElasticAdmitted
+                } else {
+                    Outcome::SoftExceeded
+                };
+                (above, true, true)
             } else {
                 (Outcome::Allowed, true, true)
             }

@@ -40,6 +40,14 @@ impl Health {
         worst.map_or(Health::Unknown, Health::Load)
     }
 
+    /// The worse of two views of the service (one unknown: the other).
+    pub fn worst(self, other: Health) -> Health {
+        match (self, other) {
+            (Health::Unknown, h) | (h, Health::Unknown) => h,
+            (Health::Load(a), Health::Load(b)) => Health::from_signals(Some(a), Some(b), None),
+        }
+    }
+
     /// The share of the extra allowance in force: 1 at or below
     /// [`KNEE`], 0 at or above a load of 1 and when unknown, smooth and
     /// never increasing in between.
@@ -88,6 +96,85 @@ impl Elastic {
         size.saturating_add(grant as u64)
     }
 }
+
+/// How many steps an elastic rule's allowance takes between its plain
+/// limit and its whole reach: the rule keeps its limits scaled for each
+/// step, and a decision reads the step in force (one atomic load).
+pub const LEVELS: usize = 32;
+
+impl Elastic {
+    /// The percent above the limit a rule admits at `level` (0 to
+    /// [`LEVELS`]): 0 at level 0, `percent - 100` at [`LEVELS`], in
+    /// between in proportion, rounded down.
+    pub fn extra_percent_at(self, level: usize) -> u32 {
+        let level = level.min(LEVELS) as u64;
+        let extra = u64::from(self.percent - 100) * level / LEVELS as u64;
+        u32::try_from(extra).unwrap_or(u32::MAX)
+    }
+}
+
+/// The service's health as the elastic rules of one limiter read it: set
+/// by whatever watches the service (the proxy's measurements, reports
+/// through the admin API), read by every decision of an elastic rule as
+/// one atomic load. Shared behind an `Arc`; two gauges are equal only if
+/// they are the same one.
+#[derive(Debug, Default)]
+pub struct HealthGauge {
+    /// The room in force, in steps of 1 / [`LEVELS`], rounded down.
+    level: std::sync::atomic::AtomicUsize,
+    /// The load last set, as `f64` bits; `u64::MAX` when unknown.
+    load: std::sync::atomic::AtomicU64,
+}
+
+impl HealthGauge {
+    /// A gauge that knows nothing yet (elastic rules at their plain limit).
+    pub fn new() -> HealthGauge {
+        HealthGauge {
+            level: std::sync::atomic::AtomicUsize::new(0),
+            load: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Sets the health in force.
+    pub fn set(&self, health: Health) {
+        use std::sync::atomic::Ordering::Relaxed;
+        // Rounded down: the allowance in force never exceeds the one the
+        // health gives.
+        let level = (health.room() * LEVELS as f64).floor();
+        let level = if level.is_finite() {
+            (level.max(0.0) as usize).min(LEVELS)
+        } else {
+            0
+        };
+        self.level.store(level, Relaxed);
+        let bits = match health {
+            Health::Load(l) if !l.is_nan() => l.to_bits(),
+            _ => u64::MAX,
+        };
+        self.load.store(bits, Relaxed);
+    }
+
+    /// The step in force, 0 (plain limits) to [`LEVELS`] (the whole reach).
+    pub fn level(&self) -> usize {
+        self.level.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The health last set.
+    pub fn health(&self) -> Health {
+        match self.load.load(std::sync::atomic::Ordering::Relaxed) {
+            u64::MAX => Health::Unknown,
+            bits => Health::Load(f64::from_bits(bits)),
+        }
+    }
+}
+
+impl PartialEq for HealthGauge {
+    fn eq(&self, other: &HealthGauge) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for HealthGauge {}
 
 #[cfg(test)]
 mod tests {
@@ -163,6 +250,36 @@ mod tests {
                 None => prop_assert_eq!(h, Health::Unknown),
                 Some(w) => prop_assert_eq!(h, Health::Load(w)),
             }
+        }
+    }
+
+    proptest! {
+        /// The step a gauge puts in force gives an allowance between the
+        /// plain limit and the reach, never above what the health gives,
+        /// never growing with load, and the plain limit when unknown.
+        #[test]
+        fn a_gauge_step_is_within_the_allowance(
+            size in 1u64..1_000_000_000,
+            percent in 100u32..=MAX_PERCENT,
+            a in loads(),
+            b in loads(),
+        ) {
+            let e = Elastic::new(percent).unwrap();
+            let g = HealthGauge::new();
+            prop_assert_eq!(g.level(), 0);
+            let at = |load: f64| {
+                g.set(Health::Load(load));
+                let extra = u128::from(size) * u128::from(e.extra_percent_at(g.level())) / 100;
+                u128::from(size) + extra
+            };
+            let (x, y) = (at(a), at(b));
+            prop_assert!(x >= u128::from(size));
+            prop_assert!(x * 100 <= u128::from(size) * u128::from(percent));
+            prop_assert!(x <= u128::from(e.allowance(size, Health::Load(a))) + 1);
+            if a <= b { prop_assert!(x >= y); }
+            g.set(Health::Unknown);
+            prop_assert_eq!(g.level(), 0);
+            prop_assert_eq!(g.health(), Health::Unknown);
         }
     }
 

@@ -44,7 +44,7 @@ pub use algo::{
     StateKind, TokenBucket, Verdict, Wide,
 };
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, charge, decide};
-pub use elastic::{Elastic, Health};
+pub use elastic::{Elastic, Health, HealthGauge};
 pub use error::{Error, ErrorKind};
 pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};

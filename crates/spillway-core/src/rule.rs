@@ -20,6 +20,11 @@ pub enum Mode {
     },
     /// Never deny; report what a hard rule would have done.
     Shadow,
+    /// Admit up to the reach (N % of every limit) while the service has
+    /// room, shrinking smoothly to the plain limit as its health degrades
+    /// or becomes unknown; say when a request was admitted above the
+    /// plain limit (see [`Rule::with_health`]).
+    Elastic(crate::Elastic),
 }
 
 impl fmt::Display for Mode {
@@ -28,6 +33,7 @@ impl fmt::Display for Mode {
             Mode::Hard => f.write_str("hard"),
             Mode::Soft { percent } => write!(f, "soft {percent}%"),
             Mode::Shadow => f.write_str("shadow"),
+            Mode::Elastic(e) => write!(f, "elastic {}%", e.percent()),
         }
     }
 }
@@ -370,6 +376,13 @@ pub struct Rule {
     limits: Vec<Limit>,
     /// `limits` raised by the soft percentage; empty unless the mode is soft.
     soft_limits: Vec<Limit>,
+    /// An elastic rule's limits at each step of its reach (step `k` at
+    /// `k - 1`, for 1 to [`LEVELS`](crate::elastic::LEVELS)); empty
+    /// unless the mode is elastic.
+    elastic_limits: Vec<Vec<Limit>>,
+    /// Where an elastic rule reads the service's health (none: its plain
+    /// limits).
+    health: Option<std::sync::Arc<crate::HealthGauge>>,
     mode: Mode,
     on_store_error: Option<FailPolicy>,
     /// The rule's own path matching, if it sets one (else the limiter's).
@@ -415,6 +428,15 @@ impl Rule {
             Mode::Soft { percent } => limits.iter().map(|l| l.scaled(percent)).collect(),
             _ => Vec::new(),
         };
+        let elastic_limits = match mode {
+            Mode::Elastic(e) => (1..=crate::elastic::LEVELS)
+                .map(|k| {
+                    let extra = e.extra_percent_at(k);
+                    limits.iter().map(|l| l.scaled(extra)).collect()
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let name = name.into();
         // The fingerprint names the rule's counters: a rule whose key or
         // limits change gets fresh counters, an unchanged one keeps its own
@@ -426,6 +448,8 @@ impl Rule {
             by,
             limits,
             soft_limits,
+            elastic_limits,
+            health: None,
             mode,
             on_store_error: None,
             path_matching: None,
@@ -456,6 +480,7 @@ impl Rule {
         rule.path_matching = self.path_matching;
         rule.response_cost = self.response_cost.clone();
         rule.priority = self.priority;
+        rule.health = self.health.clone();
         Ok(rule)
     }
 
@@ -541,13 +566,36 @@ impl Rule {
         &self.limits
     }
 
-    /// The limits the soft mode enforces (the raised ones); `limits()` otherwise.
+    /// The limits the soft mode enforces (the raised ones), those an
+    /// elastic rule enforces at the health in force (the plain ones when
+    /// the health is unknown or gone); `limits()` otherwise.
     pub fn enforced_limits(&self) -> &[Limit] {
-        if self.soft_limits.is_empty() {
-            &self.limits
-        } else {
-            &self.soft_limits
+        if !self.soft_limits.is_empty() {
+            return &self.soft_limits;
         }
+        if let Some(g) = &self.health {
+            let level = g.level();
+            if level > 0
+                && let Some(l) = self.elastic_limits.get(level - 1)
+            {
+                return l;
+            }
+        }
+        &self.limits
+    }
+
+    /// Has an elastic rule read the service's health from `gauge` (other
+    /// modes ignore it). Does not change the rule's counters.
+    pub fn with_health(mut self, gauge: std::sync::Arc<crate::HealthGauge>) -> Rule {
+        if matches!(self.mode, Mode::Elastic(_)) {
+            self.health = Some(gauge);
+        }
+        self
+    }
+
+    /// Where an elastic rule reads the service's health, if anywhere.
+    pub fn health(&self) -> Option<&std::sync::Arc<crate::HealthGauge>> {
+        self.health.as_ref()
     }
 
     /// The mode.

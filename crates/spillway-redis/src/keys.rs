@@ -189,7 +189,7 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write)
         .map(|c| {
             let mode = match c.rule.mode() {
                 Mode::Hard => 0,
-                Mode::Soft { .. } => 1,
+                Mode::Soft { .. } | Mode::Elastic(_) => 1,
                 Mode::Shadow => 2,
             };
             let base = c.rule.limits();

@@ -114,6 +114,24 @@ fn rules() -> Vec<Rule> {
         .unwrap(),
     );
     out.push(Rule::new("shadow", None, by(), vec![l[0].clone()], Mode::Shadow).unwrap());
+    // Elastic rules part way into their reach (a load of 0.7): both
+    // stores enforce the same raised limits and report the same elastic
+    // admissions, every algorithm (a shaper's raised queue included).
+    let health = std::sync::Arc::new(spillway_core::HealthGauge::new());
+    health.set(spillway_core::Health::Load(0.7));
+    let elastic = Mode::Elastic(spillway_core::Elastic::new(250).unwrap());
+    for (name, limits) in [
+        ("elastic", vec![l[0].clone(), l[3].clone(), l[4].clone()]),
+        ("elastic-2", vec![l[5].clone(), l[6].clone()]),
+        ("elastic-3", vec![l[1].clone()]),
+        ("elastic-4", vec![l[2].clone()]),
+    ] {
+        out.push(
+            Rule::new(name, None, by(), limits, elastic)
+                .unwrap()
+                .with_health(health.clone()),
+        );
+    }
     out
 }
 
@@ -151,8 +169,8 @@ type Op = (Vec<(usize, u8)>, u64, u64, Kind);
 
 fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
     let pairs = prop_oneof![
-        6 => prop::collection::vec((0usize..10, 0u8..2), 1..=1),
-        2 => prop::collection::vec((0usize..10, 0u8..2), 2..=3),
+        6 => prop::collection::vec((0usize..14, 0u8..2), 1..=1),
+        2 => prop::collection::vec((0usize..14, 0u8..2), 2..=3),
     ];
     let gap = prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US];
     prop::collection::vec((pairs, gap, costs(), kinds()), 1..max)

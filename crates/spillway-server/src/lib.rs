@@ -271,6 +271,11 @@ pub struct Shared {
     pub events: Arc<Metrics>,
     /// The Envoy rate limit service's settings (the gRPC API and `/json`).
     pub envoy: Arc<grpc::service::settings::EnvoySettings>,
+    /// The service's health as elastic rules read it (set by the admin
+    /// plane's tick from reports and the proxy's measurements).
+    pub health: Arc<spillway_core::HealthGauge>,
+    /// What the proxy measures of its upstream (unknown elsewhere).
+    pub measured: Arc<spillway_core::HealthGauge>,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -410,11 +415,14 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
             ServerStore::Sync(SyncStore::new(s.sync.clone(), home, remotes))
         }
     };
-    let set = rule_set(&opts.config, 1);
+    let health = Arc::new(spillway_core::HealthGauge::new());
+    let set = rule_set(&opts.config, 1, &health);
     let shared = Shared {
         events: Arc::new(Metrics::new(&set)),
         limiter: Arc::new(Limiter::new(store, set)),
         envoy: Arc::new(opts.config.envoy.clone()),
+        health,
+        measured: Arc::new(spillway_core::HealthGauge::new()),
     };
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
@@ -478,9 +486,19 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     })
 }
 
-/// The rule set for `config`, numbered `version`.
-pub fn rule_set(config: &Config, version: u64) -> RuleSet {
-    let mut set = RuleSet::with_path_matching(config.rules.clone(), config.path_matching);
+/// The rule set for `config`, numbered `version`, its elastic rules
+/// reading the service's health from `health`.
+pub fn rule_set(
+    config: &Config,
+    version: u64,
+    health: &Arc<spillway_core::HealthGauge>,
+) -> RuleSet {
+    let rules = config
+        .rules
+        .iter()
+        .map(|r| r.clone().with_health(health.clone()))
+        .collect();
+    let mut set = RuleSet::with_path_matching(rules, config.path_matching);
     set.on_store_error = config.on_store_error;
     set.version = version;
     set
@@ -557,7 +575,20 @@ pub async fn run_proxy(
             Some((l, r))
         }
     };
-    let proxy = Arc::new(proxy::Proxy::new(parts.shared.clone(), &settings, upstream));
+    let h = &opts.config.health;
+    let measure = proxy::Measure {
+        target: h.latency_target,
+        percentile: h.percentile,
+        errors_max: h.errors_max,
+        window: h.window,
+    };
+    let proxy = Arc::new(proxy::Proxy::new(
+        parts.shared.clone(),
+        &settings,
+        upstream,
+        measure,
+    ));
+    proxy.start_measuring();
     let router = proxy::hyper::HyperProxy::new(proxy.clone()).router();
     let handler = Arc::new(proxy::direct::DirectProxy::new(proxy, router));
     serve_with(
@@ -765,14 +796,18 @@ async fn maintain(shared: Shared, mut stop: tokio::sync::watch::Receiver<bool>) 
 /// The admin plane's housekeeping: every second the top keys' minute,
 /// expired overrides and other instances' changes (see
 /// [`AdminState::tick`]); every [`admin::series::STEP`] a point of the
-/// dashboard's chart.
+/// dashboard's chart; every [`admin::HEALTH_EVERY`] the health elastic
+/// rules read.
 async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut step = tokio::time::interval(admin::series::STEP);
     step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut health = tokio::time::interval(admin::HEALTH_EVERY);
+    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = health.tick() => admin.shared.health.set(admin.health_now()),
             _ = tick.tick() => admin.tick().await,
             _ = step.tick() => admin.series.record(unix_ms(), admin.shared.events.rule_totals()),
             _ = stop.changed() => return,

@@ -19,11 +19,12 @@ mod process;
 
 pub use process::{Usage, build_info, process_metrics, usage};
 
-const OUTCOMES: [Outcome; 4] = [
+const OUTCOMES: [Outcome; 5] = [
     Outcome::Allowed,
     Outcome::Denied,
     Outcome::ShadowDenied,
     Outcome::SoftExceeded,
+    Outcome::ElasticAdmitted,
 ];
 
 fn slot(o: Outcome) -> usize {
@@ -32,6 +33,7 @@ fn slot(o: Outcome) -> usize {
         Outcome::Denied => 1,
         Outcome::ShadowDenied => 2,
         Outcome::SoftExceeded => 3,
+        Outcome::ElasticAdmitted => 4,
     }
 }
 
@@ -76,7 +78,7 @@ impl Counter {
 /// Decisions of one rule by outcome.
 #[derive(Debug, Default)]
 pub struct RuleCounters {
-    by_outcome: [Counter; 4],
+    by_outcome: [Counter; OUTCOMES.len()],
     /// Admitted with less than the near-limit share of the limit left.
     near_limit: Counter,
 }
@@ -119,6 +121,24 @@ pub struct Metrics {
     /// Proxy answers 502 (upstream failed) and 504 (upstream too slow).
     upstream_502: Counter,
     upstream_504: Counter,
+    /// Proxied requests shed for the in-flight limit, by priority
+    /// (least important first, as [`spillway_core::Priority::ALL`]).
+    shed: [Counter; 3],
+    /// Gauges a way in renders itself (the proxy's in-flight limit).
+    gauges: Gauges,
+}
+
+/// Renders gauges that live with a way in, appending to the exposition.
+pub type RenderGauges = Box<dyn Fn(&mut String) + Send + Sync>;
+
+/// Renderers of gauges that live with a way in.
+#[derive(Default)]
+struct Gauges(parking_lot::Mutex<Vec<RenderGauges>>);
+
+impl std::fmt::Debug for Gauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gauges({})", self.0.lock().len())
+    }
 }
 
 impl Metrics {
@@ -141,6 +161,8 @@ impl Metrics {
             delay_ns: Counter::default(),
             upstream_502: Counter::default(),
             upstream_504: Counter::default(),
+            shed: Default::default(),
+            gauges: Gauges::default(),
             near_ratio: AtomicU64::new(0.2f64.to_bits()),
         };
         m.rules_changed(set);
@@ -333,6 +355,21 @@ impl Metrics {
         }
     }
 
+    /// Counts a proxied request shed for the in-flight limit.
+    pub fn shed(&self, priority: spillway_core::Priority) {
+        if let Some(i) = spillway_core::Priority::ALL
+            .iter()
+            .position(|p| *p == priority)
+        {
+            self.shed[i].add(1);
+        }
+    }
+
+    /// Adds gauges a way in renders itself, appended to every exposition.
+    pub fn add_gauges(&self, render: RenderGauges) {
+        self.gauges.0.lock().push(render);
+    }
+
     /// The Prometheus text exposition (format 0.0.4).
     pub fn render(&self, keys: Option<usize>) -> String {
         let mut out = String::with_capacity(4096);
@@ -465,6 +502,35 @@ impl Metrics {
                 "spillway_upstream_errors_total{{status=\"{status}\"}} {}",
                 c.get()
             );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_shed_total Proxied requests refused with 503 for the in-flight limit (queue full or wait over), by priority."
+        );
+        let _ = writeln!(out, "# TYPE spillway_shed_total counter");
+        for (p, c) in spillway_core::Priority::ALL.iter().zip(&self.shed) {
+            let _ = writeln!(
+                out,
+                "spillway_shed_total{{priority=\"{}\"}} {}",
+                p.as_str(),
+                c.get()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP spillway_elastic_admitted_total Requests an elastic rule admitted above its plain limit, by rule (also in spillway_decisions_total as elastic_admitted)."
+        );
+        let _ = writeln!(out, "# TYPE spillway_elastic_admitted_total counter");
+        for (name, c) in &rules.1 {
+            let _ = writeln!(
+                out,
+                "spillway_elastic_admitted_total{{rule=\"{}\"}} {}",
+                escape(name),
+                c.by_outcome[slot(Outcome::ElasticAdmitted)].get()
+            );
+        }
+        for render in self.gauges.0.lock().iter() {
+            render(&mut out);
         }
         build_info(&mut out);
         process_metrics(&mut out);

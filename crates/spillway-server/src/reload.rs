@@ -210,7 +210,7 @@ pub(crate) fn reload(
             drop(before);
             state.domains.store(Arc::new(domains));
             let version = state.shared.limiter.rules().version + 1;
-            let set = rule_set(&config, version);
+            let set = rule_set(&config, version, &state.shared.health);
             state.shared.events.rules_changed(&set);
             state.shared.limiter.replace_rules(set);
             state

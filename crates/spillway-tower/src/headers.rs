@@ -13,6 +13,10 @@ const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining")
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
+/// `elastic` or `soft`: the request was admitted above a rule's plain
+/// limit, in its elastic or soft zone (the `RateLimit` fields show the
+/// plain limit's remaining, 0 there): the warning before delays and 429s.
+pub const ZONE: HeaderName = HeaderName::from_static("spillway-zone");
 
 /// The headers [`rate_limit_headers`] gives every decision a rule made (a
 /// denial adds `Retry-After` and `X-RateLimit-Retry-After`): a proxy that
@@ -24,7 +28,7 @@ pub const DECISION_HEADERS: [HeaderName; 5] = [POLICY, RATELIMIT, X_LIMIT, X_REM
 /// one, or the one closest to denying) to `headers`; nothing when no rule
 /// applied. `Retry-After` only on a denial.
 pub fn insert_rate_limit_headers(checked: &Checked, headers: &mut HeaderMap) {
-    headers.reserve(7);
+    headers.reserve(8);
     rate_limit_headers(checked, |k, s| {
         if let Ok(val) = HeaderValue::from_str(s) {
             headers.insert(k.clone(), val);
@@ -72,7 +76,23 @@ pub fn rate_limit_headers(checked: &Checked, mut put: impl FnMut(&HeaderName, &s
         let retry = num.format(retry_after_secs(v.retry_after));
         put(&RETRY_AFTER, retry);
         put(&X_RETRY_AFTER, retry);
+    } else if let Some(zone) = zone(checked) {
+        put(&ZONE, zone);
     }
+}
+
+/// `elastic` if an elastic rule admitted the request above its plain
+/// limit, else `soft` if a soft rule did; `None` within every limit.
+pub fn zone(checked: &Checked) -> Option<&'static str> {
+    let mut zone = None;
+    for r in &checked.decision.rules {
+        match r.outcome {
+            spillway_core::Outcome::ElasticAdmitted => return Some("elastic"),
+            spillway_core::Outcome::SoftExceeded => zone = Some("soft"),
+            _ => {}
+        }
+    }
+    zone
 }
 
 /// The headers of [`rate_limit_headers`] appended to `out` as HTTP/1.1

@@ -62,8 +62,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use headers::{
-    DECISION_HEADERS, insert_rate_limit_headers, push_rate_limit_headers, rate_limit_headers,
-    retry_after_secs,
+    DECISION_HEADERS, ZONE, insert_rate_limit_headers, push_rate_limit_headers, rate_limit_headers,
+    retry_after_secs, zone,
 };
 pub use problem::{PROBLEM_JSON, Problem, push_json_escaped};
 

@@ -27,6 +27,9 @@ pub mod series;
 pub mod settings;
 pub mod top;
 
+/// How often the health elastic rules read is brought up to date.
+pub const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
@@ -81,9 +84,15 @@ impl AdminState {
         self.shared.limiter.set_key_rules(kr);
     }
 
-    /// Health as seen now: the last report, read against `health:`;
-    /// unknown if none came or it is stale.
+    /// Health as seen now: the worse of the last report (read against
+    /// `health:`, unknown if none came or it is stale) and what the proxy
+    /// measures of its upstream (unknown without calls in its window).
     pub fn health_now(&self) -> spillway_core::Health {
+        self.reported_health().worst(self.shared.measured.health())
+    }
+
+    /// Health as the last report says it (unknown once stale).
+    pub fn reported_health(&self) -> spillway_core::Health {
         let Some(r) = *self.health.lock() else {
             return spillway_core::Health::Unknown;
         };

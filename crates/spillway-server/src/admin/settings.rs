@@ -197,6 +197,8 @@ pub struct HealthSettings {
     pub errors_max: Option<f64>,
     /// After how long without a report health is unknown.
     pub stale_after: std::time::Duration,
+    /// The proxy's measurement window over its upstream.
+    pub window: std::time::Duration,
 }
 
 impl Default for HealthSettings {
@@ -206,6 +208,7 @@ impl Default for HealthSettings {
             percentile: 99.0,
             errors_max: None,
             stale_after: std::time::Duration::from_secs(10),
+            window: std::time::Duration::from_secs(10),
         }
     }
 }

@@ -72,6 +72,7 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
     for (key, o) in [
         ("shadow_denied", Outcome::ShadowDenied),
         ("soft_exceeded", Outcome::SoftExceeded),
+        ("elastic_admitted", Outcome::ElasticAdmitted),
     ] {
         field(&mut out, key);
         names(
@@ -227,6 +228,7 @@ mod tests {
         wait_ms: u64,
         shadow_denied: Vec<&'a str>,
         soft_exceeded: Vec<&'a str>,
+        elastic_admitted: Vec<&'a str>,
         skipped: Vec<&'a str>,
         store_error: bool,
         rules: Vec<RuleJson<'a>>,
@@ -273,6 +275,7 @@ mod tests {
             wait_ms: d.wait.as_millis_ceil(),
             shadow_denied: with_outcome(Outcome::ShadowDenied),
             soft_exceeded: with_outcome(Outcome::SoftExceeded),
+            elastic_admitted: with_outcome(Outcome::ElasticAdmitted),
             skipped: checked
                 .skipped
                 .iter()

@@ -134,6 +134,11 @@ pub(super) fn health(errs: &mut Errors<'_>, raw: &Spanned<RawHealth>) -> HealthS
     {
         out.stale_after = d.into();
     }
+    if let Some(w) = &h.window
+        && let Some(d) = super::rules::duration(errs, w, "health.window", false)
+    {
+        out.window = d.into();
+    }
     out
 }
 

@@ -1005,6 +1005,9 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::S
             }
         }
     }
+    if let Some(c) = &raw.concurrency {
+        cfg.concurrency = concurrency(errs, c);
+    }
     cfg.listen = raw
         .listen
         .as_ref()
@@ -1014,6 +1017,81 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::S
         .as_ref()
         .and_then(|l| address(errs, l, "proxy.admin_listen", 9090));
     cfg
+}
+
+/// `proxy.concurrency`: exactly one of `adaptive: { min, max }` and
+/// `limit: N`, and an optional queue.
+fn concurrency(
+    errs: &mut Errors<'_>,
+    c: &Spanned<raw::RawConcurrency>,
+) -> Option<crate::proxy::ConcurrencyConfig> {
+    use crate::proxy::InFlight as LimitKind;
+    /// The most in flight a limit may allow.
+    const MOST: i64 = 1_000_000;
+    let raw = &c.value;
+    let mut size = |n: &Spanned<i64>, what: &str| -> Option<u32> {
+        if (1..=MOST).contains(&n.value) {
+            u32::try_from(n.value).ok()
+        } else {
+            errs.at(n, format!("{what}: from 1 to {MOST}, not {}", n.value));
+            None
+        }
+    };
+    let limit = match (&raw.adaptive, &raw.limit) {
+        (Some(_), Some(l)) => {
+            errs.at(
+                l,
+                "proxy.concurrency: give adaptive: { min, max } or limit: N, not both",
+            );
+            None
+        }
+        (None, None) => {
+            errs.at(
+                c,
+                "proxy.concurrency needs adaptive: { min: N, max: N } or limit: N",
+            );
+            None
+        }
+        (None, Some(l)) => size(l, "proxy.concurrency.limit").map(LimitKind::Fixed),
+        (Some(a), None) => {
+            let min = size(&a.value.min, "proxy.concurrency.adaptive.min");
+            let max = size(&a.value.max, "proxy.concurrency.adaptive.max");
+            match (min, max) {
+                (Some(min), Some(max)) if min <= max => Some(LimitKind::Adaptive { min, max }),
+                (Some(_), Some(_)) => {
+                    errs.at(a, "proxy.concurrency.adaptive: min must not be above max");
+                    None
+                }
+                _ => None,
+            }
+        }
+    };
+    let mut out = crate::proxy::ConcurrencyConfig {
+        limit: limit?,
+        max_wait: std::time::Duration::from_millis(500),
+        max_queued: 1024,
+    };
+    if let Some(q) = &raw.queue {
+        if let Some(w) = &q.value.max_wait
+            && let Some(d) = duration(errs, w, "proxy.concurrency.queue.max_wait", true)
+        {
+            out.max_wait = d.into();
+        }
+        if let Some(n) = &q.value.max_queued {
+            if (0..=MOST).contains(&n.value) {
+                out.max_queued = usize::try_from(n.value).unwrap_or(0);
+            } else {
+                errs.at(
+                    n,
+                    format!(
+                        "proxy.concurrency.queue.max_queued: from 0 to {MOST}, not {}",
+                        n.value
+                    ),
+                );
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The `server:` section: connection bounds of every HTTP listener.

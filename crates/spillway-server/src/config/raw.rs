@@ -242,6 +242,38 @@ pub(crate) struct RawProxy {
     pub(crate) admin_listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) upgrades: Option<Spanned<Vec<String>>>,
+    /// In-flight requests to the upstream.
+    #[serde(default)]
+    pub(crate) concurrency: Option<Spanned<RawConcurrency>>,
+}
+
+/// `proxy.concurrency:`: `adaptive: { min, max }` or `limit: N`, and a
+/// queue.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConcurrency {
+    #[serde(default)]
+    pub(crate) adaptive: Option<Spanned<RawAdaptive>>,
+    #[serde(default)]
+    pub(crate) limit: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) queue: Option<Spanned<RawConcurrencyQueue>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdaptive {
+    pub(crate) min: Spanned<i64>,
+    pub(crate) max: Spanned<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConcurrencyQueue {
+    #[serde(default)]
+    pub(crate) max_wait: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) max_queued: Option<Spanned<i64>>,
 }
 
 /// `admin:`: the operator's plane.
@@ -296,6 +328,9 @@ pub(crate) struct RawHealth {
     /// After how long without a report health is unknown.
     #[serde(default)]
     pub(crate) stale_after: Option<Spanned<String>>,
+    /// The proxy's measurement window over its upstream.
+    #[serde(default)]
+    pub(crate) window: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -467,6 +502,9 @@ pub(crate) struct RawRule {
     pub(crate) plan: Option<Spanned<RawRulePlan>>,
     #[serde(default)]
     pub(crate) mode: Option<Spanned<String>>,
+    /// How much the rule's traffic matters under overload.
+    #[serde(default)]
+    pub(crate) priority: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) on_store_error: Option<Spanned<String>>,
     #[serde(default)]

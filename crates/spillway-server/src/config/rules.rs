@@ -253,6 +253,17 @@ pub(super) fn rule(
         );
     }
     let policy = raw.on_store_error.as_ref().map(|p| policy(errs, p));
+    let priority = raw.priority.as_ref().and_then(|p| {
+        let v = p.value.trim();
+        let parsed = spillway_core::Priority::parse(v);
+        if parsed.is_none() {
+            errs.at(
+                p,
+                format!("priority {v:?}: expected critical, default or sheddable"),
+            );
+        }
+        parsed
+    });
     let cost = raw
         .cost
         .as_ref()
@@ -277,6 +288,10 @@ pub(super) fn rule(
             };
             let rule = match cost {
                 Some(c) => rule.with_response_cost(c),
+                None => rule,
+            };
+            let rule = match priority {
+                Some(p) => rule.with_priority(p),
                 None => rule,
             };
             Some(match matching {
@@ -330,6 +345,28 @@ pub(super) fn mode(errs: &mut Errors<'_>, m: &Spanned<String>) -> Mode {
     match v {
         "hard" => Mode::Hard,
         "shadow" => Mode::Shadow,
+        _ if v.starts_with("elastic") => {
+            let pct = v["elastic".len()..]
+                .trim()
+                .strip_suffix('%')
+                .map(|p| p.trim().parse::<u32>());
+            match pct
+                .and_then(Result::ok)
+                .and_then(spillway_core::Elastic::new)
+            {
+                Some(e) => Mode::Elastic(e),
+                None => {
+                    errs.at(
+                        m,
+                        format!(
+                            "mode {v:?}: expected elastic N% with N from 100 to {} (300% admits up to 3x the limit while the service is healthy)",
+                            spillway_core::elastic::MAX_PERCENT
+                        ),
+                    );
+                    Mode::Hard
+                }
+            }
+        }
         _ => {
             let pct = v
                 .strip_prefix("soft")
@@ -341,7 +378,10 @@ pub(super) fn mode(errs: &mut Errors<'_>, m: &Spanned<String>) -> Mode {
                 _ => {
                     errs.at(
                         m,
-                        format!("mode {v:?}: expected hard, shadow or soft N% (0 to 1000)"),
+                        format!(
+                            "mode {v:?}: expected hard, shadow, soft N% (0 to 1000) or elastic N% (100 to {})",
+                            spillway_core::elastic::MAX_PERCENT
+                        ),
                     );
                     Mode::Hard
                 }

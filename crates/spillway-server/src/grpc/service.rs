@@ -423,7 +423,7 @@ fn hits_of(hits: u64, outcome: Outcome, v: &Verdict, ratio: f32) -> Hits {
             h.over_limit = hits;
             h.shadow_mode = hits;
         }
-        Outcome::Allowed | Outcome::SoftExceeded => {
+        Outcome::Allowed | Outcome::SoftExceeded | Outcome::ElasticAdmitted => {
             h.within_limit = hits;
             // As envoyproxy/ratelimit: floor(float32(limit) * ratio).
             let near = (v.limit as f32 * ratio).floor() as u64;
@@ -831,6 +831,8 @@ mod tests {
                 events: Arc::new(crate::metrics::Metrics::new(&set)),
                 limiter: Arc::new(Limiter::new(store, set)),
                 envoy: Arc::default(),
+                health: Arc::default(),
+                measured: Arc::default(),
             },
             domains: Arc::new(arc_swap::ArcSwap::from_pointee(super::super::Domains::new(
                 vec![domain],

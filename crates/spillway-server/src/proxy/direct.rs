@@ -78,6 +78,34 @@ impl DirectProxy {
         });
     }
 
+    /// Writes a 503 for a request shed by the in-flight limit, with the
+    /// seconds to wait and the decision's rate limit headers.
+    fn shed_answer(
+        out: &mut Vec<u8>,
+        problem: &Problem<'_>,
+        retry: u64,
+        checked: &Checked,
+        close: bool,
+        head_request: bool,
+    ) {
+        let mut json = String::new();
+        problem.write_json(&mut json);
+        let mut num = itoa::Buffer::new();
+        let retry = num.format(retry);
+        write::answer(
+            out,
+            problem.status,
+            PROBLEM_JSON,
+            json.as_bytes(),
+            close,
+            head_request,
+            |o| {
+                spillway_tower::push_rate_limit_headers(checked, o);
+                write::header(o, "retry-after", retry.as_bytes());
+            },
+        );
+    }
+
     async fn forward(
         &self,
         msg: Message<'_>,
@@ -105,8 +133,12 @@ impl DirectProxy {
                 .admit(head.method, head.path(), &who, headers)
                 .await
             {
-                Admission::Denied(c) => return (c, None),
+                Admission::Denied(c) => return (c, Step::Denied),
                 Admission::Admitted(c) => c,
+            };
+            let turn = match self.proxy.turn(&checked).await {
+                Ok(t) => t,
+                Err((problem, retry)) => return (checked, Step::Shed(problem, retry)),
             };
             // Only an admitted request needs its forwarding headers.
             let mut add = Vec::with_capacity(128);
@@ -130,7 +162,7 @@ impl DirectProxy {
             };
             let _due = spillway_store::due::Awaiting::new();
             let sent = self.client.send(&outgoing).await;
-            (checked, Some(sent))
+            (checked, Step::Sent(sent, turn))
         };
         // Watch for the client leaving while the request waits its turn or
         // the upstream thinks: dropping the future leaves the queue.
@@ -149,18 +181,26 @@ impl DirectProxy {
                 decide_and_send.await
             }
         };
-        let Some(sent) = sent else {
-            Self::own_answer(
-                out,
-                &Problem::too_many_requests(&checked),
-                Some(&checked),
-                close,
-                is_head,
-            );
-            return conn.write_all(out).await && !close;
+        let (sent, turn) = match sent {
+            Step::Denied => {
+                Self::own_answer(
+                    out,
+                    &Problem::too_many_requests(&checked),
+                    Some(&checked),
+                    close,
+                    is_head,
+                );
+                return conn.write_all(out).await && !close;
+            }
+            Step::Shed(problem, retry) => {
+                Self::shed_answer(out, &problem, retry, &checked, close, is_head);
+                return conn.write_all(out).await && !close;
+            }
+            Step::Sent(sent, turn) => (sent, turn),
         };
         match sent {
             Ok(resp) => {
+                let ok = resp.code < 500;
                 out.extend_from_slice(&resp.head);
                 spillway_tower::push_rate_limit_headers(&checked, out);
                 let close = close || resp.close_client;
@@ -168,15 +208,32 @@ impl DirectProxy {
                     out.extend_from_slice(b"connection: close\r\n");
                 }
                 out.extend_from_slice(b"\r\n");
-                self.client.relay(resp, conn, out).await && !close
+                // In flight until the body is relayed.
+                let kept = self.client.relay(resp, conn, out).await && !close;
+                self.proxy.answered(turn, ok);
+                kept
             }
             Err(f) => {
+                self.proxy.answered(turn, false);
                 let problem = self.proxy.failure(f.into());
                 Self::own_answer(out, &problem, Some(&checked), close, is_head);
                 conn.write_all(out).await && !close
             }
         }
     }
+}
+
+/// Where an admitted request's trip ended.
+enum Step {
+    /// A rule denied it.
+    Denied,
+    /// The in-flight limit shed it: the 503 and its `Retry-After`.
+    Shed(Problem<'static>, u64),
+    /// Sent upstream, in its turn.
+    Sent(
+        Result<spillway_wire::client::Response, spillway_wire::client::Failure>,
+        super::Turn,
+    ),
 }
 
 /// The names of the headers a decision adds, which replace the upstream's.

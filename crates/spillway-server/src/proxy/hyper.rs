@@ -114,6 +114,15 @@ impl HyperProxy {
             Admission::Denied(c) => return problem(&Problem::too_many_requests(&c), Some(&c)),
             Admission::Admitted(c) => c,
         };
+        let turn = match self.proxy.turn(&checked).await {
+            Ok(t) => t,
+            Err((p, retry)) => {
+                let mut resp = problem(&p, Some(&checked));
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry));
+                return resp;
+            }
+        };
         // A rule that reads its cost from the answer: keep what its key
         // needs, to charge once the answer says (see `Settle`).
         let settle = Proxy::settles(&checked).then(|| {
@@ -164,6 +173,9 @@ impl HyperProxy {
         let timeout = self.proxy.timeout();
         let failure = match tokio::time::timeout(timeout, self.client.request(req)).await {
             Ok(Ok(mut resp)) => {
+                // In flight until the answer's head (a body streams on
+                // its own time; an upgraded connection is no call).
+                self.proxy.answered(turn, resp.status().as_u16() < 500);
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     let Some(client_side) = client_side else {
                         return problem(
@@ -203,10 +215,18 @@ impl HyperProxy {
             // fails the upstream request too: it is the client's 400, not
             // a 502. hyper calls a failing request body a user error.
             Ok(Err(e)) if client_body_failed(&e) => {
+                // The client's fault: its slot is freed, no sample.
+                drop(turn);
                 return problem(&self.proxy.bad_body(), Some(&checked));
             }
-            Ok(Err(e)) => Failure::Bad(e.to_string()),
-            Err(_) => Failure::Timeout,
+            Ok(Err(e)) => {
+                self.proxy.answered(turn, false);
+                Failure::Bad(e.to_string())
+            }
+            Err(_) => {
+                self.proxy.answered(turn, false);
+                Failure::Timeout
+            }
         };
         problem(&self.proxy.failure(failure), Some(&checked))
     }

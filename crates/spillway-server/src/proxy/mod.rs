@@ -20,11 +20,14 @@
 //! spillway-wire's direct path and its pooled client) and [`hyper`]
 //! (everything else: HTTP/2, streaming and chunked bodies, upgrades).
 
+pub mod concurrency;
 pub mod direct;
 pub mod hyper;
 pub mod identity;
+pub mod upstream_health;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -58,6 +61,49 @@ pub struct Settings {
     /// Upgrade protocols passed through (lower case); others are served as
     /// plain requests. `h2c` is never among them.
     pub upgrades: Vec<String>,
+    /// The in-flight limit to the upstream (`proxy.concurrency`), if any.
+    pub concurrency: Option<ConcurrencyConfig>,
+}
+
+/// `proxy.concurrency`: how many requests may be in flight to the
+/// upstream, and how long the rest wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyConfig {
+    /// Fixed or adaptive.
+    pub limit: InFlight,
+    /// Longest wait in the queue (then 503).
+    pub max_wait: Duration,
+    /// Most requests waiting, every priority together.
+    pub max_queued: usize,
+}
+
+/// The in-flight limit: fixed, or adapted to the upstream's latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// `limit: N`.
+    Fixed(u32),
+    /// `adaptive: { min, max }`.
+    Adaptive {
+        /// Never below.
+        min: u32,
+        /// Never above.
+        max: u32,
+    },
+}
+
+/// What "the upstream is healthy" means to the proxy's measurements (the
+/// `health:` section): latency at a percentile against a target, and an
+/// error share against a maximum, over a sliding window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measure {
+    /// Latency at which the upstream is at capacity.
+    pub target: Option<Duration>,
+    /// The percentile measured (e.g. 99).
+    pub percentile: f64,
+    /// Error share (5xx, failures, timeouts) at which it is at capacity.
+    pub errors_max: Option<f64>,
+    /// The window measured over.
+    pub window: Duration,
 }
 
 impl Default for Settings {
@@ -70,6 +116,7 @@ impl Default for Settings {
             listen: None,
             admin_listen: None,
             upgrades: vec!["websocket".to_string()],
+            concurrency: None,
         }
     }
 }
@@ -162,6 +209,19 @@ pub struct Proxy {
     timeout: Duration,
     upgrades: Vec<String>,
     failures: FailureLog,
+    /// The in-flight limit to the upstream, if set.
+    concurrency: Option<Arc<concurrency::Concurrency>>,
+    /// Latency and errors of upstream calls, over `measure.window`.
+    stats: upstream_health::UpstreamStats,
+    measure: Measure,
+}
+
+/// An admitted request's turn at the upstream: its in-flight slot (when
+/// a limit is set) and when it was sent.
+#[derive(Debug)]
+pub struct Turn {
+    permit: Option<concurrency::Permit>,
+    sent: Instant,
 }
 
 /// An upstream failure, seen by either transport.
@@ -184,9 +244,36 @@ impl From<spillway_wire::client::Failure> for Failure {
 }
 
 impl Proxy {
-    /// The proxy for `settings`, whose upstream is `upstream`.
-    pub fn new(shared: Shared, settings: &Settings, upstream: UpstreamUrl) -> Proxy {
+    /// The proxy for `settings`, whose upstream is `upstream`, measuring
+    /// its upstream's health as `measure` says.
+    pub fn new(
+        shared: Shared,
+        settings: &Settings,
+        upstream: UpstreamUrl,
+        measure: Measure,
+    ) -> Proxy {
+        let concurrency = settings.concurrency.map(|c| {
+            let limit = match c.limit {
+                InFlight::Fixed(n) => concurrency::LimitKind::Fixed(n),
+                InFlight::Adaptive { min, max } => concurrency::LimitKind::Adaptive { min, max },
+            };
+            let target = measure.target.map(|latency| concurrency::Target {
+                latency,
+                percentile: measure.percentile,
+            });
+            concurrency::Concurrency::new(
+                concurrency::ConcurrencySettings {
+                    limit,
+                    max_wait: c.max_wait,
+                    max_queued: c.max_queued,
+                },
+                target,
+            )
+        });
         Proxy {
+            concurrency,
+            stats: upstream_health::UpstreamStats::new(measure.window),
+            measure,
             shared,
             identify: identity::Identify {
                 user: settings.user.clone(),
@@ -277,6 +364,137 @@ impl Proxy {
             events.decided(c, took);
         })
         .await
+    }
+
+    /// Phase 2b: the admitted request's turn at the upstream. With an
+    /// in-flight limit it waits for a slot (more important requests
+    /// first, see [`concurrency`]); a request shed (the queue full, or
+    /// its wait over) gets a 503 and the seconds to wait.
+    ///
+    /// # Errors
+    /// The 503 and its `Retry-After` seconds.
+    pub async fn turn(&self, checked: &Checked) -> Result<Turn, (Problem<'static>, u64)> {
+        let permit = match &self.concurrency {
+            None => None,
+            Some(c) => {
+                let priority = priority_of(checked);
+                // Boxed: only a proxy with a limit pays for the wait's state.
+                match Box::pin(c.acquire(priority)).await {
+                    Ok(p) => Some(p),
+                    Err(_) => {
+                        self.shared.events.shed(priority);
+                        let retry = c.retry_after().as_secs().max(1);
+                        return Err((
+                            Problem::new(
+                                StatusCode::SERVICE_UNAVAILABLE,
+                                "the upstream is at capacity: retry later",
+                            ),
+                            retry,
+                        ));
+                    }
+                }
+            }
+        };
+        Ok(Turn {
+            permit,
+            sent: Instant::now(),
+        })
+    }
+
+    /// Phase 5b: the upstream answered (`ok`: not a 5xx) or failed
+    /// (`ok` false): a sample for the health and the in-flight limit,
+    /// and the slot freed.
+    pub fn answered(&self, turn: Turn, ok: bool) {
+        let now = Instant::now();
+        let latency = now.saturating_duration_since(turn.sent);
+        self.stats.record(now, latency, !ok);
+        if let Some(p) = turn.permit {
+            p.done(now, latency, ok);
+        }
+    }
+
+    /// The upstream's health as measured now: the worse of its latency
+    /// over the target and its error share over the maximum; unknown
+    /// without calls in the window (or without targets).
+    pub fn measured(&self) -> spillway_core::Health {
+        let now = Instant::now();
+        let latency = self.measure.target.and_then(|t| {
+            let at = self
+                .stats
+                .latency_quantile(now, self.measure.percentile / 100.0)?;
+            let t = t.as_secs_f64();
+            (t > 0.0).then(|| at.as_secs_f64() / t)
+        });
+        let errors = self.measure.errors_max.and_then(|max| {
+            let share = self.stats.error_share(now)?;
+            (max > 0.0).then(|| share / max)
+        });
+        spillway_core::Health::from_signals(None, latency, errors)
+    }
+
+    /// Brings the measured health up to date every
+    /// [`MEASURE_EVERY`] until the runtime ends, and renders the
+    /// proxy's gauges in the metrics.
+    pub fn start_measuring(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(MEASURE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(p) = weak.upgrade() else { return };
+                p.shared.measured.set(p.measured());
+            }
+        });
+        let weak = Arc::downgrade(self);
+        self.shared
+            .events
+            .add_gauges(Box::new(move |out: &mut String| {
+                if let Some(p) = weak.upgrade() {
+                    p.render_gauges(out);
+                }
+            }));
+    }
+
+    /// The proxy's gauges, Prometheus text.
+    fn render_gauges(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let now = Instant::now();
+        if let Some(c) = &self.concurrency {
+            let _ = write!(
+                out,
+                "# HELP spillway_concurrency_limit The in-flight limit to the upstream (adaptive or fixed).\n\
+                 # TYPE spillway_concurrency_limit gauge\nspillway_concurrency_limit {}\n\
+                 # HELP spillway_concurrency_in_flight Requests in flight to the upstream.\n\
+                 # TYPE spillway_concurrency_in_flight gauge\nspillway_concurrency_in_flight {}\n\
+                 # HELP spillway_concurrency_queued Requests waiting for an in-flight slot.\n\
+                 # TYPE spillway_concurrency_queued gauge\nspillway_concurrency_queued {}\n",
+                c.limit(),
+                c.in_flight(),
+                c.queued()
+            );
+        }
+        let _ = write!(
+            out,
+            "# HELP spillway_upstream_latency_seconds Upstream latency over the measurement window.\n\
+             # TYPE spillway_upstream_latency_seconds gauge\n"
+        );
+        for q in [0.5, 0.99] {
+            if let Some(l) = self.stats.latency_quantile(now, q) {
+                let _ = writeln!(
+                    out,
+                    "spillway_upstream_latency_seconds{{quantile=\"{q}\"}} {}",
+                    l.as_secs_f64()
+                );
+            }
+        }
+        if let Some(e) = self.stats.error_share(now) {
+            let _ = write!(
+                out,
+                "# HELP spillway_upstream_error_ratio Share of upstream calls that failed (5xx, failures, timeouts) over the window.\n\
+                 # TYPE spillway_upstream_error_ratio gauge\nspillway_upstream_error_ratio {e}\n"
+            );
+        }
     }
 
     /// Whether a rule in force takes its cost from the answer: such
@@ -403,6 +621,21 @@ impl Proxy {
             "the request body was malformed or cut short",
         )
     }
+}
+
+/// How often the proxy's measured health is brought up to date.
+pub const MEASURE_EVERY: Duration = Duration::from_millis(200);
+
+/// A request's priority: the most important one among the rules that
+/// decided it that say one; `default` when none says.
+pub fn priority_of(checked: &Checked) -> spillway_core::Priority {
+    checked
+        .decision
+        .rules
+        .iter()
+        .filter_map(|rd| checked.rule(rd).and_then(spillway_core::Rule::priority))
+        .max()
+        .unwrap_or_default()
 }
 
 /// A host as `Host` may carry it: a reg-name or IPv4 address of RFC 3986

@@ -5,6 +5,7 @@ mod admin;
 mod api;
 mod config;
 mod dashboard;
+mod elastic;
 mod envoy_format;
 mod grpc;
 mod hardening;

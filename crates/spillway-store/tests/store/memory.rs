@@ -895,3 +895,77 @@ mod after_the_fact {
         assert!(block_on(limiter.settle(&request(&attrs, 1), &|_| None)).is_none());
     }
 }
+
+/// Every algorithm as a limit of 10 that does not refill within a test.
+fn every_algorithm_of_ten() -> Vec<Limit> {
+    use spillway_core::{LeakyBucket, SlidingCounter};
+    let hour = Nanos::from_secs(3600);
+    let slow = Rate::new(1, hour).unwrap();
+    vec![
+        Limit::TokenBucket(TokenBucket::new(10, slow).unwrap()),
+        Limit::LeakyBucket(LeakyBucket::new(10, slow).unwrap()),
+        fw(10, 3600),
+        log(10, 3600),
+        Limit::SlidingCounter(SlidingCounter::new(10, hour).unwrap()),
+        Limit::Gcra(Gcra::new(slow, 10).unwrap()),
+    ]
+}
+
+/// `mode: elastic 300%`, every algorithm: the plain limit while health
+/// is unknown; up to 3x it at low load, the requests above the plain
+/// limit reported as elastic admissions; the plain limit again once the
+/// load reaches capacity (no new admissions past what was used).
+#[test]
+fn elastic_rules_follow_the_health_on_every_algorithm() {
+    use spillway_core::{Elastic, Health, HealthGauge, Outcome};
+    for limit in every_algorithm_of_ten() {
+        let name = limit.algorithm_name();
+        let c = clock();
+        let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+        let gauge = Arc::new(HealthGauge::new());
+        let elastic = rule(name, vec![limit], Mode::Elastic(Elastic::new(300).unwrap()))
+            .with_health(gauge.clone());
+        let run = |user: &str, n: usize| -> Vec<Outcome> {
+            let key = Key::from_parts([user]);
+            (0..n)
+                .map(|_| {
+                    store
+                        .decide_now(
+                            &[Charge {
+                                rule: &elastic,
+                                key: &key,
+                            }],
+                            1,
+                        )
+                        .outcome()
+                })
+                .collect()
+        };
+        let count = |o: &[Outcome], x: Outcome| o.iter().filter(|&&y| y == x).count();
+        // Unknown: the plain limit, nothing elastic.
+        let o = run("unknown", 40);
+        assert_eq!(count(&o, Outcome::Allowed), 10, "{name}: {o:?}");
+        assert_eq!(count(&o, Outcome::ElasticAdmitted), 0, "{name}");
+        // Healthy: up to 30, the 20 above the plain limit said so.
+        gauge.set(Health::Load(0.1));
+        let o = run("healthy", 40);
+        assert_eq!(count(&o, Outcome::Allowed), 10, "{name}: {o:?}");
+        assert_eq!(count(&o, Outcome::ElasticAdmitted), 20, "{name}: {o:?}");
+        assert_eq!(count(&o, Outcome::Denied), 10, "{name}");
+        // Half way between the knee and capacity: half the reach.
+        gauge.set(Health::Load(0.75));
+        let o = run("busy", 40);
+        assert_eq!(count(&o, Outcome::Allowed), 10, "{name}");
+        assert_eq!(count(&o, Outcome::ElasticAdmitted), 10, "{name}: {o:?}");
+        // At capacity: the healthy key is held to its plain limit (it
+        // used 30 of it); a fresh key gets exactly the plain limit.
+        gauge.set(Health::Load(1.0));
+        assert_eq!(count(&run("healthy", 5), Outcome::Denied), 5, "{name}");
+        let o = run("late", 40);
+        assert_eq!(count(&o, Outcome::Allowed), 10, "{name}");
+        assert_eq!(count(&o, Outcome::ElasticAdmitted), 0, "{name}");
+        // Gone stale: the same.
+        gauge.set(Health::Unknown);
+        assert_eq!(count(&run("late", 5), Outcome::Denied), 5, "{name}");
+    }
+}

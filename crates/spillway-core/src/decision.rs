@@ -169,8 +169,12 @@ fn decide_then<V: StateView>(
     let mut charge_more = Vec::new();
     let mut allowed = true;
     let mut wait = Nanos::ZERO;
+    // The limits each rule was decided under: an elastic rule's move with
+    // the service's health, and a commit must charge the ones that admitted.
+    let mut enforced: smallvec::SmallVec<[&[Limit]; 2]> = smallvec::SmallVec::new();
     for (ri, rule) in rules.iter().enumerate() {
-        let (rd, charged, admits) = decide_rule(ri, rule, view, now, cost);
+        let (rd, charged, admits, limits) = decide_rule(ri, rule, view, now, cost);
+        enforced.push(limits);
         if ri < 64 {
             charge_bits |= u64::from(charged) << ri;
         } else {
@@ -181,14 +185,14 @@ fn decide_then<V: StateView>(
         decisions.push(rd);
     }
     if allowed && commit {
-        for (ri, rule) in rules.iter().enumerate() {
+        for (ri, limits) in enforced.iter().enumerate() {
             let charged = if ri < 64 {
                 charge_bits >> ri & 1 == 1
             } else {
                 charge_more[ri - 64]
             };
             if charged {
-                for (li, limit) in rule.enforced_limits().iter().enumerate() {
+                for (li, limit) in limits.iter().enumerate() {
                     view.commit(ri, li, limit, now, cost);
                 }
             }
@@ -205,14 +209,15 @@ fn decide_then<V: StateView>(
     }
 }
 
-/// One rule's result, whether it would be charged, and whether it lets the request through.
-fn decide_rule<V: StateView>(
+/// One rule's result, whether it would be charged, whether it lets the
+/// request through, and the limits it was decided under (read once).
+fn decide_rule<'r, V: StateView>(
     ri: usize,
-    rule: &Rule,
+    rule: &'r Rule,
     view: &mut V,
     now: Nanos,
     cost: u64,
-) -> (RuleDecision, bool, bool) {
+) -> (RuleDecision, bool, bool, &'r [Limit]) {
     let mut hard_ok = true;
     let mut worst: Option<(usize, Verdict)> = None;
     let mut wait = Nanos::ZERO;
@@ -292,6 +297,7 @@ fn decide_rule<V: StateView>(
         },
         charged,
         admits,
+        enforced,
     )
 }
 

@@ -14,9 +14,15 @@ use spillway_store::Charge;
 const PER_VERDICT: usize = 5;
 
 /// Whether the script answers two verdicts per limit of `rule` (under the
-/// raised and the base size: a soft rule) or one.
+/// raised and the base size: a soft or elastic rule) or one. By the mode
+/// alone, as [`keys`](crate::keys) tells the script: an elastic rule's
+/// raised limits may be its plain ones (health unknown) or change between
+/// the call and its answer, but the reply's shape never does.
 fn two_verdicts(rule: &spillway_core::Rule) -> bool {
-    !std::ptr::eq(rule.limits(), rule.enforced_limits())
+    matches!(
+        rule.mode(),
+        spillway_core::Mode::Soft { .. } | spillway_core::Mode::Elastic(_)
+    )
 }
 
 /// How many numbers the script answers for one charge.

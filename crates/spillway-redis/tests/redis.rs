@@ -132,6 +132,13 @@ fn rules() -> Vec<Rule> {
                 .with_health(health.clone()),
         );
     }
+    // And one whose health is unknown: its plain limits, the script's
+    // answer still of an elastic rule's shape.
+    out.push(
+        Rule::new("elastic-plain", None, by(), vec![l[3].clone()], elastic)
+            .unwrap()
+            .with_health(std::sync::Arc::new(spillway_core::HealthGauge::new())),
+    );
     out
 }
 
@@ -169,8 +176,8 @@ type Op = (Vec<(usize, u8)>, u64, u64, Kind);
 
 fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
     let pairs = prop_oneof![
-        6 => prop::collection::vec((0usize..14, 0u8..2), 1..=1),
-        2 => prop::collection::vec((0usize..14, 0u8..2), 2..=3),
+        6 => prop::collection::vec((0usize..15, 0u8..2), 1..=1),
+        2 => prop::collection::vec((0usize..15, 0u8..2), 2..=3),
     ];
     let gap = prop_oneof![6 => Just(0u64), 3 => 0u64..100_000, 1 => 0u64..3 * SEC_US];
     prop::collection::vec((pairs, gap, costs(), kinds()), 1..max)

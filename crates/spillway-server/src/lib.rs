@@ -803,11 +803,22 @@ async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut step = tokio::time::interval(admin::series::STEP);
     step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut health = tokio::time::interval(admin::HEALTH_EVERY);
-    health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Its own task: a slow Redis read in `tick` must not hold elastic
+    // rules at a stale health.
+    let health_admin = admin.clone();
+    let mut health_stop = stop.clone();
+    tokio::spawn(async move {
+        let mut health = tokio::time::interval(admin::HEALTH_EVERY);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = health.tick() => health_admin.shared.health.set(health_admin.health_now()),
+                _ = health_stop.changed() => return,
+            }
+        }
+    });
     loop {
         tokio::select! {
-            _ = health.tick() => admin.shared.health.set(admin.health_now()),
             _ = tick.tick() => admin.tick().await,
             _ = step.tick() => admin.series.record(unix_ms(), admin.shared.events.rule_totals()),
             _ = stop.changed() => return,

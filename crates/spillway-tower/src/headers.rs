@@ -13,16 +13,18 @@ const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining")
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 const X_RETRY_AFTER: HeaderName = HeaderName::from_static("x-ratelimit-retry-after");
+
 /// `elastic` or `soft`: the request was admitted above a rule's plain
 /// limit, in its elastic or soft zone (the `RateLimit` fields show the
 /// plain limit's remaining, 0 there): the warning before delays and 429s.
 pub const ZONE: HeaderName = HeaderName::from_static("spillway-zone");
 
-/// The headers [`rate_limit_headers`] gives every decision a rule made (a
-/// denial adds `Retry-After` and `X-RateLimit-Retry-After`): a proxy that
-/// adds them to an upstream's answer drops the upstream's own first, as
-/// [`insert_rate_limit_headers`] replaces them.
-pub const DECISION_HEADERS: [HeaderName; 5] = [POLICY, RATELIMIT, X_LIMIT, X_REMAINING, X_RESET];
+/// The headers [`rate_limit_headers`] gives a decision a rule made (a
+/// denial adds `Retry-After` and `X-RateLimit-Retry-After`; `Spillway-Zone`
+/// only above a plain limit): a proxy that adds them to an upstream's
+/// answer drops the upstream's own first.
+pub const DECISION_HEADERS: [HeaderName; 6] =
+    [POLICY, RATELIMIT, X_LIMIT, X_REMAINING, X_RESET, ZONE];
 
 /// Adds the headers describing the deciding limit of `checked` (the denying
 /// one, or the one closest to denying) to `headers`; nothing when no rule

@@ -365,7 +365,7 @@ fn sync_json(st: &spillway_sync::SyncStatus) -> serde_json::Value {
 /// load when it is.
 fn health_metrics(h: spillway_core::Health) -> String {
     let mut out = String::from(
-        "# HELP spillway_health_known Whether the service's health is known (a fresh report).\n# TYPE spillway_health_known gauge\n",
+        "# HELP spillway_health_known Whether the service's health is known (a fresh report, or the proxy's calls to its upstream in the window).\n# TYPE spillway_health_known gauge\n",
     );
     match h {
         spillway_core::Health::Unknown => out.push_str("spillway_health_known 0\n"),

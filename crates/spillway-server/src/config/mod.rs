@@ -126,6 +126,14 @@ impl Config {
             ("listen", self.listen != newer.listen),
             ("grpc_listen", self.grpc_listen != newer.grpc_listen),
             ("proxy", self.proxy != newer.proxy),
+            (
+                "health (the proxy's measurements and in-flight target)",
+                self.proxy.is_some()
+                    && (self.health.latency_target != newer.health.latency_target
+                        || self.health.percentile != newer.health.percentile
+                        || self.health.errors_max != newer.health.errors_max
+                        || self.health.window != newer.health.window),
+            ),
             ("admin_listen", self.admin_listen != newer.admin_listen),
             (
                 "admin.state_file",

@@ -201,6 +201,7 @@ impl DirectProxy {
         match sent {
             Ok(resp) => {
                 let ok = resp.code < 500;
+                let head = turn.mark();
                 out.extend_from_slice(&resp.head);
                 spillway_tower::push_rate_limit_headers(&checked, out);
                 let close = close || resp.close_client;
@@ -208,13 +209,15 @@ impl DirectProxy {
                     out.extend_from_slice(b"connection: close\r\n");
                 }
                 out.extend_from_slice(b"\r\n");
-                // In flight until the body is relayed.
+                // In flight until the body is relayed; the latency is the
+                // upstream's, to the head (a slow client's download is not).
                 let kept = self.client.relay(resp, conn, out).await && !close;
-                self.proxy.answered(turn, ok);
+                self.proxy.answered(turn, ok, head);
                 kept
             }
             Err(f) => {
-                self.proxy.answered(turn, false);
+                let head = turn.mark();
+                self.proxy.answered(turn, false, head);
                 let problem = self.proxy.failure(f.into());
                 Self::own_answer(out, &problem, Some(&checked), close, is_head);
                 conn.write_all(out).await && !close
@@ -237,12 +240,13 @@ enum Step {
 }
 
 /// The names of the headers a decision adds, which replace the upstream's.
-const DECISION_HEADER_NAMES: [&str; 5] = [
+const DECISION_HEADER_NAMES: [&str; 6] = [
     "ratelimit-policy",
     "ratelimit",
     "x-ratelimit-limit",
     "x-ratelimit-remaining",
     "x-ratelimit-reset",
+    "spillway-zone",
 ];
 
 impl Handler for DirectProxy {

@@ -175,7 +175,9 @@ impl HyperProxy {
             Ok(Ok(mut resp)) => {
                 // In flight until the answer's head (a body streams on
                 // its own time; an upgraded connection is no call).
-                self.proxy.answered(turn, resp.status().as_u16() < 500);
+                let head = turn.mark();
+                self.proxy
+                    .answered(turn, resp.status().as_u16() < 500, head);
                 if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
                     let Some(client_side) = client_side else {
                         return problem(
@@ -191,6 +193,10 @@ impl HyperProxy {
                     let switched = upgrade_asked(&parts.headers);
                     strip_hop_by_hop(&mut parts.headers);
                     keep_upgrade(&mut parts.headers, switched);
+                    if super::ours(&checked) {
+                        // Set only above a plain limit: never the upstream's.
+                        parts.headers.remove(spillway_tower::ZONE);
+                    }
                     insert_rate_limit_headers(&checked, &mut parts.headers);
                     return Response::from_parts(parts, Body::empty());
                 }
@@ -208,6 +214,10 @@ impl HyperProxy {
                     None => Body::new(body),
                 };
                 strip_hop_by_hop(&mut parts.headers);
+                if super::ours(&checked) {
+                    // Set only above a plain limit: never the upstream's.
+                    parts.headers.remove(spillway_tower::ZONE);
+                }
                 insert_rate_limit_headers(&checked, &mut parts.headers);
                 return Response::from_parts(parts, body);
             }
@@ -220,11 +230,13 @@ impl HyperProxy {
                 return problem(&self.proxy.bad_body(), Some(&checked));
             }
             Ok(Err(e)) => {
-                self.proxy.answered(turn, false);
+                let head = turn.mark();
+                self.proxy.answered(turn, false, head);
                 Failure::Bad(e.to_string())
             }
             Err(_) => {
-                self.proxy.answered(turn, false);
+                let head = turn.mark();
+                self.proxy.answered(turn, false, head);
                 Failure::Timeout
             }
         };

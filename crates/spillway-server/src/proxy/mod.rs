@@ -214,6 +214,9 @@ pub struct Proxy {
     /// Latency and errors of upstream calls, over `measure.window`.
     stats: upstream_health::UpstreamStats,
     measure: Measure,
+    /// Whether anything reads the measurements (health targets or an
+    /// in-flight limit): if not, no clock is read per request.
+    measuring: bool,
 }
 
 /// An admitted request's turn at the upstream: its in-flight slot (when
@@ -221,7 +224,17 @@ pub struct Proxy {
 #[derive(Debug)]
 pub struct Turn {
     permit: Option<concurrency::Permit>,
-    sent: Instant,
+    /// When it was sent, if the proxy measures its upstream.
+    sent: Option<Instant>,
+}
+
+impl Turn {
+    /// Now, if the proxy measures its upstream (what
+    /// [`Proxy::answered`] takes as the answer's time); else nothing, and
+    /// no clock is read.
+    pub fn mark(&self) -> Option<Instant> {
+        self.sent.map(|_| Instant::now())
+    }
 }
 
 /// An upstream failure, seen by either transport.
@@ -271,6 +284,9 @@ impl Proxy {
             )
         });
         Proxy {
+            measuring: concurrency.is_some()
+                || measure.target.is_some()
+                || measure.errors_max.is_some(),
             concurrency,
             stats: upstream_health::UpstreamStats::new(measure.window),
             measure,
@@ -397,19 +413,24 @@ impl Proxy {
         };
         Ok(Turn {
             permit,
-            sent: Instant::now(),
+            sent: self.measuring.then(Instant::now),
         })
     }
 
     /// Phase 5b: the upstream answered (`ok`: not a 5xx) or failed
-    /// (`ok` false): a sample for the health and the in-flight limit,
-    /// and the slot freed.
-    pub fn answered(&self, turn: Turn, ok: bool) {
-        let now = Instant::now();
-        let latency = now.saturating_duration_since(turn.sent);
-        self.stats.record(now, latency, !ok);
+    /// (`ok` false), its head (or failure) at `head` ([`Turn::mark`]): a
+    /// sample of the upstream's latency for the health and the in-flight
+    /// limit, and the slot freed (now: after the body, on the direct
+    /// path). Without health targets or an in-flight limit nothing is
+    /// measured.
+    pub fn answered(&self, turn: Turn, ok: bool, head: Option<Instant>) {
+        let (Some(sent), Some(head)) = (turn.sent, head) else {
+            return;
+        };
+        let latency = head.saturating_duration_since(sent);
+        self.stats.record(head, latency, !ok);
         if let Some(p) = turn.permit {
-            p.done(now, latency, ok);
+            p.done(head, latency, ok);
         }
     }
 

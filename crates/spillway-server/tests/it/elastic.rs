@@ -571,3 +571,49 @@ rules:
         "200 sheddable requests at once were all served by 4 workers in 200 ms"
     );
 }
+
+/// The in-flight limit holds on both transports: with the direct path off
+/// every request goes through hyper's, and still no more than the limit
+/// reach the upstream at once, every waiting request is served, and the
+/// slots all come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_limit_holds_on_both_transports() {
+    for direct in [true, false] {
+        let up = QueueingUpstream::start(8, Duration::from_millis(50)).await;
+        let dir = TempDir::new("elastic-transports");
+        let text = format!(
+            "admin:
+  listen: 127.0.0.1:0
+server:
+  direct_path: {direct}
+proxy:
+  upstream: {}
+  concurrency:
+    limit: 2
+    queue: {{ max_wait: 20s }}
+rules: []
+",
+            up.url()
+        );
+        let (s, admin) = proxy(&dir, &text);
+        let c = client();
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let (c, url) = (c.clone(), s.url("/x"));
+            tasks.push(tokio::spawn(async move {
+                c.get(url).send().await.unwrap().status().as_u16()
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), 200, "direct path {direct}");
+        }
+        assert_eq!(up.max_in_flight(), 2, "direct path {direct}");
+        let m = metrics(&c, &admin).await;
+        assert_eq!(
+            metric(&m, "spillway_concurrency_in_flight"),
+            Some(0.0),
+            "direct path {direct}: {m}"
+        );
+        assert_eq!(metric(&m, "spillway_concurrency_queued"), Some(0.0));
+    }
+}

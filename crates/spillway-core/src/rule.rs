@@ -802,4 +802,51 @@ mod tests {
         let k = KeySpec::parse("user+header:X-Api-Key").unwrap();
         assert_eq!(k.to_string(), "user+header:x-api-key");
     }
+
+    proptest::proptest! {
+        /// What an elastic rule enforces, every algorithm: each limit's
+        /// size between the plain one and `percent` % of it, never larger
+        /// at a higher load, the plain limits themselves while health is
+        /// unknown or without a gauge; derived rules read the same gauge.
+        #[test]
+        fn elastic_rules_enforce_between_the_limit_and_the_reach(
+            size in 1u64..100_000,
+            percent in 100u32..=crate::elastic::MAX_PERCENT,
+            a in -1.0f64..3.0,
+            b in -1.0f64..3.0,
+        ) {
+            use crate::{Elastic, FixedWindow, Gcra, Health, HealthGauge, Nanos, Rate, SlidingLog, TokenBucket};
+            use std::sync::Arc;
+            let hour = Nanos::from_secs(3600);
+            let rate = Rate::new(1, hour).unwrap();
+            let limits = vec![
+                Limit::TokenBucket(TokenBucket::new(size, rate).unwrap()),
+                Limit::FixedWindow(FixedWindow::new(size, hour).unwrap()),
+                Limit::SlidingLog(SlidingLog::new(size, hour).unwrap()),
+                Limit::Gcra(Gcra::new(rate, size).unwrap()),
+            ];
+            let rule = Rule::new("e", None, KeySpec::parse("user").unwrap(), limits,
+                Mode::Elastic(Elastic::new(percent).unwrap())).unwrap();
+            proptest::prop_assert!(std::ptr::eq(rule.enforced_limits(), rule.limits()));
+            let g = Arc::new(HealthGauge::new());
+            let rule = rule.with_health(g.clone());
+            let derived = rule.shared(1).with_limits(rule.limits().to_vec()).unwrap();
+            proptest::prop_assert!(std::ptr::eq(rule.enforced_limits(), rule.limits()));
+            let sizes = |r: &Rule| -> Vec<u64> { r.enforced_limits().iter().map(Limit::size).collect() };
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            g.set(Health::Load(lo));
+            let at_lo = sizes(&rule);
+            proptest::prop_assert_eq!(&at_lo, &sizes(&derived));
+            g.set(Health::Load(hi));
+            let at_hi = sizes(&rule);
+            for (l, (x, y)) in rule.limits().iter().zip(at_lo.iter().zip(&at_hi)) {
+                let plain = l.size();
+                proptest::prop_assert!(*y <= *x);
+                proptest::prop_assert!(*y >= plain);
+                proptest::prop_assert!(u128::from(*x) * 100 <= u128::from(plain) * u128::from(percent));
+            }
+            g.set(Health::Unknown);
+            proptest::prop_assert!(std::ptr::eq(rule.enforced_limits(), rule.limits()));
+        }
+    }
 }

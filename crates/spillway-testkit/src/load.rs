@@ -38,15 +38,15 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper::body::{Body, Bytes, Frame, Incoming};
+use crate::queueing::Text;
+
+use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -390,7 +390,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// time.
 struct Pool {
     target: Target,
-    idle: Mutex<Vec<SendRequest<NoBody>>>,
+    idle: Mutex<Vec<SendRequest<Text>>>,
     /// The most idle connections kept.
     keep: usize,
 }
@@ -427,16 +427,16 @@ impl Pool {
         0
     }
 
-    fn request(&self, headers: &[(String, String)], out: &Outgoing) -> Option<Request<NoBody>> {
+    fn request(&self, headers: &[(String, String)], out: &Outgoing) -> Option<Request<Text>> {
         let mut req = Request::get(out.path.as_deref().unwrap_or(&self.target.path))
             .header("host", &self.target.host);
         for (name, value) in headers.iter().chain(&out.headers) {
             req = req.header(name, value);
         }
-        req.body(NoBody).ok()
+        req.body(Text(None)).ok()
     }
 
-    async fn take(&self) -> Option<SendRequest<NoBody>> {
+    async fn take(&self) -> Option<SendRequest<Text>> {
         loop {
             let mut conn = lock(&self.idle).pop()?;
             if conn.ready().await.is_ok() {
@@ -445,14 +445,14 @@ impl Pool {
         }
     }
 
-    fn put(&self, conn: SendRequest<NoBody>) {
+    fn put(&self, conn: SendRequest<Text>) {
         let mut idle = lock(&self.idle);
         if idle.len() < self.keep && !conn.is_closed() {
             idle.push(conn);
         }
     }
 
-    async fn connect(&self) -> Option<SendRequest<NoBody>> {
+    async fn connect(&self) -> Option<SendRequest<Text>> {
         let stream = TcpStream::connect(self.target.addr).await.ok()?;
         let _ = stream.set_nodelay(true);
         let (send, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
@@ -473,26 +473,6 @@ async fn read_to_end(resp: Response<Incoming>) -> bool {
             Some(Ok(_)) => {}
             Some(Err(_)) => return false,
         }
-    }
-}
-
-/// An empty request body.
-#[derive(Debug, Clone, Copy)]
-struct NoBody;
-
-impl Body for NoBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        true
     }
 }
 

@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -140,20 +139,7 @@ impl QueueingUpstream {
                 log: VecDeque::new(),
             }),
         });
-        let serving = state.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let _ = conn.set_nodelay(true);
-                let state = serving.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| answer(state.clone(), req));
-                    // A client that goes away midway is not an error here.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(conn), service)
-                        .await;
-                });
-            }
-        });
+        crate::upstream::serve_http1(listener, state.clone(), answer);
         QueueingUpstream { addr, state }
     }
 
@@ -290,9 +276,9 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Te
     Ok(resp)
 }
 
-/// A whole body with a length.
+/// A whole body with a length (`Text(None)`: an empty one).
 #[derive(Debug)]
-struct Text(Option<Bytes>);
+pub(crate) struct Text(pub(crate) Option<Bytes>);
 
 impl Body for Text {
     type Data = Bytes;

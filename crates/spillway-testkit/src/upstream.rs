@@ -105,19 +105,7 @@ impl HttpUpstream {
             seen: Mutex::new(Vec::new()),
             gate: Semaphore::new(0),
         });
-        let serving = state.clone();
-        tokio::spawn(async move {
-            while let Ok((conn, _)) = listener.accept().await {
-                let state = serving.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| answer(state.clone(), req));
-                    // A connection the proxy drops midway is not an error here.
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(conn), service)
-                        .await;
-                });
-            }
-        });
+        serve_http1(listener, state.clone(), answer);
         HttpUpstream { addr, state }
     }
 
@@ -153,6 +141,32 @@ impl HttpUpstream {
     pub fn release(&self) {
         self.state.gate.add_permits(1);
     }
+}
+
+/// Serves HTTP/1.1 on `listener` until the runtime ends (no delay on
+/// small writes), each request answered by `answer(state, request)`.
+pub(crate) fn serve_http1<S, F, Fut, B>(listener: TcpListener, state: Arc<S>, answer: F)
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request<Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let _ = conn.set_nodelay(true);
+            let state = state.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| answer(state.clone(), req));
+                // A client that goes away midway is not an error here.
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(conn), service)
+                    .await;
+            });
+        }
+    });
 }
 
 async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Reply>, Infallible> {

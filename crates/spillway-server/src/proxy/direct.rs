@@ -44,13 +44,15 @@ impl DirectProxy {
         }
     }
 
-    /// Writes the proxy's own answer (a refusal, a denial, a failure).
+    /// Writes the proxy's own answer (a refusal, a denial, a failure, a
+    /// 503 of the in-flight limit with its `Retry-After` seconds).
     fn own_answer(
         out: &mut Vec<u8>,
         problem: &Problem<'_>,
         checked: Option<&Checked>,
         close: bool,
         head_request: bool,
+        retry: Option<u64>,
     ) {
         thread_local! {
             /// The body, rendered once per answer into a reused buffer.
@@ -73,37 +75,12 @@ impl DirectProxy {
                     if problem.status == StatusCode::METHOD_NOT_ALLOWED {
                         write::header(o, "allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
                     }
+                    if let Some(r) = retry {
+                        write::header(o, "retry-after", itoa::Buffer::new().format(r).as_bytes());
+                    }
                 },
             );
         });
-    }
-
-    /// Writes a 503 for a request shed by the in-flight limit, with the
-    /// seconds to wait and the decision's rate limit headers.
-    fn shed_answer(
-        out: &mut Vec<u8>,
-        problem: &Problem<'_>,
-        retry: u64,
-        checked: &Checked,
-        close: bool,
-        head_request: bool,
-    ) {
-        let mut json = String::new();
-        problem.write_json(&mut json);
-        let mut num = itoa::Buffer::new();
-        let retry = num.format(retry);
-        write::answer(
-            out,
-            problem.status,
-            PROBLEM_JSON,
-            json.as_bytes(),
-            close,
-            head_request,
-            |o| {
-                spillway_tower::push_rate_limit_headers(checked, o);
-                write::header(o, "retry-after", retry.as_bytes());
-            },
-        );
     }
 
     async fn forward(
@@ -122,7 +99,7 @@ impl DirectProxy {
         {
             Ok(w) => w,
             Err(Refused::Invalid(p)) => {
-                Self::own_answer(out, &p, None, true, is_head);
+                Self::own_answer(out, &p, None, true, is_head, None);
                 conn.write_all(out).await;
                 return false;
             }
@@ -189,11 +166,12 @@ impl DirectProxy {
                     Some(&checked),
                     close,
                     is_head,
+                    None,
                 );
                 return conn.write_all(out).await && !close;
             }
             Step::Shed(problem, retry) => {
-                Self::shed_answer(out, &problem, retry, &checked, close, is_head);
+                Self::own_answer(out, &problem, Some(&checked), close, is_head, Some(retry));
                 return conn.write_all(out).await && !close;
             }
             Step::Sent(sent, turn) => (sent, turn),
@@ -219,7 +197,7 @@ impl DirectProxy {
                 let head = turn.mark();
                 self.proxy.answered(turn, false, head);
                 let problem = self.proxy.failure(f.into());
-                Self::own_answer(out, &problem, Some(&checked), close, is_head);
+                Self::own_answer(out, &problem, Some(&checked), close, is_head, None);
                 conn.write_all(out).await && !close
             }
         }
@@ -276,7 +254,7 @@ impl Handler for DirectProxy {
     }
 
     fn refuse(&self, status: StatusCode, detail: &str, out: &mut Vec<u8>) {
-        Self::own_answer(out, &Problem::new(status, detail), None, true, false);
+        Self::own_answer(out, &Problem::new(status, detail), None, true, false, None);
     }
 
     fn fallback(&self, peer: SocketAddr) -> Routed {

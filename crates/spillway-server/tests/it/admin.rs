@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 use spillway_testkit::RedisServer;
 
-use crate::util::{Server, TempDir, check, client};
+use crate::util::{Server, TempDir, check, client, eventually};
 
 const OPS: &str = "ops-token-0123456789abcdef";
 const READ: &str = "read-token-0123456789abcdef";
@@ -127,22 +127,6 @@ async fn user(c: &reqwest::Client, s: &Server, name: &str) -> u16 {
 
 async fn api_key(c: &reqwest::Client, s: &Server, key: &str) -> u16 {
     check(c, s, json!({"headers": {"X-Api-Key": key}})).await.0
-}
-
-/// Polls `f` until it is true, up to 30 s.
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(30) {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("not within 30 s: {what}");
 }
 
 #[tokio::test]

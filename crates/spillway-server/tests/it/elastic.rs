@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use spillway_testkit::load::{LoadPlan, Outgoing, Sample, drive};
 use spillway_testkit::queueing::QueueingUpstream;
 
-use crate::util::{Server, TempDir, check, client};
+use crate::util::{Server, TempDir, check, client, eventually};
 
 const OPS: &str = "ops-token-0123456789abcdef";
 
@@ -46,22 +46,6 @@ async fn metrics(c: &reqwest::Client, admin: &str) -> String {
         .text()
         .await
         .unwrap()
-}
-
-/// Polls `f` until it is true, up to 30 s.
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{what}: not within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------

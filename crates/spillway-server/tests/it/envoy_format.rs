@@ -7,7 +7,6 @@
 //! client.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use spillway_server::config::{self, ConfigErrors};
 use spillway_server::grpc::proto::{
@@ -16,7 +15,7 @@ use spillway_server::grpc::proto::{
 use spillway_server::grpc::{Action, Domain, Domains, find};
 use tonic::transport::Channel;
 
-use crate::util::{self, Server, TempDir};
+use crate::util::{self, Server, TempDir, eventually};
 
 fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -705,20 +704,6 @@ async fn a_missing_requests_per_unit_is_a_ban_end_to_end() {
         assert_eq!((lim.requests_per_unit, lim.unit), (0, Unit::Hour as i32));
     }
     assert_eq!(code(&ch, "ban", &[("ip", "1.1.1.1")]).await, Code::Ok);
-}
-
-/// Polls `f` until it holds, for at most 20 s (a reload waits for the
-/// quiet period and a poll or a watch event).
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// `--envoy-config DIR`: its *.yaml and *.yml files; a file added is taken

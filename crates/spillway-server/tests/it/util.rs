@@ -267,3 +267,21 @@ pub fn header(h: &reqwest::header::HeaderMap, name: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Polls `f` every 50 ms until it is true, for at most 30 s (a reload's
+/// quiet period, a health refresh, a report going stale), then fails
+/// naming `what`.
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

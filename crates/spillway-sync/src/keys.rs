@@ -36,6 +36,8 @@ pub(crate) struct Entry {
     /// Lease mode: when the oldest units that may still be held were
     /// taken (a slice topped up keeps units of earlier grants).
     pub first_us: u64,
+    /// Lease mode: when the last grant came (local clock).
+    pub granted_at: Nanos,
     /// Lease mode: units of a slice that expired before its refund, still
     /// counted by the store: given back at the next exchange.
     pub stale: u64,
@@ -67,6 +69,7 @@ impl Entry {
             units: 0,
             since_us: 0,
             first_us: 0,
+            granted_at: Nanos::ZERO,
             stale: 0,
             stale_since_us: 0,
             expires: Nanos::ZERO,

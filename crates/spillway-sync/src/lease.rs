@@ -73,8 +73,15 @@ pub(crate) fn lease_ops(
     let expired = now >= e.expires;
     let recent = e.idle <= idle_after;
     let w = want(demand.max(1), e.remaining, live);
+    // A slice granted less than an interval ago keeps what it was given:
+    // the demand counted so far covers part of an interval, and sized by
+    // it a key's first slice (its share of the whole limit) would shrink
+    // to a few requests' worth and run dry before the next top-up lands.
+    let young = now < e.granted_at.saturating_add(Nanos(ttl / 2));
     let give_back = if expired || !recent {
         e.units
+    } else if young {
+        0
     } else {
         e.units.saturating_sub(w.saturating_mul(2))
     };
@@ -170,6 +177,7 @@ pub(crate) fn grant(
     }
     e.units = e.units.saturating_add(granted);
     e.since_us = now_us;
+    e.granted_at = now;
     let mut expires = now.saturating_add(Nanos(interval.as_u64().saturating_mul(2)));
     for (l, v) in e.rule.enforced_limits().iter().zip(limits) {
         if matches!(l, Limit::FixedWindow(_)) {

@@ -20,6 +20,7 @@ pub mod config;
 pub mod grpc;
 pub mod metrics;
 pub mod proxy;
+pub mod simulate;
 mod reload;
 pub mod tls;
 

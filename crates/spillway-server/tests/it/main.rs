@@ -14,6 +14,7 @@ mod ops;
 mod proxy;
 mod redis;
 mod smuggling;
+mod simulate_report;
 mod sync;
 mod tls;
 mod util;

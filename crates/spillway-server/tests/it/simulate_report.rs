@@ -1,0 +1,1 @@
+//! Placeholder: the simulate report in headless Chromium.

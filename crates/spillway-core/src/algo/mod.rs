@@ -348,6 +348,38 @@ impl Limit {
         }
     }
 
+    /// The same limit with its size (capacity, burst or window limit) set
+    /// to `size`, its rate and window unchanged: what `spillway simulate`
+    /// tries when it looks for the smallest size that limits few enough
+    /// clients. A `size` of 0 is taken as 1, and a size above what the
+    /// algorithm accepts (a bucket's capacity past what its rate refills
+    /// in [`MAX_SPAN`], a log's limit past [`MAX_LOG_LIMIT`]) as that
+    /// maximum.
+    ///
+    /// ```
+    /// use spillway_core::{FixedWindow, Limit, Nanos};
+    /// let w = Limit::FixedWindow(FixedWindow::new(100, Nanos::from_secs(60))?);
+    /// assert_eq!(w.with_size(7).size(), 7);
+    /// assert_eq!(w.with_size(7).window(), w.window());
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
+    pub fn with_size(&self, size: u64) -> Limit {
+        let size = size.max(1);
+        match self {
+            Limit::TokenBucket(a) => {
+                Limit::TokenBucket(a.with_capacity(size.min(max_capacity(&a.refill()))))
+            }
+            Limit::LeakyBucket(a) => {
+                Limit::LeakyBucket(a.with_capacity(size.min(max_capacity(&a.leak()))))
+            }
+            Limit::Shaper(a) => Limit::Shaper(a.with_capacity(size.min(max_capacity(&a.leak())))),
+            Limit::FixedWindow(a) => Limit::FixedWindow(a.with_limit(size)),
+            Limit::SlidingLog(a) => Limit::SlidingLog(a.with_limit(size.min(MAX_LOG_LIMIT))),
+            Limit::SlidingCounter(a) => Limit::SlidingCounter(a.with_limit(size)),
+            Limit::Gcra(a) => Limit::Gcra(a.with_burst(size.min(max_capacity(&a.rate())))),
+        }
+    }
+
     /// One instance's share of this limit among `n`: every size (capacity,
     /// burst, window limit) divided by `n`, rounded down but at least 1,
     /// and every rate divided by `n` (the same count over `n` times the

@@ -133,7 +133,7 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
     (status, out.into_bytes())
 }
 
-fn retry_ms(rd: &spillway_core::RuleDecision) -> u64 {
+pub(crate) fn retry_ms(rd: &spillway_core::RuleDecision) -> u64 {
     if rd.verdict.allowed {
         0
     } else if rd.verdict.retry_after.is_never() {

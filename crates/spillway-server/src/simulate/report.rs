@@ -1,1 +1,1699 @@
-//! Placeholder: replaced by the HTML report.
+//! The HTML report of `spillway simulate`: one self-contained page (inline
+//! CSS, inline SVG plots, no scripts, nothing fetched) made from a
+//! [`Summary`].
+//!
+//! Every string from a trace or a rules file (keys, rule names, paths,
+//! reasons) is attacker-controlled: each one goes through `Esc`, which
+//! makes it inert in text and in attribute values alike, and the page's
+//! Content-Security-Policy refuses scripts and fetches should anything slip
+//! through. The plots are hand-written SVG from the small helper at the
+//! end of this file (scales, nice ticks, polylines, bars); every
+//! coordinate is written through `C`, which turns a non-finite number
+//! into 0, so a degenerate summary draws a flat plot, never a broken one.
+
+use std::fmt::{self, Display, Write as _};
+
+use super::summary::{
+    Accuracy, Differing, Distribution, FileSummary, RuleSummary, Summary, Timeline,
+};
+
+/// Writes to a `String` (which cannot fail).
+macro_rules! out {
+    ($o:expr, $($t:tt)*) => {{
+        let _ = write!($o, $($t)*);
+    }};
+}
+
+/// Heaviest keys listed per rule, malformed lines and differing requests
+/// shown: the page stays light whatever the summary holds.
+const MAX_ROWS: usize = 25;
+/// Longest key, rule name or path shown, in characters.
+const MAX_TEXT: usize = 160;
+
+/// One rules file as the page shows it: `--config`, or one of `compare`.
+struct File<'a> {
+    config: &'a str,
+    admitted: u64,
+    denied: u64,
+    rules: &'a [RuleSummary],
+}
+
+/// Renders the report as one self-contained HTML page: inline CSS, inline
+/// SVG plots, no scripts, no network.
+///
+/// # Examples
+///
+/// ```
+/// use spillway_server::simulate::{report, summary::Summary};
+///
+/// let html = report::render(&Summary::default());
+/// assert!(html.starts_with("<!DOCTYPE html>"));
+/// assert!(!html.contains("<script"));
+/// ```
+pub fn render(summary: &Summary) -> String {
+    let files: Vec<File<'_>> = match &summary.compare {
+        Some(c) if !c.is_empty() => c.iter().map(file_of).collect(),
+        _ => vec![File {
+            config: &summary.config,
+            admitted: summary.admitted,
+            denied: summary.denied,
+            rules: &summary.rules,
+        }],
+    };
+    let mut o = String::with_capacity(64 * 1024);
+    head(&mut o, summary);
+    overview(&mut o, summary, &files);
+    if let Some(d) = &summary.differing {
+        differing(&mut o, d, &files);
+    }
+    let groups = group_rules(&files);
+    if !groups.is_empty() {
+        o.push_str("<nav class=\"toc\"><b>Rules</b>");
+        for (i, (name, _)) in groups.iter().enumerate() {
+            out!(o, "<a href=\"#rule-{i}\">{}</a>", esc_short(name));
+        }
+        o.push_str("</nav>");
+    }
+    for (i, (name, rules)) in groups.iter().enumerate() {
+        out!(
+            o,
+            "<section class=\"rule\" id=\"rule-{i}\"><h2>{}</h2><div class=\"cols cols-{}\">",
+            esc_short(name),
+            rules.len().min(4)
+        );
+        for (f, rule) in rules.iter().enumerate() {
+            o.push_str("<div class=\"card\">");
+            if files.len() > 1 {
+                out!(o, "<h3>{}</h3>", esc_short(&file_label(f, files[f].config)));
+            }
+            match rule {
+                Some(r) => rule_card(&mut o, r),
+                None => o.push_str("<p class=\"empty\">not in this file</p>"),
+            }
+            o.push_str("</div>");
+        }
+        o.push_str("</div></section>");
+    }
+    o.push_str(
+        "<footer>Made by <code>spillway simulate</code>. This page is one self-contained \
+         file: no scripts, nothing loaded from the network.</footer></main></body></html>\n",
+    );
+    o
+}
+
+fn file_of(f: &FileSummary) -> File<'_> {
+    File {
+        config: &f.config,
+        admitted: f.admitted,
+        denied: f.denied,
+        rules: &f.rules,
+    }
+}
+
+/// `A · rules.yaml`: a short name for a file's column.
+fn file_label(i: usize, config: &str) -> String {
+    let letter = char::from(b'A' + (i % 26) as u8);
+    let name = config.rsplit('/').next().unwrap_or(config);
+    format!("{letter} · {name}")
+}
+
+/// The rules of every file matched by name, in order of first appearance
+/// (`--config` first), each with one entry per file.
+#[allow(clippy::type_complexity)]
+fn group_rules<'a>(files: &[File<'a>]) -> Vec<(&'a str, Vec<Option<&'a RuleSummary>>)> {
+    let mut groups: Vec<(&'a str, Vec<Option<&'a RuleSummary>>)> = Vec::new();
+    let mut index = std::collections::HashMap::new();
+    for (f, file) in files.iter().enumerate() {
+        for r in file.rules {
+            let g = *index.entry(r.rule.as_str()).or_insert_with(|| {
+                groups.push((r.rule.as_str(), vec![None; files.len()]));
+                groups.len() - 1
+            });
+            // A name twice in one file: the first wins the column.
+            if groups[g].1[f].is_none() {
+                groups[g].1[f] = Some(r);
+            }
+        }
+    }
+    groups
+}
+
+fn head(o: &mut String, s: &Summary) {
+    out!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; \
+         style-src 'unsafe-inline'; img-src data:\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>spillway simulate: {}</title><style>{CSS}</style></head><body><main>\
+         <header><h1>spillway simulate</h1><p class=\"sub\">{} replayed against {}</p></header>",
+        esc_short(&s.trace),
+        esc_short(&s.config),
+        esc_short(&s.trace)
+    );
+}
+
+fn overview(o: &mut String, s: &Summary, files: &[File<'_>]) {
+    o.push_str("<section id=\"overview\"><h2>Trace</h2><dl class=\"facts\">");
+    out!(o, "<dt>trace</dt><dd>{}</dd>", esc(&s.trace));
+    for (i, f) in files.iter().enumerate() {
+        let what = if files.len() > 1 {
+            format!("rules {}", char::from(b'A' + (i % 26) as u8))
+        } else {
+            "rules".into()
+        };
+        out!(o, "<dt>{what}</dt><dd>{}</dd>", esc(f.config));
+    }
+    out!(o, "<dt>requests</dt><dd>{}</dd>", int(s.requests));
+    out!(
+        o,
+        "<dt>malformed lines</dt><dd>{}</dd><dt>out of order</dt><dd>{}</dd>",
+        int(s.malformed),
+        int(s.out_of_order)
+    );
+    if s.requests > 0 && s.last_ns >= s.first_ns {
+        out!(
+            o,
+            "<dt>time span</dt><dd>{} to {} ({})</dd>",
+            time(s.first_ns),
+            time(s.last_ns),
+            secs((s.last_ns - s.first_ns) as f64 / 1e9)
+        );
+    }
+    out!(
+        o,
+        "<dt>replay</dt><dd>{:.2} s, {} requests/s</dd></dl>",
+        finite(s.speed.seconds),
+        int(finite(s.speed.requests_per_second).max(0.0) as u64)
+    );
+    // Overall outcome, per file.
+    o.push_str("<div class=\"kpis\">");
+    for (i, f) in files.iter().enumerate() {
+        let total = f.admitted + f.denied;
+        let tag = if files.len() > 1 {
+            format!(" ({})", char::from(b'A' + (i % 26) as u8))
+        } else {
+            String::new()
+        };
+        out!(
+            o,
+            "<div class=\"kpi\"><b>{}</b><span>admitted{tag}, {}</span></div>\
+             <div class=\"kpi deny\"><b>{}</b><span>denied{tag}, {}</span></div>",
+            int(f.admitted),
+            share(ratio(f.admitted, total)),
+            int(f.denied),
+            share(ratio(f.denied, total))
+        );
+    }
+    o.push_str("</div>");
+    if !s.malformed_lines.is_empty() {
+        out!(
+            o,
+            "<h4>Malformed lines (the first {} of {})</h4><table><thead><tr>\
+             <th class=\"n\">line</th><th>why</th></tr></thead><tbody>",
+            s.malformed_lines.len().min(MAX_ROWS),
+            int(s.malformed)
+        );
+        for b in s.malformed_lines.iter().take(MAX_ROWS) {
+            out!(
+                o,
+                "<tr><td class=\"n\">{}</td><td>{}</td></tr>",
+                int(b.line),
+                esc_short(&b.reason)
+            );
+        }
+        o.push_str("</tbody></table>");
+    }
+    rules_table(o, files);
+    o.push_str("</section>");
+}
+
+/// Every rule in one table; with `--compare`, a group of columns per file.
+fn rules_table(o: &mut String, files: &[File<'_>]) {
+    let groups = group_rules(files);
+    if groups.is_empty() {
+        o.push_str("<p class=\"empty\">no rules</p>");
+        return;
+    }
+    o.push_str("<h4>Rules</h4><div class=\"wide\"><table class=\"rules\"><thead>");
+    if files.len() == 1 {
+        o.push_str(
+            "<tr><th>rule</th><th>mode</th><th>limits</th><th class=\"n\">applied</th>\
+             <th class=\"n\">admitted</th><th class=\"n\">denied</th><th class=\"n\">denied %</th>\
+             <th class=\"n\">clients</th><th class=\"n\">limited</th><th class=\"n\">limited %</th></tr>",
+        );
+    } else {
+        o.push_str("<tr><th rowspan=\"2\">rule</th>");
+        for (i, f) in files.iter().enumerate() {
+            out!(
+                o,
+                "<th colspan=\"4\" class=\"file\">{}</th>",
+                esc_short(&file_label(i, f.config))
+            );
+        }
+        o.push_str("</tr><tr>");
+        for _ in files {
+            o.push_str(
+                "<th class=\"n file\">applied</th><th class=\"n\">denied %</th>\
+                 <th class=\"n\">limited</th><th class=\"n\">limited %</th>",
+            );
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</thead><tbody>");
+    for (i, (name, rules)) in groups.iter().enumerate() {
+        out!(
+            o,
+            "<tr><td><a href=\"#rule-{i}\">{}</a></td>",
+            esc_short(name)
+        );
+        if let ([Some(r)], true) = (rules.as_slice(), files.len() == 1) {
+            out!(
+                o,
+                "<td>{}</td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td>",
+                esc_short(&r.mode),
+                limits(&r.limits),
+                int(r.applied),
+                int(r.admitted),
+                int(r.denied),
+                share(ratio(r.denied, r.applied)),
+                int(r.clients),
+                int(r.clients_limited),
+                share(r.clients_limited_share)
+            );
+        } else {
+            for r in rules {
+                match r {
+                    Some(r) => out!(
+                        o,
+                        "<td class=\"n file\">{}</td><td class=\"n\">{}</td>\
+                         <td class=\"n\">{}</td><td class=\"n\">{}</td>",
+                        int(r.applied),
+                        share(ratio(r.denied, r.applied)),
+                        int(r.clients_limited),
+                        share(r.clients_limited_share)
+                    ),
+                    None => o.push_str("<td class=\"file\" colspan=\"4\">not in this file</td>"),
+                }
+            }
+        }
+        o.push_str("</tr>");
+    }
+    o.push_str("</tbody></table></div>");
+}
+
+fn limits(l: &[String]) -> String {
+    let mut s = String::new();
+    for (i, l) in l.iter().enumerate() {
+        if i > 0 {
+            s.push(' ');
+        }
+        out!(s, "<code>{}</code>", esc_short(l));
+    }
+    s
+}
+
+fn differing(o: &mut String, d: &Differing, files: &[File<'_>]) {
+    let (a, b) = (
+        files
+            .first()
+            .map_or(String::from("A"), |f| file_label(0, f.config)),
+        files
+            .get(1)
+            .map_or(String::from("B"), |f| file_label(1, f.config)),
+    );
+    out!(
+        o,
+        "<section id=\"differing\"><h2>Requests decided differently</h2><div class=\"kpis\">\
+         <div class=\"kpi deny\"><b>{}</b><span>admitted by {}, denied by {}</span></div>\
+         <div class=\"kpi\"><b>{}</b><span>denied by {}, admitted by {}</span></div></div>",
+        int(d.admitted_then_denied),
+        esc_short(&a),
+        esc_short(&b),
+        int(d.denied_then_admitted),
+        esc_short(&a),
+        esc_short(&b)
+    );
+    if !d.samples.is_empty() {
+        out!(
+            o,
+            "<h4>The first {}</h4><div class=\"wide\"><table><thead><tr><th class=\"n\">line</th>\
+             <th>time</th><th>api</th><th>user</th><th>ip</th><th>admitted by</th>\
+             <th>denied by</th></tr></thead><tbody>",
+            d.samples.len().min(MAX_ROWS)
+        );
+        for r in d.samples.iter().take(MAX_ROWS) {
+            let (yes, no) = if r.first_admitted { (&a, &b) } else { (&b, &a) };
+            out!(
+                o,
+                "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"key\">{}</td>\
+                 <td class=\"key\">{}</td><td class=\"key\">{}</td><td>{}</td><td>{}: ",
+                int(r.line),
+                time(r.ts_ns),
+                esc_short(&r.api),
+                esc_short(&r.user),
+                esc_short(&r.ip),
+                esc_short(yes),
+                esc_short(no)
+            );
+            for (i, rule) in r.denied_by.iter().enumerate() {
+                out!(o, "{}{}", if i > 0 { ", " } else { "" }, esc_short(rule));
+            }
+            o.push_str("</td></tr>");
+        }
+        o.push_str("</tbody></table></div>");
+    }
+    o.push_str("</section>");
+}
+
+fn rule_card(o: &mut String, r: &RuleSummary) {
+    let mode_class = match r.mode.split_whitespace().next() {
+        Some("shadow") => "shadow",
+        Some("soft") => "soft",
+        Some("elastic") => "elastic",
+        _ => "hard",
+    };
+    out!(
+        o,
+        "<p class=\"meta\"><span class=\"badge {mode_class}\">{}</span> {}</p><div class=\"kpis\">",
+        esc_short(&r.mode),
+        limits(&r.limits)
+    );
+    let kpis = [
+        ("applied", int(r.applied)),
+        ("admitted", int(r.admitted)),
+        (
+            "denied",
+            format!("{} ({})", int(r.denied), share(ratio(r.denied, r.applied))),
+        ),
+        ("shadow denied", int(r.shadow_denied)),
+        ("soft exceeded", int(r.soft_exceeded)),
+        ("skipped (no key)", int(r.skipped)),
+        ("clients", int(r.clients)),
+        (
+            "clients limited",
+            format!(
+                "{} ({})",
+                int(r.clients_limited),
+                share(r.clients_limited_share)
+            ),
+        ),
+    ];
+    for (what, value) in kpis {
+        out!(
+            o,
+            "<div class=\"kpi\"><b>{value}</b><span>{what}</span></div>"
+        );
+    }
+    o.push_str("</div><div class=\"plots\"><figure>");
+    timeline_plot(o, &r.rule, &r.timeline);
+    o.push_str(
+        "<figcaption>Offered and admitted requests per second</figcaption></figure><figure>",
+    );
+    distribution_plot(o, &r.rule, &r.distribution);
+    out!(
+        o,
+        "<figcaption>Keys by their busiest {} window</figcaption></figure></div>",
+        secs(r.distribution.window_secs)
+    );
+    top_keys(o, r);
+    for a in &r.accuracy {
+        accuracy(o, &r.rule, a);
+    }
+    if !r.suggestions.is_empty() {
+        o.push_str(
+            "<h4>Suggestions</h4><p class=\"note\">The smallest size limiting at most the \
+             target share of clients, from the replay; in brackets, the share each size \
+             limits.</p><div class=\"wide\"><table><thead><tr><th>limit</th><th>parameter</th>\
+             <th class=\"n\">now</th><th class=\"n\">suggested</th><th class=\"n\">target</th>\
+             </tr></thead><tbody>",
+        );
+        for s in &r.suggestions {
+            out!(
+                o,
+                "<tr><td>#{} {}</td><td>{}</td><td class=\"n\">{} ({})</td>\
+                 <td class=\"n\"><b>{}</b> ({})</td><td class=\"n\">{}</td></tr>",
+                s.limit_index + 1,
+                esc_short(&s.algorithm),
+                esc_short(&s.parameter),
+                int(s.current),
+                share(s.current_limited_share),
+                int(s.suggested),
+                share(s.suggested_limited_share),
+                share(s.target)
+            );
+        }
+        o.push_str("</tbody></table></div>");
+    }
+}
+
+fn top_keys(o: &mut String, r: &RuleSummary) {
+    if r.top_keys.is_empty() {
+        return;
+    }
+    out!(
+        o,
+        "<h4>Heaviest keys</h4><table class=\"keys\"><thead><tr><th class=\"n\">#</th><th>key</th>\
+         <th class=\"n\">requests</th><th class=\"n\">share</th><th class=\"n\">denied</th>\
+         <th class=\"n\">denied %</th></tr></thead><tbody>"
+    );
+    for (i, k) in r.top_keys.iter().take(MAX_ROWS).enumerate() {
+        out!(
+            o,
+            "<tr><td class=\"n\">{}</td><td class=\"key\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            i + 1,
+            esc_short(&k.key),
+            int(k.requests),
+            share(ratio(k.requests, r.applied)),
+            int(k.denied),
+            share(ratio(k.denied, k.requests))
+        );
+    }
+    o.push_str("</tbody></table>");
+    if r.top_keys.len() > MAX_ROWS {
+        out!(
+            o,
+            "<p class=\"note\">and {} more in the JSON summary</p>",
+            r.top_keys.len() - MAX_ROWS
+        );
+    }
+}
+
+fn accuracy(o: &mut String, rule: &str, a: &Accuracy) {
+    out!(
+        o,
+        "<h4>Accuracy of limit #{}: {} per {}</h4>",
+        a.limit_index + 1,
+        int(a.limit),
+        secs(a.window_secs)
+    );
+    if a.decisions == 0 || a.algorithms.is_empty() {
+        return empty(o, "accuracy");
+    }
+    out!(
+        o,
+        "<p class=\"note\">Each algorithm replayed on its own over the same {} requests, \
+         against the exact <code>{}</code>.</p><div class=\"wide\"><table class=\"acc\">\
+         <thead><tr><th>algorithm, as configured</th><th class=\"n\">wrongly allowed</th>\
+         <th class=\"n\">wrongly denied</th><th class=\"n\">wrong</th></tr></thead><tbody>",
+        int(a.decisions),
+        esc_short(&a.reference)
+    );
+    for e in &a.algorithms {
+        let reference = e.algorithm == a.reference;
+        out!(
+            o,
+            "<tr{}><td>{}{}<br><code>{}</code></td><td class=\"n\">{} ({})</td>\
+             <td class=\"n\">{} ({})</td><td class=\"n\"><b>{}</b></td></tr>",
+            if reference { " class=\"ref\"" } else { "" },
+            esc_short(&e.algorithm),
+            if reference {
+                " <span class=\"badge ref\">reference</span>"
+            } else {
+                ""
+            },
+            esc_short(&e.configured),
+            int(e.wrongly_allowed),
+            pct(e.wrongly_allowed_pct),
+            int(e.wrongly_denied),
+            pct(e.wrongly_denied_pct),
+            pct(e.wrong_pct)
+        );
+    }
+    o.push_str("</tbody></table></div>");
+    accuracy_plot(o, rule, a);
+}
+
+// ---------------------------------------------------------------- plots
+
+/// Width and height of the timeline and distribution plots (viewBox units).
+const W: f64 = 640.0;
+const H: f64 = 260.0;
+
+/// "no requests" where a plot would have nothing to draw.
+fn empty(o: &mut String, kind: &str) {
+    out!(
+        o,
+        "<p class=\"empty\" data-empty=\"{kind}\">no requests</p>"
+    );
+}
+
+fn timeline_plot(o: &mut String, rule: &str, t: &Timeline) {
+    let n = t.offered.len().max(t.admitted.len());
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+    if (0..n).all(|i| at(&t.offered, i) == 0 && at(&t.admitted, i) == 0) {
+        return empty(o, "timeline");
+    }
+    let b = if t.bucket_secs.is_finite() && t.bucket_secs > 0.0 {
+        t.bucket_secs
+    } else {
+        1.0
+    };
+    let rate = |c: u64| c as f64 / b;
+    let top = (0..n)
+        .map(|i| rate(at(&t.offered, i).max(at(&t.admitted, i))))
+        .fold(0.0, f64::max);
+    let area = Area::new(W, H, 64.0);
+    let x = Scale::linear(0.0, n as f64 * b, area.x0, area.x1);
+    let y = Scale::linear(0.0, nice_max(top), area.y1, area.y0);
+    let title = format!("Offered and admitted requests per second over time, rule {rule}");
+    svg_open(o, "timeline", &title, W, H);
+    axes(
+        o,
+        &area,
+        &x,
+        &y,
+        Ticks::Time,
+        "time from the start",
+        "requests / s",
+    );
+    // Bucket centres; a single bucket is drawn across its width.
+    let xs: Vec<f64> = if n == 1 {
+        vec![0.0, b]
+    } else {
+        (0..n).map(|i| (i as f64 + 0.5) * b).collect()
+    };
+    let value = |v: &[u64], j: usize| rate(at(v, if n == 1 { 0 } else { j }));
+    let line = |v: &[u64]| -> Vec<(f64, f64)> {
+        xs.iter()
+            .enumerate()
+            .map(|(j, &xv)| (x.px(xv), y.px(value(v, j))))
+            .collect()
+    };
+    let (offered, admitted) = (line(&t.offered), line(&t.admitted));
+    let base = y.px(0.0);
+    // Admitted: an area down to zero; denied: the band up to offered.
+    let mut area_pts = vec![(admitted[0].0, base)];
+    area_pts.extend_from_slice(&admitted);
+    area_pts.push((admitted[admitted.len() - 1].0, base));
+    out!(
+        o,
+        "<polygon class=\"mark admitted\" points=\"{}\"/>",
+        Points(&area_pts)
+    );
+    if (0..n).any(|i| at(&t.offered, i) > at(&t.admitted, i)) {
+        let mut band = offered.clone();
+        band.extend(admitted.iter().rev());
+        out!(
+            o,
+            "<polygon class=\"mark denied\" points=\"{}\"/>",
+            Points(&band)
+        );
+    }
+    out!(
+        o,
+        "<polyline class=\"mark admitted-line\" points=\"{}\"/>\
+         <polyline class=\"mark offered\" points=\"{}\"/>",
+        Points(&admitted),
+        Points(&offered)
+    );
+    legend(
+        o,
+        &area,
+        &[
+            ("offered", "offered"),
+            ("admitted", "admitted"),
+            ("denied", "denied"),
+        ],
+    );
+    o.push_str("</svg>");
+}
+
+fn distribution_plot(o: &mut String, rule: &str, d: &Distribution) {
+    if d.buckets.iter().all(|b| b.keys == 0) {
+        return empty(o, "distribution");
+    }
+    let most = d.buckets.iter().map(|b| b.upto).max().unwrap_or(1);
+    let most_keys = d.buckets.iter().map(|b| b.keys).max().unwrap_or(1);
+    let fewest_keys = d
+        .buckets
+        .iter()
+        .map(|b| b.keys)
+        .filter(|&k| k > 0)
+        .min()
+        .unwrap_or(1);
+    let area = Area::new(W, H, 56.0);
+    // Counts are integers: the bar of (prev, upto] spans prev + 0.5 to
+    // upto + 0.5, and the limit line sits at limit + 0.5, between the last
+    // count a key may reach and the first it may not.
+    let hi = most.max(d.limit.saturating_add(1)) as f64 + 0.5;
+    let x = if hi >= 20.0 {
+        Scale::log(0.5, hi * 1.15, area.x0, area.x1)
+    } else {
+        Scale::linear(0.0, nice_max(hi), area.x0, area.x1)
+    };
+    let y = if most_keys >= fewest_keys.saturating_mul(100) {
+        Scale::log(0.5, nice_log_max(most_keys as f64), area.y1, area.y0)
+    } else {
+        Scale::linear(0.0, nice_max(most_keys as f64), area.y1, area.y0)
+    };
+    let title = format!(
+        "Keys by requests in their busiest {} window, rule {rule}, limit {}",
+        secs(d.window_secs),
+        d.limit
+    );
+    svg_open(o, "distribution", &title, W, H);
+    axes(
+        o,
+        &area,
+        &x,
+        &y,
+        Ticks::Count,
+        &format!(
+            "requests in the key's busiest {} window",
+            secs(d.window_secs)
+        ),
+        "keys",
+    );
+    let base = y.px(y.lo);
+    let mut prev = 0u64;
+    for b in &d.buckets {
+        let (lo, hi) = (prev.min(b.upto), b.upto);
+        prev = prev.max(b.upto);
+        if b.keys == 0 {
+            continue;
+        }
+        let (x0, x1) = (x.px(lo as f64 + 0.5), x.px(hi as f64 + 0.5));
+        let (left, width) = (x0.min(x1), (x1 - x0).abs());
+        let gap = if width > 4.0 { 1.0 } else { 0.0 };
+        let top = y.px(b.keys as f64);
+        let class = if lo >= d.limit {
+            "over"
+        } else if hi > d.limit {
+            "straddle"
+        } else {
+            "within"
+        };
+        out!(
+            o,
+            "<rect class=\"mark bar {class}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\">\
+             <title>{} to {}: {} keys</title></rect>",
+            C(left + gap / 2.0),
+            C(top),
+            C((width - gap).max(1.0)),
+            C((base - top).max(0.0)),
+            int(if lo == 0 { 0 } else { lo + 1 }),
+            int(hi),
+            int(b.keys)
+        );
+    }
+    let lx = x.px(d.limit as f64 + 0.5);
+    let (anchor, dx) = if lx > area.x1 - 80.0 {
+        ("end", -5.0)
+    } else {
+        ("start", 5.0)
+    };
+    out!(
+        o,
+        "<line class=\"mark limit\" x1=\"{lx}\" y1=\"{}\" x2=\"{lx}\" y2=\"{}\"/>\
+         <text class=\"limit-label\" x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\">limit {}</text>",
+        C(area.y0),
+        C(area.y1),
+        C(lx + dx),
+        C(area.y0 + 12.0),
+        int(d.limit),
+        lx = C(lx)
+    );
+    legend(
+        o,
+        &area,
+        &[("bar within", "within the limit"), ("bar over", "over it")],
+    );
+    o.push_str("</svg>");
+}
+
+fn accuracy_plot(o: &mut String, rule: &str, a: &Accuracy) {
+    if a.decisions == 0 || a.algorithms.is_empty() {
+        return empty(o, "accuracy");
+    }
+    let row = 24.0;
+    let h = 56.0 + row * a.algorithms.len() as f64;
+    let area = Area {
+        x0: 170.0,
+        x1: W - 70.0,
+        y0: 26.0,
+        y1: h - 30.0,
+    };
+    let top = a
+        .algorithms
+        .iter()
+        .map(|e| finite(e.wrongly_allowed_pct) + finite(e.wrongly_denied_pct))
+        .fold(0.0, f64::max);
+    let x = Scale::linear(0.0, nice_max(top), area.x0, area.x1);
+    let title = format!(
+        "Wrong decisions per algorithm against {}, rule {rule}, limit #{}",
+        a.reference,
+        a.limit_index + 1
+    );
+    svg_open(o, "accuracy", &title, W, h);
+    for t in x.ticks() {
+        let px = C(x.px(t));
+        out!(
+            o,
+            "<line class=\"grid\" x1=\"{px}\" y1=\"{}\" x2=\"{px}\" y2=\"{}\"/>\
+             <text class=\"tl\" x=\"{px}\" y=\"{}\" text-anchor=\"middle\">{}%</text>",
+            C(area.y0),
+            C(area.y1),
+            C(area.y1 + 14.0),
+            tick_label(t, x.step())
+        );
+    }
+    out!(
+        o,
+        "<text class=\"at\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">wrong decisions, % of requests</text>",
+        C((area.x0 + area.x1) / 2.0),
+        C(h - 4.0)
+    );
+    for (i, e) in a.algorithms.iter().enumerate() {
+        let cy = area.y0 + row * (i as f64 + 0.5);
+        let (wa, wd) = (finite(e.wrongly_allowed_pct), finite(e.wrongly_denied_pct));
+        out!(
+            o,
+            "<text class=\"name\" x=\"{}\" y=\"{}\" text-anchor=\"end\">{}{}</text>",
+            C(area.x0 - 8.0),
+            C(cy + 4.0),
+            esc_short(&e.algorithm),
+            if e.algorithm == a.reference {
+                " (ref.)"
+            } else {
+                ""
+            }
+        );
+        let x_wa = x.px(wa);
+        let x_end = x.px(wa + wd);
+        for (class, from, to, what, v) in [
+            ("wa", area.x0, x_wa, "wrongly allowed", wa),
+            ("wd", x_wa, x_end, "wrongly denied", wd),
+        ] {
+            if to - from > 0.0 {
+                out!(
+                    o,
+                    "<rect class=\"mark {class}\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"14\">\
+                     <title>{}: {what} {}</title></rect>",
+                    C(from),
+                    C(cy - 7.0),
+                    C((to - from).max(0.5)),
+                    esc_short(&e.algorithm),
+                    pct(v)
+                );
+            }
+        }
+        out!(
+            o,
+            "<text class=\"mark value\" x=\"{}\" y=\"{}\">{}</text>",
+            C(x_end + 6.0),
+            C(cy + 4.0),
+            pct(finite(e.wrong_pct))
+        );
+    }
+    out!(
+        o,
+        "<line class=\"ax\" x1=\"{x0}\" y1=\"{}\" x2=\"{x0}\" y2=\"{}\"/>",
+        C(area.y0),
+        C(area.y1),
+        x0 = C(area.x0)
+    );
+    legend(
+        o,
+        &area,
+        &[("wa", "wrongly allowed"), ("wd", "wrongly denied")],
+    );
+    o.push_str("</svg>");
+}
+
+/// The plotting area inside a plot's margins.
+struct Area {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Area {
+    fn new(w: f64, h: f64, left: f64) -> Area {
+        Area {
+            x0: left,
+            x1: w - 18.0,
+            y0: 28.0,
+            y1: h - 40.0,
+        }
+    }
+}
+
+/// A map from data to pixels, linear or logarithmic (base 10).
+struct Scale {
+    lo: f64,
+    hi: f64,
+    log: bool,
+    r0: f64,
+    r1: f64,
+}
+
+impl Scale {
+    fn linear(lo: f64, hi: f64, r0: f64, r1: f64) -> Scale {
+        let hi = if hi > lo { hi } else { lo + 1.0 };
+        Scale {
+            lo,
+            hi,
+            log: false,
+            r0,
+            r1,
+        }
+    }
+
+    /// `lo` must be positive; values below it are drawn at it.
+    fn log(lo: f64, hi: f64, r0: f64, r1: f64) -> Scale {
+        let lo = if lo > 0.0 { lo } else { 1.0 };
+        let hi = if hi > lo { hi } else { lo * 10.0 };
+        Scale {
+            lo,
+            hi,
+            log: true,
+            r0,
+            r1,
+        }
+    }
+
+    fn px(&self, v: f64) -> f64 {
+        let t = if self.log {
+            (v.max(self.lo).log10() - self.lo.log10()) / (self.hi.log10() - self.lo.log10())
+        } else {
+            (v - self.lo) / (self.hi - self.lo)
+        };
+        let t = if t.is_finite() { t } else { 0.0 };
+        self.r0 + t * (self.r1 - self.r0)
+    }
+
+    /// The step between linear ticks (the smallest decade for log).
+    fn step(&self) -> f64 {
+        if self.log {
+            1.0
+        } else {
+            nice_step((self.hi - self.lo) / 5.0)
+        }
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        let mut ticks = Vec::new();
+        if self.log {
+            let (a, b) = (
+                self.lo.log10().floor() as i32,
+                self.hi.log10().ceil() as i32,
+            );
+            for k in a..=b.min(a + 30) {
+                for m in [1.0, 2.0, 5.0] {
+                    let v = m * 10f64.powi(k);
+                    if v >= self.lo && v <= self.hi && (m == 1.0 || b - a <= 2) {
+                        ticks.push(v);
+                    }
+                }
+            }
+        } else {
+            let step = self.step();
+            let mut v = (self.lo / step).ceil() * step;
+            while v <= self.hi * (1.0 + 1e-9) && ticks.len() < 20 {
+                ticks.push(v);
+                v += step;
+            }
+        }
+        ticks
+    }
+
+    /// Ticks at round durations (the data are seconds).
+    fn time_ticks(&self) -> (Vec<f64>, f64) {
+        const STEPS: [f64; 22] = [
+            0.001, 0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            900.0, 1800.0, 3600.0, 7200.0, 10_800.0, 21_600.0, 43_200.0, 86_400.0,
+        ];
+        let span = self.hi - self.lo;
+        let step = STEPS
+            .iter()
+            .copied()
+            .find(|s| span / s <= 7.0)
+            .unwrap_or_else(|| nice_step(span / 6.0 / 86_400.0) * 86_400.0);
+        let mut ticks = Vec::new();
+        let mut v = (self.lo / step).ceil() * step;
+        while v <= self.hi * (1.0 + 1e-9) && ticks.len() < 20 {
+            ticks.push(v);
+            v += step;
+        }
+        (ticks, step)
+    }
+}
+
+/// How an axis labels its ticks.
+#[derive(Clone, Copy)]
+enum Ticks {
+    /// Seconds, as durations.
+    Time,
+    /// Plain numbers.
+    Count,
+}
+
+/// Opens `<svg class="plot" data-plot=KIND>` with its title.
+fn svg_open(o: &mut String, kind: &str, title: &str, w: f64, h: f64) {
+    out!(
+        o,
+        "<svg class=\"plot\" data-plot=\"{kind}\" viewBox=\"0 0 {} {}\" role=\"img\">\
+         <title>{}</title>",
+        C(w),
+        C(h),
+        esc(title)
+    );
+}
+
+/// Grid lines, tick labels, both axis lines and their titles.
+fn axes(o: &mut String, a: &Area, x: &Scale, y: &Scale, xt: Ticks, xtitle: &str, ytitle: &str) {
+    for t in y.ticks() {
+        let py = C(y.px(t));
+        out!(
+            o,
+            "<line class=\"grid\" x1=\"{}\" y1=\"{py}\" x2=\"{}\" y2=\"{py}\"/>\
+             <text class=\"tl\" x=\"{}\" y=\"{py}\" dy=\"4\" text-anchor=\"end\">{}</text>",
+            C(a.x0),
+            C(a.x1),
+            C(a.x0 - 6.0),
+            tick_label(t, y.step())
+        );
+    }
+    let (ticks, step) = match xt {
+        Ticks::Time if !x.log => x.time_ticks(),
+        _ => (x.ticks(), x.step()),
+    };
+    for t in ticks {
+        let px = C(x.px(t));
+        let label = match xt {
+            Ticks::Time => secs(t),
+            Ticks::Count => tick_label(t, step),
+        };
+        out!(
+            o,
+            "<line class=\"ax\" x1=\"{px}\" y1=\"{}\" x2=\"{px}\" y2=\"{}\"/>\
+             <text class=\"tl\" x=\"{px}\" y=\"{}\" text-anchor=\"middle\">{label}</text>",
+            C(a.y1),
+            C(a.y1 + 4.0),
+            C(a.y1 + 16.0)
+        );
+    }
+    out!(
+        o,
+        "<line class=\"ax\" x1=\"{x0}\" y1=\"{y1}\" x2=\"{}\" y2=\"{y1}\"/>\
+         <line class=\"ax\" x1=\"{x0}\" y1=\"{}\" x2=\"{x0}\" y2=\"{y1}\"/>\
+         <text class=\"at\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\
+         <text class=\"at\" x=\"{}\" y=\"{}\" text-anchor=\"start\">{}</text>",
+        C(a.x1),
+        C(a.y0),
+        C((a.x0 + a.x1) / 2.0),
+        C(a.y1 + 32.0),
+        esc(xtitle),
+        C(a.x0 - 6.0),
+        C(a.y0 - 12.0),
+        esc(ytitle),
+        x0 = C(a.x0),
+        y1 = C(a.y1)
+    );
+}
+
+/// Swatches and names, right-aligned above the plotting area.
+fn legend(o: &mut String, a: &Area, items: &[(&str, &str)]) {
+    let mut x = a.x1;
+    for (class, name) in items.iter().rev() {
+        let width = 7.0 * name.len() as f64 + 20.0;
+        x -= width;
+        out!(
+            o,
+            "<g class=\"legend\"><rect class=\"{class}\" x=\"{}\" y=\"{}\" width=\"12\" height=\"8\"/>\
+             <text x=\"{}\" y=\"{}\">{}</text></g>",
+            C(x),
+            C(a.y0 - 18.0),
+            C(x + 16.0),
+            C(a.y0 - 10.0),
+            esc(name)
+        );
+    }
+}
+
+/// 1, 2 or 5 times a power of ten, at least `raw`.
+fn nice_step(raw: f64) -> f64 {
+    if !(raw.is_finite() && raw > 0.0) {
+        return 1.0;
+    }
+    let p = 10f64.powf(raw.log10().floor());
+    let f = raw / p;
+    let m = if f <= 1.0 {
+        1.0
+    } else if f <= 2.0 {
+        2.0
+    } else if f <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    m * p
+}
+
+/// A round top for a linear axis showing `max`.
+fn nice_max(max: f64) -> f64 {
+    if !(max.is_finite() && max > 0.0) {
+        return 1.0;
+    }
+    let step = nice_step(max / 5.0);
+    (max / step).ceil() * step
+}
+
+/// The power of ten at or above `max` (at least 10).
+fn nice_log_max(max: f64) -> f64 {
+    if !(max.is_finite() && max > 1.0) {
+        return 10.0;
+    }
+    10f64.powf(max.log10().ceil()).max(10.0)
+}
+
+/// A tick value, with as many decimals as its step needs, and `k`/`M`/`G`
+/// for large ones.
+fn tick_label(v: f64, step: f64) -> String {
+    let v = finite(v);
+    let a = v.abs();
+    let (div, suffix) = if a >= 1e9 {
+        (1e9, "G")
+    } else if a >= 1e6 {
+        (1e6, "M")
+    } else if a >= 1e4 {
+        (1e3, "k")
+    } else {
+        (1.0, "")
+    };
+    if div > 1.0 {
+        let s = format!("{:.1}", v / div);
+        return format!("{}{suffix}", s.trim_end_matches(".0"));
+    }
+    let decimals = if step >= 1.0 || !step.is_finite() || step <= 0.0 {
+        0
+    } else {
+        ((-step.log10()).ceil() as usize).min(6)
+    };
+    format!("{v:.decimals$}")
+}
+
+/// A coordinate: one decimal, and 0 for a non-finite number.
+struct C(f64);
+
+impl Display for C {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = if self.0.is_finite() { self.0 } else { 0.0 };
+        let r = (v * 10.0).round() / 10.0;
+        if r.fract() == 0.0 {
+            write!(f, "{}", r as i64)
+        } else {
+            write!(f, "{r:.1}")
+        }
+    }
+}
+
+/// Polyline points `x,y x,y ...`.
+struct Points<'a>(&'a [(f64, f64)]);
+
+impl Display for Points<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (x, y)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{},{}", C(*x), C(*y))?;
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------ text
+
+/// A string made safe for HTML text and quoted attribute values: `& < > "
+/// '` escaped, control and bidirectional-override characters replaced by
+/// U+FFFD, and cut to `max` characters with an ellipsis.
+struct Esc<'a> {
+    s: &'a str,
+    max: usize,
+}
+
+fn esc(s: &str) -> Esc<'_> {
+    Esc { s, max: usize::MAX }
+}
+
+/// [`esc`], cut to [`MAX_TEXT`] characters.
+fn esc_short(s: &str) -> Esc<'_> {
+    Esc { s, max: MAX_TEXT }
+}
+
+impl Display for Esc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.s.chars().enumerate() {
+            if i == self.max {
+                return f.write_str("…");
+            }
+            match c {
+                '&' => f.write_str("&amp;")?,
+                '<' => f.write_str("&lt;")?,
+                '>' => f.write_str("&gt;")?,
+                '"' => f.write_str("&quot;")?,
+                '\'' => f.write_str("&#39;")?,
+                '\t' | '\n' => f.write_char(c)?,
+                c if c.is_control()
+                    || ('\u{202a}'..='\u{202e}').contains(&c)
+                    || ('\u{2066}'..='\u{2069}').contains(&c) =>
+                {
+                    f.write_char('\u{fffd}')?
+                }
+                c => f.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `1234567` as `1,234,567`.
+fn int(n: u64) -> String {
+    let digits = n.to_string();
+    let mut s = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            s.push(',');
+        }
+        s.push(c);
+    }
+    s
+}
+
+/// A percentage (already in percent) with the precision it deserves:
+/// `12.5%`, `1.25%`, `0.0030%`.
+fn pct(v: f64) -> String {
+    if !v.is_finite() {
+        return "–".into();
+    }
+    if v == 0.0 {
+        return "0%".into();
+    }
+    let a = v.abs();
+    let decimals = if a >= 10.0 {
+        1
+    } else if a >= 1.0 {
+        2
+    } else {
+        ((-a.log10()).floor() as usize + 2).min(6)
+    };
+    format!("{v:.decimals$}%")
+}
+
+/// A share in 0..1 as a percentage.
+fn share(v: f64) -> String {
+    pct(v * 100.0)
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+fn finite(v: f64) -> f64 {
+    if v.is_finite() { v } else { 0.0 }
+}
+
+/// ns since the epoch in RFC 3339, UTC, milliseconds.
+fn time(ns: u64) -> String {
+    crate::admin::audit::rfc3339(ns / 1_000_000)
+}
+
+/// Seconds as a short duration: `250ms`, `10s`, `1m`, `1m30s`, `2h`, `1d`.
+fn secs(v: f64) -> String {
+    if !(v.is_finite() && v > 0.0) {
+        return "0".into();
+    }
+    if v < 1.0 {
+        let ms = v * 1000.0;
+        return if ms.fract() == 0.0 {
+            format!("{ms}ms")
+        } else {
+            format!("{ms:.1}ms")
+        };
+    }
+    if v.fract() != 0.0 && v < 60.0 {
+        return format!("{v:.1}s");
+    }
+    let mut rest = v.round() as u64;
+    let mut out = String::new();
+    let mut units = 0;
+    for (unit, name) in [(86_400, "d"), (3600, "h"), (60, "m"), (1, "s")] {
+        // Two units at most: `1h30m`, not `1h30m5s`.
+        if units == 2 || (units == 1 && rest < unit) {
+            break;
+        }
+        if rest >= unit {
+            out!(out, "{}{name}", rest / unit);
+            rest %= unit;
+            units += 1;
+        }
+    }
+    out
+}
+
+const CSS: &str = "\
+:root{--fg:#1f2933;--muted:#616e7c;--line:#e1e6ec;--panel:#f5f7fa;--blue:#2563eb;--red:#dc2626}\
+*{box-sizing:border-box}\
+body{margin:0;font:14px/1.45 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif;color:var(--fg);background:#fff}\
+main{max-width:1320px;margin:0 auto;padding:24px 32px 48px}\
+h1{font-size:22px;margin:0 0 2px}\
+h2{font-size:18px;margin:36px 0 12px;padding-bottom:6px;border-bottom:2px solid var(--line)}\
+h3{font-size:14px;margin:0 0 8px;color:var(--muted)}\
+h4{font-size:12px;margin:18px 0 6px;color:var(--muted);text-transform:uppercase;letter-spacing:.05em}\
+.sub,.note{color:var(--muted);margin:0 0 8px}\
+.note{font-size:12px}\
+dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:3px 18px;margin:0 0 16px}\
+dt{color:var(--muted)}dd{margin:0;word-break:break-all;font-variant-numeric:tabular-nums}\
+.kpis{display:grid;grid-template-columns:repeat(auto-fill,minmax(140px,1fr));gap:8px;margin:8px 0}\
+.kpi{background:var(--panel);border-radius:6px;padding:8px 10px;border-left:3px solid var(--blue)}\
+.kpi.deny{border-left-color:var(--red)}\
+.kpi b{display:block;font-size:16px;font-variant-numeric:tabular-nums}\
+.kpi span{color:var(--muted);font-size:12px}\
+.cols{display:grid;gap:16px}.cols-1{grid-template-columns:minmax(0,1fr)}\
+.cols-2{grid-template-columns:repeat(2,minmax(0,1fr))}.cols-3{grid-template-columns:repeat(3,minmax(0,1fr))}\
+.cols-4{grid-template-columns:repeat(4,minmax(0,1fr))}\
+.card{border:1px solid var(--line);border-radius:8px;padding:14px 16px;min-width:0}\
+.meta{margin:0 0 8px}\
+.wide{overflow-x:auto}\
+table{border-collapse:collapse;width:100%;font-size:13px;margin:4px 0}\
+th,td{padding:4px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}\
+th{font-weight:600;color:var(--muted);background:var(--panel);white-space:nowrap}\
+.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}\
+th.file,td.file{border-left:2px solid var(--line)}\
+td.key{word-break:break-all;font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px}\
+tr.ref td{background:#f0fbf2}\
+code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;background:var(--panel);padding:1px 5px;border-radius:4px;overflow-wrap:anywhere}\
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#e0e8f9;color:#1e3a8a}\
+.badge.shadow{background:#eee;color:#333}.badge.soft,.badge.elastic{background:#fff3c4;color:#7a4b00}\
+.badge.ref{background:#dcf5e1;color:#14532d}\
+nav.toc{margin:24px 0 0;display:flex;flex-wrap:wrap;gap:6px 14px;font-size:13px}\
+a{color:var(--blue);text-decoration:none}a:hover{text-decoration:underline}\
+.plots{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:12px;margin:12px 0 4px}\
+figure{margin:0}figcaption{font-size:12px;color:var(--muted);text-align:center}\
+svg.plot{width:100%;height:auto;display:block;max-width:760px}\
+.plot text{font-size:11px;fill:#52606d}\
+.plot .at{fill:#3e4c59}.plot .name{fill:#1f2933;font-size:12px}\
+.plot .grid{stroke:#edf0f3}.plot .ax{stroke:#9aa5b1}\
+.plot .offered{fill:none;stroke:#243b53;stroke-width:1.5;stroke-linejoin:round}\
+.plot .admitted-line{fill:none;stroke:var(--blue);stroke-width:1.5;stroke-linejoin:round}\
+.plot .admitted{fill:var(--blue);fill-opacity:.16}\
+.plot .denied{fill:var(--red);fill-opacity:.38}\
+.plot .legend .offered{fill:#243b53}.plot .legend .admitted{fill-opacity:.4}\
+.plot .bar.within{fill:var(--blue);fill-opacity:.75}.plot .bar.over{fill:var(--red);fill-opacity:.8}\
+.plot .bar.straddle{fill:#d97706;fill-opacity:.8}\
+.plot .limit{stroke:#111827;stroke-width:1.5;stroke-dasharray:5 3}\
+.plot .limit-label{font-weight:600;fill:#111827}\
+.plot .wa{fill:#d97706}.plot .wd{fill:#7c3aed}.plot .value{fill:#1f2933}\
+.empty{color:var(--muted);font-style:italic;padding:18px;border:1px dashed var(--line);border-radius:6px;text-align:center;margin:0}\
+footer{margin-top:40px;color:var(--muted);font-size:12px}\
+@media (max-width:900px){.cols-2,.cols-3,.cols-4{grid-template-columns:minmax(0,1fr)}}";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::summary::{
+        AlgorithmError, BadLine, DifferingRequest, HistogramBucket, KeyCount, Speed, Suggestion,
+    };
+
+    const HOSTILE: &str = "<script>alert('k')</script>\"><img src=x onerror=alert(1)>";
+
+    /// A rule with data in every part.
+    fn busy_rule(name: &str, buckets: usize) -> RuleSummary {
+        let offered: Vec<u64> = (0..buckets).map(|i| 100 + (i as u64 * 37) % 250).collect();
+        let admitted = offered.iter().map(|o| o * 4 / 5).collect();
+        let algorithms = [
+            ("sliding_window_log", 0, 0),
+            ("fixed_window", 120, 3),
+            ("sliding_window_counter", 2, 1),
+            ("token_bucket", 40, 60),
+        ]
+        .into_iter()
+        .map(|(a, wa, wd)| AlgorithmError {
+            algorithm: a.into(),
+            configured: format!("{a} {{ limit: 100, window: 1m }}"),
+            wrongly_allowed: wa,
+            wrongly_denied: wd,
+            wrongly_allowed_pct: wa as f64 / 400.0,
+            wrongly_denied_pct: wd as f64 / 400.0,
+            wrong_pct: (wa + wd) as f64 / 400.0,
+        })
+        .collect();
+        RuleSummary {
+            rule: name.into(),
+            mode: "hard".into(),
+            limits: vec!["sliding_window_counter 100/1m".into()],
+            applied: 40_000,
+            admitted: 32_000,
+            denied: 8_000,
+            clients: 900,
+            clients_limited: 12,
+            clients_limited_share: 12.0 / 900.0,
+            top_keys: vec![
+                KeyCount {
+                    key: "u0".into(),
+                    requests: 9_000,
+                    denied: 6_000,
+                },
+                KeyCount {
+                    key: HOSTILE.into(),
+                    requests: 800,
+                    denied: 2,
+                },
+            ],
+            timeline: Timeline {
+                bucket_secs: 15.0,
+                start_ns: 1_767_225_600_000_000_000,
+                offered,
+                admitted,
+            },
+            distribution: Distribution {
+                window_secs: 60.0,
+                limit: 100,
+                buckets: [(1, 400), (2, 200), (5, 150), (10, 90), (20, 30), (50, 15)]
+                    .into_iter()
+                    .chain([(100, 5), (200, 4), (500, 2), (1000, 1)])
+                    .map(|(upto, keys)| HistogramBucket { upto, keys })
+                    .collect(),
+            },
+            accuracy: vec![Accuracy {
+                limit_index: 0,
+                limit: 100,
+                window_secs: 60.0,
+                reference: "sliding_window_log".into(),
+                decisions: 40_000,
+                algorithms,
+            }],
+            suggestions: vec![Suggestion {
+                limit_index: 0,
+                algorithm: "sliding_window_counter".into(),
+                parameter: "limit".into(),
+                current: 100,
+                current_limited_share: 12.0 / 900.0,
+                suggested: 180,
+                suggested_limited_share: 0.009,
+                target: 0.01,
+            }],
+            ..RuleSummary::default()
+        }
+    }
+
+    /// A rule that applied to nothing.
+    fn idle_rule(name: &str) -> RuleSummary {
+        RuleSummary {
+            rule: name.into(),
+            mode: "shadow".into(),
+            limits: vec!["fixed_window 10/1s".into()],
+            accuracy: vec![Accuracy {
+                limit_index: 0,
+                limit: 10,
+                window_secs: 1.0,
+                reference: "sliding_window_log".into(),
+                ..Accuracy::default()
+            }],
+            ..RuleSummary::default()
+        }
+    }
+
+    fn sample() -> Summary {
+        Summary {
+            requests: 40_000,
+            malformed: 3,
+            malformed_lines: vec![BadLine {
+                line: 7,
+                reason: HOSTILE.into(),
+            }],
+            out_of_order: 1,
+            first_ns: 1_767_225_600_000_000_000,
+            last_ns: 1_767_229_200_000_000_000,
+            trace: "/tmp/trace.jsonl".into(),
+            config: "/tmp/rules.yaml".into(),
+            admitted: 32_000,
+            denied: 8_000,
+            rules: vec![busy_rule("per-user", 240), idle_rule(HOSTILE)],
+            speed: Speed {
+                seconds: 0.04,
+                requests_per_second: 1e6,
+            },
+            ..Summary::default()
+        }
+    }
+
+    fn compared() -> Summary {
+        let mut s = sample();
+        let mut other = busy_rule("per-user", 240);
+        other.denied = 100;
+        s.compare = Some(vec![
+            FileSummary {
+                config: s.config.clone(),
+                requests: s.requests,
+                malformed: s.malformed,
+                admitted: s.admitted,
+                denied: s.denied,
+                rules: s.rules.clone(),
+            },
+            FileSummary {
+                config: "/tmp/other.yaml".into(),
+                requests: s.requests,
+                malformed: s.malformed,
+                admitted: 39_900,
+                denied: 100,
+                rules: vec![other, busy_rule("only-in-b", 3)],
+            },
+        ]);
+        s.differing = Some(Differing {
+            admitted_then_denied: 10,
+            denied_then_admitted: 7_910,
+            samples: vec![DifferingRequest {
+                line: 12,
+                ts_ns: 1_767_225_601_000_000_000,
+                api: "GET /v1/search".into(),
+                user: HOSTILE.into(),
+                ip: "10.0.0.1".into(),
+                first_admitted: false,
+                denied_by: vec!["per-user".into()],
+            }],
+        });
+        s
+    }
+
+    /// Each `<svg class="plot" ...>...</svg>` of the page.
+    fn plots(html: &str) -> Vec<&str> {
+        html.split("<svg class=\"plot\"")
+            .skip(1)
+            .map(|rest| &rest[..rest.find("</svg>").unwrap()])
+            .collect()
+    }
+
+    /// Every number in a coordinate-like attribute.
+    fn coordinates(html: &str) -> Vec<(String, f64)> {
+        let mut found = Vec::new();
+        for attr in [
+            "x", "y", "x1", "x2", "y1", "y2", "width", "height", "points", "viewBox", "dy",
+        ] {
+            let needle = format!(" {attr}=\"");
+            for (i, _) in html.match_indices(&needle) {
+                let rest = &html[i + needle.len()..];
+                let value = &rest[..rest.find('"').unwrap()];
+                for n in value.split([' ', ',']).filter(|n| !n.is_empty()) {
+                    let v = n
+                        .parse::<f64>()
+                        .unwrap_or_else(|_| panic!("{attr}={value:?} is not numeric"));
+                    found.push((attr.to_string(), v));
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn strings_from_the_data_come_out_inert() {
+        for html in [render(&sample()), render(&compared())] {
+            assert!(!html.contains("<script"), "a script element");
+            assert!(!html.contains("<img"), "an image element");
+            assert!(!html.contains("onerror=alert(1)>"));
+            assert!(html.contains("&lt;script&gt;alert(&#39;k&#39;)&lt;/script&gt;&quot;&gt;"));
+            // The page refuses scripts even if something slipped through.
+            assert!(html.contains("default-src 'none'"));
+        }
+        let e = |s: &str| esc(s).to_string();
+        assert_eq!(e("a&b<c>d\"e'f"), "a&amp;b&lt;c&gt;d&quot;e&#39;f");
+        assert_eq!(e("x\u{202e}y\u{0}z\u{7f}"), "x\u{fffd}y\u{fffd}z\u{fffd}");
+        assert_eq!(e("tab\there"), "tab\there");
+        let long = "k".repeat(1000);
+        assert_eq!(esc_short(&long).to_string().chars().count(), MAX_TEXT + 1);
+    }
+
+    #[test]
+    fn every_kind_of_plot_is_drawn_with_marks() {
+        let html = render(&sample());
+        let plots = plots(&html);
+        let kinds: Vec<&str> = plots
+            .iter()
+            .map(|p| {
+                let rest = &p[p.find("data-plot=\"").unwrap() + 11..];
+                &rest[..rest.find('"').unwrap()]
+            })
+            .collect();
+        assert_eq!(kinds, ["timeline", "distribution", "accuracy"]);
+        for p in &plots {
+            assert!(p.contains("<title>"), "{p:.200}");
+            assert!(p.contains("class=\"mark"), "no data drawn: {p:.200}");
+        }
+        let timeline = plots[0];
+        assert!(timeline.contains("<polyline class=\"mark offered\""));
+        assert!(timeline.contains("<polygon class=\"mark denied\""));
+        assert!(timeline.contains("requests / s"));
+        let points = timeline.split("mark offered\" points=\"").nth(1).unwrap();
+        let points = &points[..points.find('"').unwrap()];
+        assert_eq!(points.split(' ').count(), 240);
+        let dist = plots[1];
+        assert_eq!(dist.matches("<rect class=\"mark bar").count(), 10);
+        assert!(dist.contains(">limit 100</text>"));
+        assert!(dist.contains("mark bar over"));
+        let acc = plots[2];
+        assert_eq!(acc.matches("class=\"mark value\"").count(), 4);
+        assert!(acc.contains("(ref.)"));
+        // Tables: numbers with thousands separators, the reference marked.
+        assert!(html.contains("<td class=\"n\">40,000</td>"));
+        assert!(html.contains("<tr class=\"ref\"><td>sliding_window_log"));
+        assert!(html.contains("<h4>Suggestions</h4>"));
+        assert!(html.contains("<b>180</b>"));
+    }
+
+    #[test]
+    fn a_rule_that_applied_to_nothing_says_so_instead_of_plotting() {
+        let html = render(&sample());
+        let idle = html.split("id=\"rule-1\"").nth(1).unwrap();
+        let idle = &idle[..idle.find("</section>").unwrap()];
+        assert!(!idle.contains("<svg"), "{idle}");
+        assert_eq!(idle.matches(">no requests</p>").count(), 3, "{idle}");
+        // A summary of nothing at all is a page too.
+        let html = render(&Summary::default());
+        assert!(plots(&html).is_empty());
+        assert!(html.contains("no rules"));
+        assert!(html.ends_with("</html>\n"));
+    }
+
+    #[test]
+    fn coordinates_stay_finite_on_degenerate_numbers() {
+        let mut s = sample();
+        let mut r = busy_rule("odd", 1);
+        r.timeline.bucket_secs = f64::NAN;
+        r.clients_limited_share = f64::INFINITY;
+        r.distribution.window_secs = f64::NEG_INFINITY;
+        r.distribution.limit = u64::MAX;
+        r.distribution.buckets.reverse();
+        r.distribution.buckets[0].upto = u64::MAX;
+        for a in &mut r.accuracy[0].algorithms {
+            a.wrong_pct = f64::NAN;
+            a.wrongly_allowed_pct = f64::INFINITY;
+        }
+        let mut zero = busy_rule("zero-width", 3);
+        zero.timeline.bucket_secs = 0.0;
+        zero.timeline.admitted.truncate(1);
+        zero.distribution.buckets = vec![HistogramBucket { upto: 0, keys: 5 }];
+        zero.distribution.limit = 0;
+        for a in &mut zero.accuracy[0].algorithms {
+            *a = AlgorithmError {
+                algorithm: a.algorithm.clone(),
+                ..AlgorithmError::default()
+            };
+        }
+        s.rules = vec![r, zero];
+        s.speed.seconds = f64::NAN;
+        s.last_ns = 0;
+        let html = render(&s);
+        assert_eq!(plots(&html).len(), 6);
+        let coords = coordinates(&html);
+        assert!(coords.len() > 500, "{}", coords.len());
+        for (attr, v) in coords {
+            assert!(v.is_finite() && v.abs() < 1e6, "{attr}={v}");
+        }
+        assert!(!html.contains("NaN") && !html.contains("inf"), "{html}");
+    }
+
+    #[test]
+    fn the_page_loads_nothing_and_runs_nothing() {
+        for html in [render(&sample()), render(&compared())] {
+            // The hostile strings are there, as text: take them out.
+            let html = html.replace(&esc(HOSTILE).to_string(), "");
+            let lower = html.to_ascii_lowercase();
+            for banned in [
+                "<script", "http://", "https://", "<link", "<iframe", "src=", "url(",
+            ] {
+                assert!(!lower.contains(banned), "{banned}");
+            }
+            assert!(html.contains("<style>"));
+        }
+    }
+
+    #[test]
+    fn compare_puts_the_files_side_by_side() {
+        let html = render(&compared());
+        assert!(html.contains("A · rules.yaml") && html.contains("B · other.yaml"));
+        assert!(html.contains("<div class=\"cols cols-2\">"));
+        // A rule of one file only has its column marked.
+        assert!(html.contains(">only-in-b</h2>"));
+        assert!(html.contains("not in this file"));
+        // The differing requests, counted and sampled.
+        assert!(html.contains("<b>7,910</b>"));
+        assert!(html.contains("id=\"differing\""));
+        assert!(html.contains("GET /v1/search"));
+        // Both files' plots: per-user twice, only-in-b once, the idle rule
+        // (A only) none.
+        assert_eq!(plots(&html).len(), 9);
+    }
+
+    #[test]
+    fn fifty_rules_of_240_buckets_stay_light() {
+        let mut s = compared();
+        let rules: Vec<_> = (0..50).map(|i| busy_rule(&format!("r{i}"), 240)).collect();
+        if let Some(files) = &mut s.compare {
+            for f in files.iter_mut() {
+                f.rules = rules.clone();
+            }
+        }
+        let html = render(&s);
+        assert_eq!(plots(&html).len(), 300);
+        assert!(html.len() < 3 << 20, "{} bytes", html.len());
+    }
+
+    #[test]
+    fn numbers_read_well() {
+        assert_eq!(int(0), "0");
+        assert_eq!(int(999), "999");
+        assert_eq!(int(1_000), "1,000");
+        assert_eq!(int(1_234_567), "1,234,567");
+        assert_eq!(pct(0.0), "0%");
+        assert_eq!(pct(0.003), "0.0030%");
+        assert_eq!(pct(2.5), "2.50%");
+        assert_eq!(pct(37.25), "37.2%");
+        assert_eq!(pct(f64::NAN), "–");
+        assert_eq!(share(0.01), "1.00%");
+        assert_eq!(secs(0.25), "250ms");
+        assert_eq!(secs(1.0), "1s");
+        assert_eq!(secs(60.0), "1m");
+        assert_eq!(secs(90.0), "1m30s");
+        assert_eq!(secs(5400.0), "1h30m");
+        assert_eq!(secs(86_400.0), "1d");
+        assert_eq!(secs(f64::NAN), "0");
+        assert_eq!(nice_step(3.0), 5.0);
+        assert_eq!(nice_step(0.013), 0.02);
+        assert_eq!(nice_max(87.0), 100.0);
+        assert_eq!(nice_max(0.0), 1.0);
+        assert_eq!(tick_label(25_000.0, 5_000.0), "25k");
+        assert_eq!(tick_label(2_500_000.0, 500_000.0), "2.5M");
+        assert_eq!(tick_label(0.25, 0.05), "0.25");
+        let s = Scale::log(0.5, 1000.0, 0.0, 100.0);
+        assert_eq!(s.ticks(), [1.0, 10.0, 100.0, 1000.0]);
+        assert_eq!(s.px(0.0), 0.0);
+        let t = Scale::linear(0.0, 600.0, 0.0, 100.0).time_ticks();
+        assert_eq!(t.0, [0.0, 120.0, 240.0, 360.0, 480.0, 600.0]);
+    }
+}

@@ -645,7 +645,7 @@ fn distribution_plot(o: &mut String, rule: &str, d: &Distribution) {
     } else {
         Scale::linear(0.0, nice_max(hi), area.x0, area.x1)
     };
-    let y = if most_keys >= fewest_keys.saturating_mul(100) {
+    let y = if most_keys >= fewest_keys.saturating_mul(10) {
         Scale::log(0.5, nice_log_max(most_keys as f64), area.y1, area.y0)
     } else {
         Scale::linear(0.0, nice_max(most_keys as f64), area.y1, area.y0)

@@ -109,6 +109,95 @@ enum Command {
         #[arg(long)]
         merge_domains: bool,
     },
+    /// Replay a trace (an access log) through a rules file at virtual
+    /// time and report who would be limited, or write a synthetic trace.
+    Simulate(Box<SimulateArgs>),
+}
+
+/// `spillway simulate`: replay a trace, or write a synthetic one.
+#[derive(Debug, clap::Args)]
+struct SimulateArgs {
+    /// Rules file (YAML) to replay the trace through. Without it, the
+    /// built-in examples/rules.yaml is used.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Trace to replay: a combined-format access log, JSON lines or CSV,
+    /// plain or gzip ("-" reads standard input); may be given several
+    /// times (replayed in order).
+    #[arg(long, value_name = "FILE", required_unless_present = "synthesize")]
+    trace: Vec<PathBuf>,
+    /// A second rules file, replayed side by side with the first.
+    #[arg(long, value_name = "FILE")]
+    compare: Option<PathBuf>,
+    /// Write a self-contained HTML report with plots.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Write the summary as JSON.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write every decision (of --config) as a JSON line: line, ts_ns,
+    /// allowed, and each rule's outcome.
+    #[arg(long, value_name = "FILE")]
+    decisions: Option<PathBuf>,
+    /// Suggest, for every limit, the smallest size that limits at most
+    /// this share of a rule's clients, e.g. 1%.
+    #[arg(long, value_name = "PERCENT", value_parser = spillway_server::simulate::parse_share)]
+    target_limited: Option<f64>,
+    /// The trace's format [default: detected from its first line].
+    #[arg(long, value_name = "combined|json|csv")]
+    format: Option<spillway_server::simulate::trace::Format>,
+    /// A JSON key or CSV column name for a field: ts=, ip=, user=, method=,
+    /// path=, status=, cost=, api=, request= or headers=, e.g. --field
+    /// ts=@timestamp (repeatable).
+    #[arg(long, value_name = "FIELD=NAME")]
+    field: Vec<String>,
+    /// Unit of numeric timestamps: s, ms, us or ns [default: by magnitude].
+    #[arg(long, value_name = "UNIT")]
+    ts_unit: Option<spillway_server::simulate::trace::TsUnit>,
+    /// Heaviest keys listed per rule.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    top: usize,
+    /// Skip the comparison of window-type limits with the exact log.
+    #[arg(long)]
+    no_accuracy: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    /// Write a synthetic trace instead: heavy-tail, uniform, bursty or diurnal.
+    #[arg(long, value_name = "SHAPE", conflicts_with_all = ["trace", "compare", "report", "json", "decisions"])]
+    synthesize: Option<spillway_server::simulate::synth::Shape>,
+    /// Synthetic clients.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        requires = "synthesize"
+    )]
+    clients: u64,
+    /// Synthetic requests.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 100_000,
+        requires = "synthesize"
+    )]
+    requests: u64,
+    /// Span of the synthetic trace, e.g. 1h.
+    #[arg(long, value_name = "DURATION", default_value = "1h", requires = "synthesize", value_parser = parse_duration_arg)]
+    duration: Duration,
+    /// Seed of the synthetic trace (the same seed writes the same trace).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "synthesize")]
+    seed: u64,
+    /// Where to write the synthetic trace ("-" or absent: standard
+    /// output; a name ending in .gz is gzipped).
+    #[arg(long, value_name = "FILE", requires = "synthesize")]
+    out: Option<PathBuf>,
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    spillway_core::parse_duration(s)
+        .map(|n| Duration::from_nanos(n.as_u64()))
+        .map_err(|e| e.to_string())
 }
 
 /// `--tls-cert FILE --tls-key FILE`, given together.
@@ -121,6 +210,68 @@ struct TlsFlags {
     /// The PEM private key of --tls-cert [default: the file's `tls.key`].
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+}
+
+fn simulate(args: SimulateArgs) -> ExitCode {
+    use spillway_server::simulate;
+    if let Some(shape) = args.synthesize {
+        let opts = simulate::synth::SynthOptions {
+            shape,
+            clients: args.clients,
+            requests: args.requests,
+            duration_ns: u64::try_from(args.duration.as_nanos()).unwrap_or(u64::MAX),
+            seed: args.seed,
+            ..simulate::synth::SynthOptions::default()
+        };
+        return match simulate::write_synthetic(&opts, args.out.as_deref()) {
+            Ok(n) => {
+                if args.out.is_some() {
+                    eprintln!("wrote {n} requests");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut trace = simulate::trace::TraceOptions {
+        format: args.format,
+        ts_unit: args.ts_unit,
+        ..Default::default()
+    };
+    for f in &args.field {
+        if let Err(e) = trace.fields.set(f) {
+            eprintln!("error: --field {f}: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let opts = simulate::SimulateOptions {
+        config: args.config,
+        traces: args.trace,
+        compare: args.compare,
+        report: args.report,
+        json: args.json,
+        decisions: args.decisions,
+        trace,
+        replay: simulate::replay::ReplayOptions {
+            top: args.top,
+            target_limited: args.target_limited,
+            accuracy: !args.no_accuracy,
+        },
+        progress: !args.quiet,
+    };
+    match simulate::simulate(&opts) {
+        Ok(summary) => {
+            print!("{}", simulate::text(&summary));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// What the flags of `serve` and `proxy` say.
@@ -185,6 +336,10 @@ fn main() -> ExitCode {
             proxy: Some((upstream, user)),
             log_format,
         }),
+        Command::Simulate(args) => {
+            init_logging(log_format.unwrap_or_default());
+            simulate(*args)
+        }
         Command::CheckConfig {
             files,
             merge_domains,

@@ -6,7 +6,9 @@
 //! - [`proxy`]: the reverse proxy (its phases written once, two transports);
 //! - [`grpc`]: the Envoy rate limit service;
 //! - [`admin`]: metrics, health, status and rules;
-//! - [`config`]: the rules file, read into each way in's settings.
+//! - [`config`]: the rules file, read into each way in's settings;
+//! - [`simulate`]: `spillway simulate`, traces replayed through the same
+//!   engine at virtual time.
 //!
 //! Ways in never import `config` or each other; each gets a [`Shared`]
 //! handle (the limiter and the event sink) and what it needs besides.
@@ -20,8 +22,8 @@ pub mod config;
 pub mod grpc;
 pub mod metrics;
 pub mod proxy;
-pub mod simulate;
 mod reload;
+pub mod simulate;
 pub mod tls;
 
 use std::convert::Infallible;

@@ -338,7 +338,7 @@ pub fn text(summary: &Summary) -> String {
         summary.out_of_order
     );
     for bad in summary.malformed_lines.iter().take(5) {
-        let _ = writeln!(s, "  line {}: {}", bad.line, bad.reason);
+        let _ = writeln!(s, "  {}:{}: {}", bad.file, bad.line, bad.reason);
     }
     let files: Vec<(&str, u64, u64, &[summary::RuleSummary])> = match &summary.compare {
         Some(c) => c
@@ -391,9 +391,14 @@ pub fn text(summary: &Summary) -> String {
                 }
             }
             for g in &r.suggestions {
+                let miss = if g.reaches_target {
+                    ""
+                } else {
+                    " (no size reaches the target: some clients send a cost above the largest)"
+                };
                 let _ = writeln!(
                     s,
-                    "  {} limit {} ({}): {} {} limits {:.2}% of clients; {} would limit {:.2}% (target {:.2}%)",
+                    "  {} limit {} ({}): {} {} limits {:.2}% of clients; {} would limit {:.2}% (target {:.2}%){miss}",
                     r.rule,
                     g.limit_index,
                     g.algorithm,

@@ -229,14 +229,14 @@ impl Recorder {
         inner.now = now;
         inner.cost = cost;
         let start = *inner.start.get_or_insert(now);
-        let mut bucket = (now - start) / inner.width;
+        let mut bucket = now.saturating_sub(start) / inner.width;
         while bucket >= MAX_BUCKETS as u64 {
             inner.width = inner.width.saturating_mul(2);
             for t in &mut inner.rules {
                 halve(&mut t.offered);
                 halve(&mut t.admitted_at);
             }
-            bucket = (now - start) / inner.width;
+            bucket = now.saturating_sub(start) / inner.width;
         }
         inner.bucket = bucket as usize;
     }
@@ -335,6 +335,9 @@ impl Track {
         bucket: usize,
         keep: bool,
     ) {
+        // A rule that takes its cost from the answer was decided with its
+        // estimate; model the same request.
+        let cost = self.rule.response_cost().map_or(cost, |c| c.estimate);
         let denied = matches!(outcome, Outcome::Denied | Outcome::ShadowDenied);
         self.applied += 1;
         if denied {
@@ -385,7 +388,7 @@ impl Track {
         }
         e.in_window = e.in_window.saturating_add(cost);
         e.busiest = e.busiest.max(e.in_window);
-        if keep {
+        if keep && !self.rule.limits().is_empty() {
             e.requests_seen.push((now, cost));
         }
         let t = Nanos(now);
@@ -531,6 +534,7 @@ impl Track {
             };
             let suggested = suggested.min(limit.with_size(u64::MAX).size());
             let current = limit.size();
+            let limited = limited_at(suggested);
             out.push(Suggestion {
                 limit_index: i,
                 algorithm: limit.algorithm_name().into(),
@@ -545,8 +549,9 @@ impl Track {
                 current,
                 current_limited_share: share(limited_at(current)),
                 suggested,
-                suggested_limited_share: share(limited_at(suggested)),
+                suggested_limited_share: share(limited),
                 target,
+                reaches_target: limited <= allowed,
             });
         }
         out

@@ -1398,6 +1398,7 @@ mod tests {
                 suggested: 180,
                 suggested_limited_share: 0.009,
                 target: 0.01,
+                reaches_target: true,
             }],
             ..RuleSummary::default()
         }
@@ -1425,6 +1426,7 @@ mod tests {
             requests: 40_000,
             malformed: 3,
             malformed_lines: vec![BadLine {
+                file: "access.log".into(),
                 line: 7,
                 reason: HOSTILE.into(),
             }],

@@ -59,6 +59,8 @@ pub struct FileSummary {
 /// A line of the trace that was not a request.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BadLine {
+    /// The trace file it is in.
+    pub file: String,
     /// 1-based line number (for CSV, counting the header).
     pub line: u64,
     /// Why it was refused.
@@ -74,8 +76,12 @@ pub struct RuleSummary {
     pub mode: String,
     /// The rule's limits as written, e.g. `sliding_window_counter 10/1m`.
     pub limits: Vec<String>,
-    /// Requests the rule applied to (its route matched and the request had
-    /// every part of its key).
+    /// Requests the rule decided (its route matched and the request had
+    /// every part of its key). Not counted: a request another rule
+    /// refused before any store was asked (a cost above what that rule's
+    /// limit can ever admit), or, with `cost: response` rules, a request
+    /// whose first group of rules already denied it: the engine does not
+    /// ask this rule about those.
     pub applied: u64,
     /// Of those, the ones the rule admitted (`admitted + denied == applied`).
     pub admitted: u64,
@@ -217,6 +223,10 @@ pub struct Suggestion {
     pub suggested_limited_share: f64,
     /// The target share (`--target-limited`), 0..1.
     pub target: f64,
+    /// Whether `suggested` limits at most `target` of the clients: false
+    /// when some clients need more than the algorithm's largest size (a
+    /// cost above it), and the suggestion is that largest size.
+    pub reaches_target: bool,
 }
 
 /// Requests whose outcome differs between the two files of `--compare`.

@@ -130,7 +130,13 @@ fn trace() -> Vec<Req> {
             ip: format!("10.0.0.{}", rng.below(4)),
             key: (rng.below(3) > 0).then(|| format!("key{}", rng.below(3))),
             tenant: (rng.below(4) > 0).then(|| format!("t{}", rng.below(2))),
-            cost: if rng.below(8) == 0 { 2 } else { 1 },
+            // Now and then a cost above what `login` (3) and `keyed`
+            // (burst 3) can ever admit: refused before any store is asked.
+            cost: match rng.below(16) {
+                0 | 1 => 2,
+                2 => 4,
+                _ => 1,
+            },
         });
     }
     out
@@ -249,11 +255,16 @@ async fn simulate_decides_every_request_as_serve_does() {
         format!("LD_PRELOAD={}", preload.display()),
         format!("FAKETIME_TIMESTAMP_FILE={}", time_file.display()),
         "FAKETIME_NO_CACHE=1".to_string(),
+        // The memory store's clock is monotonic: fake it too.
+        "FAKETIME_DONT_FAKE_MONOTONIC=0".to_string(),
         "TZ=UTC".to_string(),
     ];
     let wrapper: Vec<&str> = env_args.iter().map(String::as_str).collect();
     let server = Server::start_wrapped(&wrapper, "serve", &["--config", rules.to_str().unwrap()]);
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap();
     let mut at = u64::MAX;
     let mut denied = 0;
     let mut outcomes = std::collections::BTreeSet::new();

@@ -294,7 +294,11 @@ impl TraceReader {
         self.malformed += 1;
         if self.bad_lines.len() < KEPT_BAD_LINES {
             let reason = bad.describe(&self.buf, &self.names);
-            self.bad_lines.push(BadLine { line, reason });
+            self.bad_lines.push(BadLine {
+                file: self.name.clone(),
+                line,
+                reason,
+            });
         }
     }
 

@@ -6,7 +6,7 @@
 //! keys them.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -22,6 +22,8 @@ use super::summary::{
 };
 use super::trace::Record;
 use crate::admin::describe_limit;
+// Keys are the engine's keyed hashes already.
+use crate::admin::top::AsIs;
 use crate::config::{Config, StoreConfig};
 
 /// The timeline starts at this bucket width and doubles whenever a trace
@@ -156,7 +158,7 @@ struct Track {
     shadow_denied: u64,
     soft_exceeded: u64,
     skipped: u64,
-    keys: HashMap<u64, KeyEntry, BuildHasherDefault<Prehashed>>,
+    keys: HashMap<u64, KeyEntry, BuildHasherDefault<AsIs>>,
     offered: Vec<u64>,
     admitted_at: Vec<u64>,
     /// The distribution's window (ns, at least 1) and size.
@@ -729,24 +731,6 @@ fn variants(l: &Limit) -> Option<Vec<Variant>> {
             })
             .collect(),
     )
-}
-
-/// A hasher for keys that are already hashes (the engine's keyed xxh3).
-#[derive(Debug, Default, Clone, Copy)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
 }
 
 #[cfg(test)]

@@ -129,7 +129,8 @@ pub struct KeyCount {
 /// Requests per time bucket, from the trace's first timestamp.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Timeline {
-    /// Width of a bucket, seconds (chosen so a trace has at most ~240).
+    /// Width of a bucket, seconds: from 1 ms, doubled until the trace
+    /// fits in at most 480 buckets.
     pub bucket_secs: f64,
     /// Start of the first bucket, ns since the Unix epoch.
     pub start_ns: u64,

@@ -1,0 +1,1 @@
+//! Placeholder: the rate limit headers a server sends.

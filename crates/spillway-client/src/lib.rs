@@ -5,5 +5,8 @@
 //! - [`headers`]: what a server says about its limits: `Retry-After`
 //!   (seconds or an HTTP date), the IETF `RateLimit` / `RateLimit-Policy`
 //!   structured fields, and `X-RateLimit-*`, read into one [`headers::Advice`].
+//! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
+//!   is not hammered by retries.
 
+pub mod adaptive;
 pub mod headers;

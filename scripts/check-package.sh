@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-crates=(spillway-core spillway-store spillway-redis spillway-sync spillway-tower)
+crates=(spillway-core spillway-store spillway-redis spillway-sync spillway-tower spillway-client)
 
 args=()
 for c in "${crates[@]}"; do

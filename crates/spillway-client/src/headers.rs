@@ -1032,6 +1032,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1024))]
+
         #[test]
         fn any_header_no_panic(
             fields in prop::collection::vec((prop::sample::select(&NAMES[..]), value_bytes()), 0..10),
@@ -1080,6 +1082,33 @@ mod tests {
             let text = write_policies(&items);
             let want: Vec<Policy> = items.into_iter().map(|(p, _, _)| p).collect();
             prop_assert_eq!(parse_ratelimit_policy(&text), Some(want), "{}", text);
+        }
+
+        /// Valid fields with one byte changed, inserted or removed: parsed
+        /// or refused as a whole, never a panic, never an uncapped reset.
+        #[test]
+        fn mutated_fields_no_panic(
+            qs in quotas(),
+            ps in policies(),
+            at in any::<usize>(),
+            byte in prop::sample::select(b"\"\\;=,:()?*-.09aZ \t\x7f".to_vec()),
+            how in 0u8..3,
+        ) {
+            for text in [write_quotas(&qs), write_policies(&ps)] {
+                let mut v = text.into_bytes();
+                let i = if v.is_empty() { 0 } else { at % v.len() };
+                match how {
+                    0 if !v.is_empty() => v[i] = byte,
+                    1 => v.insert(i, byte),
+                    _ if !v.is_empty() => { v.remove(i); }
+                    _ => v.push(byte),
+                }
+                let s = String::from_utf8_lossy(&v);
+                if let Some(q) = parse_ratelimit(&s) {
+                    prop_assert!(q.iter().all(|q| q.reset <= MAX_DELAY));
+                }
+                let _ = parse_ratelimit_policy(&s);
+            }
         }
 
         #[test]

@@ -5,8 +5,11 @@
 //! - [`headers`]: what a server says about its limits: `Retry-After`
 //!   (seconds or an HTTP date), the IETF `RateLimit` / `RateLimit-Policy`
 //!   structured fields, and `X-RateLimit-*`, read into one [`headers::Advice`].
+//! - [`honour`]: a tower layer that waits when the server says the quota
+//!   is spent and retries idempotent requests after a 429 or 503 as advised.
 //! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
 //!   is not hammered by retries.
 
 pub mod adaptive;
 pub mod headers;
+pub mod honour;

@@ -1,0 +1,307 @@
+//! Honouring what a server says about its limits: a tower layer around an
+//! HTTP client service.
+//!
+//! - **Before sending**: when an earlier answer from the same server (its
+//!   authority, `host:port`) said the quota is used up (`remaining` 0, or
+//!   a `Retry-After`), the request waits until the advised time, or fails
+//!   at once with [`Error::QuotaSpent`] if so configured, instead of
+//!   spending a call the server would refuse.
+//! - **On 429 or 503**: an idempotent request (GET, HEAD, PUT, DELETE,
+//!   OPTIONS, TRACE) is sent again after the longer of the advised time
+//!   and a capped exponential backoff with full jitter, within a total
+//!   time budget; other methods only if [`Config::retry_non_idempotent`].
+//!   When the budget or the retries run out, the last answer is returned.
+//!
+//! Retrying needs a second copy of the request, so the body type must be
+//! `Clone` (`String`, `Bytes`, `Full<Bytes>`, `Empty<Bytes>`).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use http::{Method, Request, Response, StatusCode};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::headers::Advice;
+
+/// How the layer behaves.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Most times a request is sent again after a 429 or 503.
+    pub max_retries: u32,
+    /// The first backoff step; each retry doubles it, up to `max_backoff`.
+    pub base_backoff: Duration,
+    /// The largest backoff step (before jitter).
+    pub max_backoff: Duration,
+    /// The longest a request may take in all, waits and retries included.
+    pub budget: Duration,
+    /// When the quota is known to be spent: wait until it resets (true),
+    /// or fail at once with [`Error::QuotaSpent`] (false).
+    pub wait_when_spent: bool,
+    /// Also retry methods that are not idempotent (POST, PATCH).
+    pub retry_non_idempotent: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            max_retries: 3,
+            base_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(10),
+            budget: Duration::from_secs(60),
+            wait_when_spent: true,
+            retry_non_idempotent: false,
+        }
+    }
+}
+
+/// Why a request was not answered by the server.
+#[derive(Debug)]
+pub enum Error<E> {
+    /// The inner service failed.
+    Inner(E),
+    /// The server said its quota is used up for this long yet, and the
+    /// layer is configured to fail fast (or waiting would exceed the budget).
+    QuotaSpent {
+        /// How long until the server said to come back.
+        wait: Duration,
+    },
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Inner(e) => write!(f, "{e}"),
+            Error::QuotaSpent { wait } => write!(
+                f,
+                "the server's rate limit quota is used up for {} ms more",
+                wait.as_millis()
+            ),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Inner(e) => Some(e),
+            Error::QuotaSpent { .. } => None,
+        }
+    }
+}
+
+/// What the layer has learnt, shared by every clone: per server, until
+/// when its quota is spent.
+#[derive(Debug, Default)]
+struct Learnt {
+    spent_until: HashMap<String, Instant>,
+    /// State of the jitter's generator.
+    seed: u64,
+}
+
+/// The layer: wraps a client service in [`Honour`].
+#[derive(Debug, Clone)]
+pub struct HonourLayer {
+    config: Arc<Config>,
+    learnt: Arc<Mutex<Learnt>>,
+}
+
+impl HonourLayer {
+    /// A layer with `config`.
+    pub fn new(config: Config) -> HonourLayer {
+        let seed = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+            | 1;
+        HonourLayer {
+            config: Arc::new(config),
+            learnt: Arc::new(Mutex::new(Learnt {
+                spent_until: HashMap::new(),
+                seed,
+            })),
+        }
+    }
+}
+
+impl Default for HonourLayer {
+    fn default() -> HonourLayer {
+        HonourLayer::new(Config::default())
+    }
+}
+
+impl<S> tower_layer::Layer<S> for HonourLayer {
+    type Service = Honour<S>;
+    fn layer(&self, inner: S) -> Honour<S> {
+        Honour {
+            inner,
+            config: self.config.clone(),
+            learnt: self.learnt.clone(),
+        }
+    }
+}
+
+/// A client service that honours the server's rate limit signals.
+#[derive(Debug, Clone)]
+pub struct Honour<S> {
+    inner: S,
+    config: Arc<Config>,
+    learnt: Arc<Mutex<Learnt>>,
+}
+
+fn idempotent(m: &Method) -> bool {
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// The server a request goes to: its authority, or "" for a relative URI.
+fn server_of<B>(req: &Request<B>) -> String {
+    req.uri()
+        .authority()
+        .map_or_else(String::new, |a| a.as_str().to_ascii_lowercase())
+}
+
+impl Learnt {
+    /// A uniform draw in `[0, 1)` (xorshift; jitter needs no more).
+    fn uniform(&mut self) -> f64 {
+        let mut x = self.seed;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.seed = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Full jitter: a uniform draw between 0 and the capped exponential step.
+pub fn full_jitter(config: &Config, attempt: u32, uniform: f64) -> Duration {
+    let step = config
+        .base_backoff
+        .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
+        .min(config.max_backoff);
+    step.mul_f64(uniform.clamp(0.0, 1.0))
+}
+
+impl<S, B, R> tower_service::Service<Request<B>> for Honour<S>
+where
+    S: tower_service::Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Clone + Send + 'static,
+    R: Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = Error<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<R>, Error<S::Error>>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Error::Inner)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The inner service was made ready for this call; keep that one and
+        // leave a fresh clone in its place (tower's usual pattern).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        let learnt = self.learnt.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let deadline = started + config.budget;
+            let server = server_of(&req);
+            let retryable = idempotent(req.method()) || config.retry_non_idempotent;
+            let mut attempt = 0u32;
+            loop {
+                // Wait out a spent quota first.
+                let until = learnt.lock().spent_until.get(&server).copied();
+                if let Some(until) = until {
+                    let now = Instant::now();
+                    if until > now {
+                        let wait = until - now;
+                        if !config.wait_when_spent || until > deadline {
+                            return Err(Error::QuotaSpent { wait });
+                        }
+                        tokio::time::sleep_until(until).await;
+                    }
+                }
+                let copy = retryable.then(|| clone_request(&req));
+                std::future::poll_fn(|cx| inner.poll_ready(cx))
+                    .await
+                    .map_err(Error::Inner)?;
+                let resp = inner
+                    .call(copy.unwrap_or_else(|| clone_request(&req)))
+                    .await
+                    .map_err(Error::Inner)?;
+                let advice = Advice::from_headers(resp.headers(), SystemTime::now());
+                let refused = matches!(
+                    resp.status(),
+                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                );
+                let now = Instant::now();
+                let backoff = {
+                    let mut l = learnt.lock();
+                    match advice.wait() {
+                        Some(w) if !w.is_zero() => {
+                            l.spent_until.insert(server.clone(), now + w);
+                        }
+                        _ if !refused => {
+                            l.spent_until.remove(&server);
+                        }
+                        _ => {}
+                    }
+                    full_jitter(&config, attempt, l.uniform())
+                };
+                if !refused || !retryable || attempt >= config.max_retries {
+                    return Ok(resp);
+                }
+                let delay = advice.wait().unwrap_or(Duration::ZERO).max(backoff);
+                if now + delay > deadline {
+                    return Ok(resp);
+                }
+                // The advised wait is kept as the server's spent quota
+                // (the loop's first step waits it out); sleep the rest.
+                tokio::time::sleep(delay.saturating_sub(advice.wait().unwrap_or(Duration::ZERO)))
+                    .await;
+                attempt += 1;
+            }
+        })
+    }
+}
+
+/// A copy of `req` to send (its extensions are not copied).
+fn clone_request<B: Clone>(req: &Request<B>) -> Request<B> {
+    let mut r = Request::new(req.body().clone());
+    *r.method_mut() = req.method().clone();
+    *r.uri_mut() = req.uri().clone();
+    *r.version_mut() = req.version();
+    *r.headers_mut() = req.headers().clone();
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_jitter_stays_under_the_capped_step() {
+        let c = Config::default();
+        assert_eq!(
+            full_jitter(&c, 0, 0.999_999),
+            c.base_backoff.mul_f64(0.999_999)
+        );
+        assert!(full_jitter(&c, 3, 1.0) <= Duration::from_millis(800));
+        assert_eq!(full_jitter(&c, 40, 1.0), c.max_backoff);
+        assert_eq!(full_jitter(&c, 5, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn only_idempotent_methods_are_retried_by_default() {
+        assert!(idempotent(&Method::GET) && idempotent(&Method::PUT));
+        assert!(!idempotent(&Method::POST) && !idempotent(&Method::PATCH));
+    }
+}

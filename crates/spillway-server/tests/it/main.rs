@@ -3,6 +3,7 @@
 
 mod admin;
 mod api;
+mod client;
 mod config;
 mod dashboard;
 mod elastic;

@@ -1,0 +1,1 @@
+//! Placeholder: spillway-client against the real binaries.

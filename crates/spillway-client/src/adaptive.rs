@@ -12,7 +12,15 @@
 //! Time and randomness come in as arguments, so the controller is a pure
 //! state machine tests drive on a virtual clock.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::events::{Events, NoEvents};
 
 /// Buckets the window is kept in.
 const BUCKETS: usize = 20;
@@ -82,6 +90,137 @@ impl AdaptiveThrottle {
     }
 }
 
+/// Why a request through [`Adaptive`] got no answer from the backend.
+#[derive(Debug)]
+pub enum AdaptiveError<E> {
+    /// The inner service failed.
+    Inner(E),
+    /// Refused here: the backend has been refusing most requests.
+    Throttled,
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for AdaptiveError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AdaptiveError::Inner(e) => write!(f, "{e}"),
+            AdaptiveError::Throttled => {
+                f.write_str("refused locally: the backend is refusing most requests")
+            }
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for AdaptiveError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            AdaptiveError::Inner(e) => Some(e),
+            AdaptiveError::Throttled => None,
+        }
+    }
+}
+
+/// The throttle as a tower layer over an HTTP client service: a 429 or
+/// 503 answer, or a failed call, is a refusal by the backend; any other
+/// answer an accept.
+#[derive(Clone)]
+pub struct AdaptiveLayer {
+    state: Arc<Mutex<(AdaptiveThrottle, u64)>>,
+    start: tokio::time::Instant,
+    events: Arc<dyn Events>,
+}
+
+impl std::fmt::Debug for AdaptiveLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdaptiveLayer").finish_non_exhaustive()
+    }
+}
+
+impl AdaptiveLayer {
+    /// A layer with multiplier `k` over `window` (the book: 2, 2 minutes).
+    pub fn new(k: f64, window: Duration) -> AdaptiveLayer {
+        AdaptiveLayer {
+            state: Arc::new(Mutex::new((
+                AdaptiveThrottle::new(k, window),
+                0x2545_f491_4f6c_dd1d,
+            ))),
+            start: tokio::time::Instant::now(),
+            events: Arc::new(NoEvents),
+        }
+    }
+
+    /// Reports local refusals to `events`.
+    pub fn with_events(mut self, events: Arc<dyn Events>) -> AdaptiveLayer {
+        self.events = events;
+        self
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<S> tower_layer::Layer<S> for AdaptiveLayer {
+    type Service = Adaptive<S>;
+    fn layer(&self, inner: S) -> Adaptive<S> {
+        Adaptive {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A client service that refuses locally while the backend refuses much.
+#[derive(Debug, Clone)]
+pub struct Adaptive<S> {
+    inner: S,
+    layer: AdaptiveLayer,
+}
+
+impl<S, B, R> tower_service::Service<http::Request<B>> for Adaptive<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = AdaptiveError<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<http::Response<R>, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(AdaptiveError::Inner)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let now = self.layer.now();
+        let admitted = {
+            let mut guard = self.layer.state.lock();
+            let (throttle, seed) = &mut *guard;
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            let uniform = (*seed >> 11) as f64 / (1u64 << 53) as f64;
+            throttle.admit(now, uniform)
+        };
+        if !admitted {
+            self.layer.events.rejected_locally("adaptive throttling");
+            return Box::pin(std::future::ready(Err(AdaptiveError::Throttled)));
+        }
+        let fut = self.inner.call(req);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let result = fut.await;
+            let accepted = matches!(&result, Ok(r) if !matches!(
+                r.status(),
+                http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE
+            ));
+            let now = layer.now();
+            layer.state.lock().0.answered(now, accepted);
+            result.map_err(AdaptiveError::Inner)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +284,46 @@ mod tests {
         assert!(t.reject_probability(100) > 0.9);
         assert_eq!(t.counts(30_000_000_000), (0, 0));
         assert_eq!(t.reject_probability(30_000_000_000), 0.0);
+    }
+
+    /// The layer over a backend that answers 429 to everything: after a
+    /// few refusals most requests never leave.
+    #[tokio::test]
+    async fn the_layer_stops_hammering_a_refusing_backend() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use tower::{Service, ServiceExt};
+        let sent = Arc::new(AtomicU64::new(0));
+        let s = sent.clone();
+        let backend = tower::service_fn(move |_r: http::Request<()>| {
+            s.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(429)
+                        .body(())
+                        .unwrap_or_default(),
+                )
+            }
+        });
+        let layer = AdaptiveLayer::new(2.0, Duration::from_secs(120));
+        let mut svc = tower_layer::Layer::layer(&layer, backend);
+        let mut throttled = 0;
+        for _ in 0..1000 {
+            match svc
+                .ready()
+                .await
+                .unwrap()
+                .call(http::Request::new(()))
+                .await
+            {
+                Err(AdaptiveError::Throttled) => throttled += 1,
+                Ok(_) => {}
+                Err(AdaptiveError::Inner(e)) => match e {},
+            }
+        }
+        let sent = sent.load(Ordering::SeqCst);
+        assert_eq!(sent + throttled, 1000);
+        // With no accepts, p = r / (r + 1): about ln(1000) sent.
+        assert!(sent < 50, "{sent} sent to a backend refusing everything");
     }
 }

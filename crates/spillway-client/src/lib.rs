@@ -7,9 +7,15 @@
 //!   structured fields, and `X-RateLimit-*`, read into one [`headers::Advice`].
 //! - [`honour`]: a tower layer that waits when the server says the quota
 //!   is spent and retries idempotent requests after a 429 or 503 as advised.
+//! - [`outbound`]: limit your own outbound calls with spillway's rules
+//!   and algorithms, in-process, through Redis or through a spillway
+//!   server, so you stay within a third party's published limits.
+//! - [`events`]: metrics hooks: retries, waits, local refusals.
 //! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
 //!   is not hammered by retries.
 
 pub mod adaptive;
+pub mod events;
 pub mod headers;
 pub mod honour;
+pub mod outbound;

@@ -1,0 +1,458 @@
+//! Limiting your own outbound calls: a tower layer that asks a decider
+//! (spillway's rules and algorithms) before each request leaves, so a
+//! caller stays within a third party's published limits.
+//!
+//! The decider is any [`Decider`]:
+//! - a [`spillway_store::Limiter`] in-process (a `MemoryStore`), or over
+//!   Redis (a `RedisStore` from `spillway-redis`): instances sharing the
+//!   Redis share the limit;
+//! - a spillway server's decision API (`api::DecisionClient`):
+//!   every instance asking one server shares its rules.
+//!
+//! An outbound request is described to the rules as the decision API
+//! describes an inbound one: its API is `METHOD /path` (so `api:` and
+//! `by: route` match it), its headers are headers (`by: header:X-Api-Key`),
+//! and its server is the descriptor `host` (`by: host`, with
+//! `descriptors: [host]`: the authority, `api.example.com:443`).
+//!
+//! Excess requests wait until the limit admits them (a shaper's delay, or
+//! the advised retry time) within [`OutboundConfig::max_wait`], or fail at
+//! once with [`OutboundError::Limited`], as configured.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Request;
+use spillway_core::Attributes;
+use spillway_store::{Limiter, Store};
+use tokio::time::Instant;
+
+use crate::events::{Events, NoEvents};
+
+/// A boxed future, as deciders return them.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a decider needs to know about an outbound request.
+#[derive(Debug, Clone, Copy)]
+pub struct Outbound<'a> {
+    /// The method.
+    pub method: &'a str,
+    /// The path (without the query).
+    pub path: &'a str,
+    /// The server: the URI's authority, lower-cased (`""` if relative).
+    pub host: &'a str,
+    /// The request's headers.
+    pub headers: &'a http::HeaderMap,
+    /// What the request costs (1 unless the caller says otherwise with
+    /// the [`Cost`] extension).
+    pub cost: u64,
+}
+
+/// A request extension: what this request costs against the limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost(pub u64);
+
+impl Attributes for Outbound<'_> {
+    fn user(&self) -> Option<&str> {
+        None
+    }
+    fn ip(&self) -> Option<&str> {
+        None
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn descriptor(&self, name: &str) -> Option<&str> {
+        (name == "host" && !self.host.is_empty()).then_some(self.host)
+    }
+}
+
+/// A decider's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send, after waiting this long (a shaper's queue; zero mostly).
+    Send {
+        /// How long to hold the request first.
+        wait: Duration,
+    },
+    /// Do not send yet: the limit admits it again after `retry_after`.
+    Wait {
+        /// When to ask again.
+        retry_after: Duration,
+        /// The rule that refused, if known.
+        rule: Option<String>,
+    },
+}
+
+/// Decides outbound requests: spillway's limiter, in-process or shared.
+pub trait Decider: Send + Sync + 'static {
+    /// Decides `req`. An error is a decider that could not answer (a
+    /// server down): [`OutboundConfig::on_error_send`] says what then.
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>>;
+}
+
+impl<S: Store> Decider for Limiter<S> {
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>> {
+        Box::pin(async move {
+            let r = spillway_store::Request {
+                method: Some(req.method),
+                path: Some(req.path),
+                attrs: req,
+                cost: req.cost,
+            };
+            let checked = self.check(&r).await;
+            let d = &checked.decision;
+            if d.allowed {
+                Ok(Verdict::Send {
+                    wait: Duration::from_nanos(d.wait.as_u64()),
+                })
+            } else {
+                let deciding = d.deciding.as_ref();
+                let retry = deciding.map_or(spillway_core::Nanos(0), |r| r.verdict.retry_after);
+                Ok(Verdict::Wait {
+                    retry_after: if retry.is_never() {
+                        Duration::MAX
+                    } else {
+                        Duration::from_nanos(retry.as_u64())
+                    },
+                    rule: deciding
+                        .and_then(|r| checked.rule(r))
+                        .map(|r| r.name().to_string()),
+                })
+            }
+        })
+    }
+}
+
+/// How the outbound layer behaves.
+#[derive(Debug, Clone)]
+pub struct OutboundConfig {
+    /// Wait for the limit to admit a request, at most this long in all;
+    /// zero: fail at once with [`OutboundError::Limited`].
+    pub max_wait: Duration,
+    /// When the decider cannot answer: send anyway (fail open, true) or
+    /// fail with [`OutboundError::Decider`] (false).
+    pub on_error_send: bool,
+}
+
+impl Default for OutboundConfig {
+    fn default() -> OutboundConfig {
+        OutboundConfig {
+            max_wait: Duration::from_secs(30),
+            on_error_send: true,
+        }
+    }
+}
+
+/// Why an outbound request was not sent (or not answered).
+#[derive(Debug)]
+pub enum OutboundError<E> {
+    /// The inner service failed.
+    Inner(E),
+    /// The limit refuses it for `retry_after` yet, more than the layer
+    /// may wait.
+    Limited {
+        /// When the limit would admit it.
+        retry_after: Duration,
+        /// The rule that refused, if known.
+        rule: Option<String>,
+    },
+    /// The decider could not answer, and the layer fails closed.
+    Decider(String),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for OutboundError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OutboundError::Inner(e) => write!(f, "{e}"),
+            OutboundError::Limited { retry_after, rule } => write!(
+                f,
+                "outbound rate limit{} reached: admitted again in {} ms",
+                rule.as_deref().map_or(String::new(), |r| format!(" {r:?}")),
+                retry_after.as_millis()
+            ),
+            OutboundError::Decider(e) => write!(f, "the outbound limiter could not decide: {e}"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for OutboundError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OutboundError::Inner(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The layer.
+#[derive(Clone)]
+pub struct OutboundLayer {
+    decider: Arc<dyn Decider>,
+    config: Arc<OutboundConfig>,
+    events: Arc<dyn Events>,
+}
+
+impl std::fmt::Debug for OutboundLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboundLayer")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutboundLayer {
+    /// A layer asking `decider` before every request.
+    pub fn new(decider: Arc<dyn Decider>, config: OutboundConfig) -> OutboundLayer {
+        OutboundLayer {
+            decider,
+            config: Arc::new(config),
+            events: Arc::new(NoEvents),
+        }
+    }
+
+    /// Reports waits and local refusals to `events`.
+    pub fn with_events(mut self, events: Arc<dyn Events>) -> OutboundLayer {
+        self.events = events;
+        self
+    }
+}
+
+impl<S> tower_layer::Layer<S> for OutboundLayer {
+    type Service = OutboundService<S>;
+    fn layer(&self, inner: S) -> OutboundService<S> {
+        OutboundService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// A client service whose requests are limited before they leave.
+#[derive(Clone, Debug)]
+pub struct OutboundService<S> {
+    inner: S,
+    layer: OutboundLayer,
+}
+
+impl<S, B> tower_service::Service<Request<B>> for OutboundService<S>
+where
+    S: tower_service::Service<Request<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    S::Response: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = OutboundError<S::Error>;
+    type Future = BoxFuture<'static, Result<S::Response, OutboundError<S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(OutboundError::Inner)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let deadline = Instant::now() + layer.config.max_wait;
+            let host = req
+                .uri()
+                .authority()
+                .map_or_else(String::new, |a| a.as_str().to_ascii_lowercase());
+            loop {
+                let verdict = {
+                    let out = Outbound {
+                        method: req.method().as_str(),
+                        path: req.uri().path(),
+                        host: &host,
+                        headers: req.headers(),
+                        cost: req.extensions().get::<Cost>().map_or(1, |c| c.0),
+                    };
+                    layer.decider.decide(&out).await
+                };
+                match verdict {
+                    Ok(Verdict::Send { wait }) => {
+                        if !wait.is_zero() {
+                            layer.events.waited(wait);
+                            tokio::time::sleep(wait).await;
+                        }
+                        break;
+                    }
+                    Ok(Verdict::Wait { retry_after, rule }) => {
+                        let now = Instant::now();
+                        let fits = now
+                            .checked_add(retry_after)
+                            .is_some_and(|at| at <= deadline);
+                        if !fits || retry_after.is_zero() && layer.config.max_wait.is_zero() {
+                            layer.events.rejected_locally("outbound limit");
+                            return Err(OutboundError::Limited { retry_after, rule });
+                        }
+                        layer.events.waited(retry_after);
+                        // At least a millisecond: a limit that says "now"
+                        // and refuses again must not spin.
+                        tokio::time::sleep(retry_after.max(Duration::from_millis(1))).await;
+                    }
+                    Err(e) if layer.config.on_error_send => {
+                        let _ = e;
+                        break;
+                    }
+                    Err(e) => {
+                        layer
+                            .events
+                            .rejected_locally("outbound limiter unavailable");
+                        return Err(OutboundError::Decider(e));
+                    }
+                }
+            }
+            std::future::poll_fn(|cx| inner.poll_ready(cx))
+                .await
+                .map_err(OutboundError::Inner)?;
+            inner.call(req).await.map_err(OutboundError::Inner)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use spillway_core::{FixedWindow, KeySpec, Limit, ManualClock, Mode, Nanos, Rule};
+    use spillway_store::{MemoryStore, RuleSet};
+    use tower::{Service, ServiceExt};
+
+    use super::*;
+
+    fn limiter(by: &str, api: Option<&str>, limit: u64) -> Arc<Limiter<MemoryStore<ManualClock>>> {
+        let rule = Rule::new(
+            "third-party",
+            api.map(|a| spillway_core::Route::parse(a).unwrap()),
+            KeySpec::parse(by).unwrap(),
+            vec![Limit::FixedWindow(
+                FixedWindow::new(limit, Nanos::from_secs(3600)).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap();
+        let clock = ManualClock::new(Nanos::from_secs(1_800_000_000));
+        Arc::new(Limiter::new(
+            MemoryStore::new(clock, Default::default()),
+            RuleSet::new(vec![rule]),
+        ))
+    }
+
+    fn counting() -> (
+        Arc<AtomicU64>,
+        impl tower_service::Service<
+            Request<()>,
+            Response = u16,
+            Error = std::convert::Infallible,
+            Future = impl Future<Output = Result<u16, std::convert::Infallible>> + Send,
+        > + Clone
+        + Send
+        + 'static,
+    ) {
+        let n = Arc::new(AtomicU64::new(0));
+        let m = n.clone();
+        let svc = tower::service_fn(move |_req: Request<()>| {
+            let m = m.clone();
+            async move {
+                m.fetch_add(1, Ordering::SeqCst);
+                Ok::<u16, std::convert::Infallible>(200)
+            }
+        });
+        (n, svc)
+    }
+
+    #[tokio::test]
+    async fn requests_past_the_limit_never_leave_and_fail_typed() {
+        let (sent, inner) = counting();
+        let layer = OutboundLayer::new(
+            limiter("host", None, 3),
+            OutboundConfig {
+                max_wait: Duration::ZERO,
+                on_error_send: true,
+            },
+        );
+        let mut svc = tower_layer::Layer::layer(&layer, inner);
+        let mut refused = 0;
+        for _ in 0..5 {
+            let req = Request::get("http://api.example.com/v1/x")
+                .body(())
+                .unwrap();
+            match svc.ready().await.unwrap().call(req).await {
+                Ok(_) => {}
+                Err(OutboundError::Limited { rule, .. }) => {
+                    assert_eq!(rule.as_deref(), Some("third-party"));
+                    refused += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((sent.load(Ordering::SeqCst), refused), (3, 2));
+        // Another host has a budget of its own.
+        let req = Request::get("http://other.example.com/v1/x")
+            .body(())
+            .unwrap();
+        assert!(svc.ready().await.unwrap().call(req).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn rules_match_the_outbound_api_and_headers() {
+        let (sent, inner) = counting();
+        let layer = OutboundLayer::new(
+            limiter("header:X-Api-Key", Some("POST /v1/orders"), 1),
+            OutboundConfig {
+                max_wait: Duration::ZERO,
+                on_error_send: true,
+            },
+        );
+        let mut svc = tower_layer::Layer::layer(&layer, inner);
+        let call = |method: &str, path: &str, key: &str| {
+            Request::builder()
+                .method(method)
+                .uri(format!("http://api.example.com{path}"))
+                .header("x-api-key", key)
+                .body(())
+                .unwrap()
+        };
+        assert!(
+            svc.ready()
+                .await
+                .unwrap()
+                .call(call("POST", "/v1/orders", "a"))
+                .await
+                .is_ok()
+        );
+        assert!(
+            svc.ready()
+                .await
+                .unwrap()
+                .call(call("POST", "/v1/orders", "a"))
+                .await
+                .is_err()
+        );
+        // Another key, and another API, are not limited by it.
+        assert!(
+            svc.ready()
+                .await
+                .unwrap()
+                .call(call("POST", "/v1/orders", "b"))
+                .await
+                .is_ok()
+        );
+        assert!(
+            svc.ready()
+                .await
+                .unwrap()
+                .call(call("GET", "/v1/orders", "a"))
+                .await
+                .is_ok()
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+}

@@ -13,8 +13,10 @@
 //! - [`events`]: metrics hooks: retries, waits, local refusals.
 //! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
 //!   is not hammered by retries.
+//! - [`api`]: a typed client for spillway's own decision API.
 
 pub mod adaptive;
+pub mod api;
 pub mod events;
 pub mod headers;
 pub mod honour;

@@ -4,6 +4,7 @@
 mod admin;
 mod api;
 mod client;
+mod client_api;
 mod client_outbound;
 mod config;
 mod dashboard;

@@ -6,7 +6,7 @@
 //! - a [`spillway_store::Limiter`] in-process (a `MemoryStore`), or over
 //!   Redis (a `RedisStore` from `spillway-redis`): instances sharing the
 //!   Redis share the limit;
-//! - a spillway server's decision API (`api::DecisionClient`):
+//! - a spillway server's decision API ([`crate::api::DecisionClient`]):
 //!   every instance asking one server shares its rules.
 //!
 //! An outbound request is described to the rules as the decision API
@@ -121,6 +121,47 @@ impl<S: Store> Decider for Limiter<S> {
                     rule: deciding
                         .and_then(|r| checked.rule(r))
                         .map(|r| r.name().to_string()),
+                })
+            }
+        })
+    }
+}
+
+/// Headers never sent to a spillway server with a check: credentials.
+const SECRET_HEADERS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
+
+/// A spillway server decides: every instance asking it shares the rules
+/// of its rules file. The request goes as a check: `api` `METHOD /path`,
+/// its headers (up to 64, without `Authorization`, `Proxy-Authorization`
+/// and `Cookie`), and the descriptor `host`.
+impl Decider for crate::api::DecisionClient {
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>> {
+        Box::pin(async move {
+            let mut check = crate::api::Check::new()
+                .api(format!("{} {}", req.method, req.path))
+                .cost(req.cost);
+            // Credentials stay here; what the decision API refuses (over
+            // 64 headers, values over 1 KiB) is not sent.
+            for (name, value) in req
+                .headers
+                .iter()
+                .filter(|(n, _)| !SECRET_HEADERS.contains(&n.as_str()))
+                .take(64)
+            {
+                if let Ok(v) = value.to_str().map(|v| v.get(..1024).unwrap_or(v)) {
+                    check = check.header(name.as_str(), v);
+                }
+            }
+            if !req.host.is_empty() {
+                check = check.descriptor("host", req.host);
+            }
+            let d = self.check(&check).await.map_err(|e| e.to_string())?;
+            if d.allowed {
+                Ok(Verdict::Send { wait: d.wait })
+            } else {
+                Ok(Verdict::Wait {
+                    retry_after: d.retry_after,
+                    rule: d.rule,
                 })
             }
         })

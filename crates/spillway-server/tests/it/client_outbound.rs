@@ -16,6 +16,8 @@ use spillway_testkit::RedisServer;
 use spillway_testkit::upstream::HttpUpstream;
 use tower::{Service, ServiceExt};
 
+use crate::util::{Server, TempDir};
+
 /// The third party's published limit: 20 calls an hour per server.
 const LIMIT: u64 = 20;
 const INSTANCES: usize = 4;
@@ -123,4 +125,35 @@ async fn four_clients_with_their_own_memory_each_spend_the_whole_limit() {
     let (sent, _) = run(&upstream, deciders).await;
     assert_eq!(sent, INSTANCES * EACH.min(LIMIT as usize));
     assert_eq!(upstream.count("/v1/x"), sent);
+}
+
+/// Through a spillway server: its rules file says the limit (keyed by
+/// the descriptor `host`), and four clients each ask it with a decision
+/// client of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_clients_sharing_a_limit_through_a_spillway_server_never_exceed_it() {
+    let dir = TempDir::new("client-outbound");
+    let rules = dir.write(
+        "rules.yaml",
+        &format!(
+            "descriptors: [host]\nrules:\n  - name: third-party\n    by: host\n    limits:\n      - sliding_window_log: {{ limit: {LIMIT}, window: 1h }}\n"
+        ),
+    );
+    let server = Server::start(&["--config", rules.to_str().unwrap()]);
+    let upstream = HttpUpstream::start().await;
+    let deciders: Vec<Arc<dyn Decider>> = (0..INSTANCES)
+        .map(|_| {
+            Arc::new(
+                spillway_client::api::DecisionClient::new(&server.url(""))
+                    .unwrap()
+                    .with_timeout(Duration::from_secs(30)),
+            ) as Arc<dyn Decider>
+        })
+        .collect();
+    let (sent, refused) = run(&upstream, deciders).await;
+    assert_eq!(upstream.count("/v1/x"), LIMIT as usize);
+    assert_eq!(
+        (sent, refused),
+        (LIMIT as usize, INSTANCES * EACH - LIMIT as usize)
+    );
 }

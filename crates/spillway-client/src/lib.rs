@@ -21,3 +21,8 @@ pub mod events;
 pub mod headers;
 pub mod honour;
 pub mod outbound;
+
+/// docs/CLIENT.md's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/CLIENT.md")]
+pub struct ClientDoc;

@@ -98,7 +98,7 @@ impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
 /// when its quota is spent.
 #[derive(Debug, Default)]
 struct Learnt {
-    spent_until: HashMap<String, Instant>,
+    spent_until: HashMap<String, Spent>,
     /// State of the jitter's generator.
     seed: u64,
 }
@@ -166,7 +166,54 @@ fn server_of<B>(req: &Request<B>) -> String {
         .map_or_else(String::new, |a| a.as_str().to_ascii_lowercase())
 }
 
+/// A server's quota is spent until `until`, as the answer to a request
+/// sent at `since` said.
+#[derive(Debug, Clone, Copy)]
+struct Spent {
+    until: Instant,
+    /// When the request whose answer said so was sent: only the answer to
+    /// a request sent later may say the quota is back. Clones share what
+    /// is learnt, so answers come back out of order; a 200 to a request
+    /// sent before a 429 is older news and must not erase it.
+    since: Instant,
+}
+
 impl Learnt {
+    /// Takes in what the answer to a request sent at `sent` said: spent
+    /// for `wait` more from `now`, or not spent (`wait` None, `refused`
+    /// false). A spent quota keeps the later end of what is known: waiting
+    /// too long costs time, not a refused call.
+    fn learn(
+        &mut self,
+        server: &str,
+        sent: Instant,
+        now: Instant,
+        wait: Option<Duration>,
+        refused: bool,
+    ) {
+        match wait {
+            Some(w) if !w.is_zero() => {
+                let until = now + w;
+                self.spent_until
+                    .entry(server.to_owned())
+                    .and_modify(|s| {
+                        s.until = s.until.max(until);
+                        s.since = s.since.max(sent);
+                    })
+                    .or_insert(Spent { until, since: sent });
+            }
+            _ if !refused
+                && self
+                    .spent_until
+                    .get(server)
+                    .is_some_and(|s| s.since <= sent) =>
+            {
+                self.spent_until.remove(server);
+            }
+            _ => {}
+        }
+    }
+
     /// A uniform draw in `[0, 1)` (xorshift; jitter needs no more).
     fn uniform(&mut self) -> f64 {
         let mut x = self.seed;
@@ -218,7 +265,7 @@ where
             let mut attempt = 0u32;
             loop {
                 // Wait out a spent quota first.
-                let until = learnt.lock().spent_until.get(&server).copied();
+                let until = learnt.lock().spent_until.get(&server).map(|s| s.until);
                 if let Some(until) = until {
                     let now = Instant::now();
                     if until > now {
@@ -233,6 +280,7 @@ where
                 std::future::poll_fn(|cx| inner.poll_ready(cx))
                     .await
                     .map_err(Error::Inner)?;
+                let sent = Instant::now();
                 let resp = inner
                     .call(copy.unwrap_or_else(|| clone_request(&req)))
                     .await
@@ -245,15 +293,7 @@ where
                 let now = Instant::now();
                 let backoff = {
                     let mut l = learnt.lock();
-                    match advice.wait() {
-                        Some(w) if !w.is_zero() => {
-                            l.spent_until.insert(server.clone(), now + w);
-                        }
-                        _ if !refused => {
-                            l.spent_until.remove(&server);
-                        }
-                        _ => {}
-                    }
+                    l.learn(&server, sent, now, advice.wait(), refused);
                     full_jitter(&config, attempt, l.uniform())
                 };
                 if !refused || !retryable || attempt >= config.max_retries {
@@ -297,6 +337,26 @@ mod tests {
         assert!(full_jitter(&c, 3, 1.0) <= Duration::from_millis(800));
         assert_eq!(full_jitter(&c, 40, 1.0), c.max_backoff);
         assert_eq!(full_jitter(&c, 5, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_older_answer_does_not_clear_newer_news_of_a_spent_quota() {
+        let mut l = Learnt::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        // Sent at 2, answered at 3: spent for 30 s.
+        l.learn("h", at(2), at(3), Some(Duration::from_secs(30)), true);
+        // A 200 to a request sent at 1 (before): older news, kept.
+        l.learn("h", at(1), at(4), None, false);
+        assert_eq!(l.spent_until["h"].until, at(3) + Duration::from_secs(30));
+        // An older answer with a shorter wait does not shorten it.
+        l.learn("h", at(1), at(5), Some(Duration::from_secs(1)), false);
+        assert_eq!(l.spent_until["h"].until, at(3) + Duration::from_secs(30));
+        // A refusal without advice changes nothing; a 200 sent later clears.
+        l.learn("h", at(6), at(7), None, true);
+        assert!(l.spent_until.contains_key("h"));
+        l.learn("h", at(6), at(7), None, false);
+        assert!(!l.spent_until.contains_key("h"));
     }
 
     #[test]

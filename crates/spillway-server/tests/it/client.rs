@@ -79,6 +79,9 @@ struct Book {
     admitted: u64,
     advised_until: Option<SystemTime>,
     log: Vec<Arrival>,
+    /// Answers to `/held` wait for a permit (after being decided and
+    /// logged), so a test can order answers.
+    hold: Arc<tokio::sync::Semaphore>,
 }
 
 /// A third-party API that enforces `quota` requests per `window` seconds
@@ -107,6 +110,7 @@ impl ThirdParty {
             admitted: 0,
             advised_until: None,
             log: Vec::new(),
+            hold: Arc::new(tokio::sync::Semaphore::new(0)),
         }));
         let shared = book.clone();
         tokio::spawn(async move {
@@ -126,6 +130,11 @@ impl ThirdParty {
 
     fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// Lets one answer to `/held` go.
+    fn release(&self) {
+        self.book.lock().hold.add_permits(1);
     }
 
     fn log(&self) -> Vec<Arrival> {
@@ -194,6 +203,20 @@ async fn answer(
 ) -> Result<Response<String>, Infallible> {
     let (parts, body) = req.into_parts();
     let body = read_body(body).await;
+    let (resp, hold) = decide(&book, &parts, body);
+    if parts.uri.path() == "/held" {
+        let _ = hold.acquire().await.map(|p| p.forget());
+    }
+    Ok(resp)
+}
+
+/// Counts, logs and answers one request (see [`Book`]); also returns the
+/// semaphore `/held` answers wait on.
+fn decide(
+    book: &Mutex<Book>,
+    parts: &http::request::Parts,
+    body: Vec<u8>,
+) -> (Response<String>, Arc<tokio::sync::Semaphore>) {
     let mut b = book.lock();
     let now = SystemTime::now();
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -276,7 +299,7 @@ async fn answer(
     }
     arrival.status = resp.status().as_u16();
     b.log.push(arrival);
-    Ok(resp)
+    (resp, b.hold.clone())
 }
 
 /// What reached the network under the layer.
@@ -551,6 +574,57 @@ async fn a_spent_quota_beyond_the_budget_fails_fast() {
         assert_eq!(tp.log().len(), 1);
         assert_eq!(tally.sent.load(Ordering::Relaxed), 1);
     }
+}
+
+/// A window that never ends in these tests (2^40 s, aligned to the epoch).
+const FOREVER: u64 = 1 << 40;
+
+/// Regression: an answer to a request sent before the server said its
+/// quota was spent (a 200 still on its way) must not erase that news, or
+/// the next request goes out while the server says to stay away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_answer_does_not_erase_a_newer_refusal() {
+    let tp = ThirdParty::start(Form::FixedRetryAfter(30), 1, FOREVER).await;
+    let (svc, tally) = honouring(Config {
+        wait_when_spent: false,
+        ..Config::default()
+    });
+    let guard = Duration::from_secs(10);
+    // A: admitted (the quota's one request), its answer held back.
+    let mut a = svc.clone();
+    let url = tp.url("/held");
+    let held = tokio::spawn(async move { send(&mut a, get(&url, &[])).await });
+    crate::util::eventually("the held request arrives", || {
+        let n = tp.log().len();
+        async move { n == 1 }
+    })
+    .await;
+    // B: a POST (not retried), refused with Retry-After: 30.
+    let post = Request::post(tp.url("/b"))
+        .body(String::new())
+        .expect("a request");
+    let b = tokio::time::timeout(guard, send(&mut svc.clone(), post))
+        .await
+        .expect("B's answer");
+    assert_eq!(b.expect("an answer"), StatusCode::TOO_MANY_REQUESTS);
+    // Now A's 200 comes back, older news than B's 429.
+    tp.release();
+    let a = tokio::time::timeout(guard, held)
+        .await
+        .expect("A's answer")
+        .expect("A's task");
+    assert_eq!(a.expect("an answer"), StatusCode::OK);
+    // C: the server still says 30 s; the layer must not send it.
+    let c = tokio::time::timeout(guard, send(&mut svc.clone(), get(&tp.url("/c"), &[])))
+        .await
+        .expect("C returns at once");
+    let log = tp.log();
+    assert_eq!(log.len(), 2, "C reached the server: {log:#?}");
+    assert_eq!(tally.sent.load(Ordering::Relaxed), 2);
+    assert!(
+        matches!(c, Err(honour::Error::QuotaSpent { .. })),
+        "C: {c:?}"
+    );
 }
 
 // --- 3. the runnable example's contract ---

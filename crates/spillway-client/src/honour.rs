@@ -26,6 +26,7 @@ use http::{Method, Request, Response, StatusCode};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::events::{Events, NoEvents};
 use crate::headers::Advice;
 
 /// How the layer behaves.
@@ -103,11 +104,26 @@ struct Learnt {
     seed: u64,
 }
 
+/// Which partition of a server's quota a request spends: by default the
+/// server alone; see [`HonourLayer::with_partition`].
+pub type Partition = Arc<dyn Fn(&http::Uri, &http::HeaderMap) -> String + Send + Sync>;
+
 /// The layer: wraps a client service in [`Honour`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HonourLayer {
     config: Arc<Config>,
     learnt: Arc<Mutex<Learnt>>,
+    partition: Option<Partition>,
+    events: Arc<dyn Events>,
+}
+
+impl std::fmt::Debug for HonourLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HonourLayer")
+            .field("config", &self.config)
+            .field("partitioned", &self.partition.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl HonourLayer {
@@ -123,7 +139,29 @@ impl HonourLayer {
                 spent_until: HashMap::new(),
                 seed,
             })),
+            partition: None,
+            events: Arc::new(NoEvents),
         }
+    }
+
+    /// Keeps what the server says per partition of its quota, not per
+    /// server: `partition` names the part a request spends, e.g. the API
+    /// key it sends, so a caller acting for several keys waits only for
+    /// the key that is spent. By default every request to one server
+    /// (its authority) shares one quota: the safe choice when the caller
+    /// does not know how the server counts.
+    pub fn with_partition(
+        mut self,
+        partition: impl Fn(&http::Uri, &http::HeaderMap) -> String + Send + Sync + 'static,
+    ) -> HonourLayer {
+        self.partition = Some(Arc::new(partition));
+        self
+    }
+
+    /// Reports retries, waits and local refusals to `events`.
+    pub fn with_events(mut self, events: Arc<dyn Events>) -> HonourLayer {
+        self.events = events;
+        self
     }
 }
 
@@ -140,16 +178,29 @@ impl<S> tower_layer::Layer<S> for HonourLayer {
             inner,
             config: self.config.clone(),
             learnt: self.learnt.clone(),
+            partition: self.partition.clone(),
+            events: self.events.clone(),
         }
     }
 }
 
 /// A client service that honours the server's rate limit signals.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Honour<S> {
     inner: S,
     config: Arc<Config>,
     learnt: Arc<Mutex<Learnt>>,
+    partition: Option<Partition>,
+    events: Arc<dyn Events>,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Honour<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Honour")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 fn idempotent(m: &Method) -> bool {
@@ -257,10 +308,15 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         let learnt = self.learnt.clone();
+        let events = self.events.clone();
+        let mut server = server_of(&req);
+        if let Some(p) = &self.partition {
+            server.push(' ');
+            server.push_str(&p(req.uri(), req.headers()));
+        }
         Box::pin(async move {
             let started = Instant::now();
             let deadline = started + config.budget;
-            let server = server_of(&req);
             let retryable = idempotent(req.method()) || config.retry_non_idempotent;
             let mut attempt = 0u32;
             loop {
@@ -271,8 +327,10 @@ where
                     if until > now {
                         let wait = until - now;
                         if !config.wait_when_spent || until > deadline {
+                            events.rejected_locally("quota spent");
                             return Err(Error::QuotaSpent { wait });
                         }
+                        events.waited(wait);
                         tokio::time::sleep_until(until).await;
                     }
                 }
@@ -305,9 +363,13 @@ where
                 }
                 // The advised wait is kept as the server's spent quota
                 // (the loop's first step waits it out); sleep the rest.
-                tokio::time::sleep(delay.saturating_sub(advice.wait().unwrap_or(Duration::ZERO)))
-                    .await;
+                let rest = delay.saturating_sub(advice.wait().unwrap_or(Duration::ZERO));
+                if !rest.is_zero() {
+                    events.waited(rest);
+                    tokio::time::sleep(rest).await;
+                }
                 attempt += 1;
+                events.retried(attempt);
             }
         })
     }
@@ -363,5 +425,61 @@ mod tests {
     fn only_idempotent_methods_are_retried_by_default() {
         assert!(idempotent(&Method::GET) && idempotent(&Method::PUT));
         assert!(!idempotent(&Method::POST) && !idempotent(&Method::PATCH));
+    }
+
+    /// With a partition by API key, a key the server says is spent waits
+    /// (here: fails fast) and another key still goes; the events count it.
+    #[tokio::test]
+    async fn a_spent_partition_does_not_hold_up_another() {
+        use std::sync::atomic::Ordering;
+        use tower::{Service, ServiceExt};
+        let server = tower::service_fn(|req: Request<()>| async move {
+            let spent = req.headers().get("x-api-key").is_some_and(|k| k == "alice");
+            let resp = if spent {
+                Response::builder()
+                    .status(429)
+                    .header("retry-after", "30")
+                    .body(())
+            } else {
+                Response::builder().status(200).body(())
+            };
+            Ok::<_, std::convert::Infallible>(resp.unwrap_or_default())
+        });
+        let counters = Arc::new(crate::events::Counters::default());
+        let layer = HonourLayer::new(Config {
+            budget: Duration::from_secs(1),
+            wait_when_spent: false,
+            ..Config::default()
+        })
+        .with_partition(|_uri, headers| {
+            headers
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        })
+        .with_events(counters.clone());
+        let mut svc = tower_layer::Layer::layer(&layer, server);
+        let call = |key: &str| {
+            Request::get("http://api.example.com/x")
+                .header("x-api-key", key)
+                .body(())
+                .unwrap()
+        };
+        let first = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call("alice"))
+            .await
+            .unwrap();
+        assert_eq!(first.status(), 429);
+        assert!(matches!(
+            svc.ready().await.unwrap().call(call("alice")).await,
+            Err(Error::QuotaSpent { .. })
+        ));
+        let bob = svc.ready().await.unwrap().call(call("bob")).await.unwrap();
+        assert_eq!(bob.status(), 200);
+        assert_eq!(counters.rejected.load(Ordering::Relaxed), 1);
     }
 }

@@ -316,7 +316,9 @@ where
         }
         Box::pin(async move {
             let started = Instant::now();
-            let deadline = started + config.budget;
+            // A budget past what the clock can hold is no budget.
+            let deadline = started.checked_add(config.budget);
+            let past = |t: Instant| deadline.is_some_and(|d| t > d);
             let retryable = idempotent(req.method()) || config.retry_non_idempotent;
             let mut attempt = 0u32;
             loop {
@@ -326,7 +328,7 @@ where
                     let now = Instant::now();
                     if until > now {
                         let wait = until - now;
-                        if !config.wait_when_spent || until > deadline {
+                        if !config.wait_when_spent || past(until) {
                             events.rejected_locally("quota spent");
                             return Err(Error::QuotaSpent { wait });
                         }
@@ -358,7 +360,7 @@ where
                     return Ok(resp);
                 }
                 let delay = advice.wait().unwrap_or(Duration::ZERO).max(backoff);
-                if now + delay > deadline {
+                if now.checked_add(delay).is_none_or(past) {
                     return Ok(resp);
                 }
                 // The advised wait is kept as the server's spent quota

@@ -300,7 +300,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let deadline = Instant::now() + layer.config.max_wait;
+            let deadline = Instant::now().checked_add(layer.config.max_wait);
             let host = req
                 .uri()
                 .authority()
@@ -328,7 +328,7 @@ where
                         let now = Instant::now();
                         let fits = now
                             .checked_add(retry_after)
-                            .is_some_and(|at| at <= deadline);
+                            .is_some_and(|at| deadline.is_none_or(|d| at <= d));
                         if !fits || retry_after.is_zero() && layer.config.max_wait.is_zero() {
                             layer.events.rejected_locally("outbound limit");
                             return Err(OutboundError::Limited { retry_after, rule });

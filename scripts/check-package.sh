@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks that the library crates could be published: `cargo package` makes
-# their .crate files (the four together, so each finds the others as if
+# their .crate files (all together, so each finds the others as if
 # they were on crates.io; --no-verify: the test suite builds them anyway),
 # then each package is checked for what crates.io shows or requires:
 # description, license, readme, keywords, categories, and the README and
@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-crates=(spillway-core spillway-store spillway-redis spillway-sync spillway-tower spillway-client)
+crates=(spillway-core spillway-rules spillway-store spillway-redis spillway-sync spillway-tower spillway-client)
 
 args=()
 for c in "${crates[@]}"; do

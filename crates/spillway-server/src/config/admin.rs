@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use serde_saphyr::Spanned;
 use spillway_core::{Limit, Nanos};
 
-use super::errors::Errors;
-use super::raw::{RawAdmin, RawHealth, RawLimit, RawPlan, RawRatio};
-use super::rules::limit;
+use spillway_rules::build::{Collector, duration, limit};
+
+use super::raw::{RawAdmin, RawHealth, RawLimit, RawPlans, RawRatio};
 use crate::admin::settings::{
     AdminSettings, HealthSettings, MAX_TOP_SLOTS, PlanBook, RulePlans, Scope, Token,
 };
@@ -24,7 +24,7 @@ const MAX_TOKEN_FILE: u64 = 4096;
 
 /// Reads `admin:` into its settings, and its `listen` address.
 pub(super) fn admin(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     raw: &Spanned<RawAdmin>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> (AdminSettings, Option<SocketAddr>) {
@@ -102,13 +102,12 @@ pub(super) fn admin(
 }
 
 /// Reads `health:`.
-pub(super) fn health(errs: &mut Errors<'_>, raw: &Spanned<RawHealth>) -> HealthSettings {
+pub(super) fn health(errs: &mut Collector<'_>, raw: &Spanned<RawHealth>) -> HealthSettings {
     let mut out = HealthSettings::default();
     let h = &raw.value;
     if let Some(l) = &h.latency {
         out.latency_target =
-            super::rules::duration(errs, &l.value.target, "health.latency.target", false)
-                .map(Into::into);
+            duration(errs, &l.value.target, "health.latency.target", false).map(Into::into);
         if let Some(p) = &l.value.percentile {
             if (50.0..100.0).contains(&p.value) {
                 out.percentile = p.value;
@@ -130,12 +129,12 @@ pub(super) fn health(errs: &mut Errors<'_>, raw: &Spanned<RawHealth>) -> HealthS
         }
     }
     if let Some(s) = &h.stale_after
-        && let Some(d) = super::rules::duration(errs, s, "health.stale_after", false)
+        && let Some(d) = duration(errs, s, "health.stale_after", false)
     {
         out.stale_after = d.into();
     }
     if let Some(w) = &h.window
-        && let Some(d) = super::rules::duration(errs, w, "health.window", false)
+        && let Some(d) = duration(errs, w, "health.window", false)
     {
         out.window = d.into();
     }
@@ -157,7 +156,7 @@ fn ratio(r: &RawRatio) -> Option<f64> {
 }
 
 fn token(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     t: &Spanned<super::raw::RawToken>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Option<Token> {
@@ -245,35 +244,21 @@ type Plans<'r> = (
 );
 
 /// Reads `plans:`: each plan's limits checked once (as a rule without a
-/// queue uses them). Returns the plans' raw limits for the rules.
-pub(super) fn plans<'r>(
-    errs: &mut Errors<'_>,
-    raw: Option<&'r Spanned<BTreeMap<String, Spanned<RawPlan>>>>,
-) -> Plans<'r> {
-    let mut described = BTreeMap::new();
-    let mut raws = BTreeMap::new();
-    for (name, plan) in raw.map(|p| p.value.iter()).into_iter().flatten() {
-        if name.trim().is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
-            errs.at(plan, "plans: a plan name of 1 to 64 printable characters");
-            continue;
-        }
-        if plan.value.limits.value.is_empty() {
-            errs.at(
-                &plan.value.limits,
-                format!("plan {name:?} needs at least one limit"),
-            );
-            continue;
-        }
-        let mut list = Vec::new();
-        for l in &plan.value.limits.value {
-            if let Some(limit) = limit(errs, l, None) {
-                list.push(crate::admin::describe_limit(&limit));
-            }
-        }
-        described.insert(name.clone(), list);
-        raws.insert(name.clone(), plan.value.limits.value.as_slice());
-    }
-    (described, raws)
+/// queue uses them, by `spillway_rules::build::plans`) and put in words.
+/// Returns the plans' raw limits for the rules.
+pub(super) fn plans<'r>(errs: &mut Collector<'_>, raw: Option<&'r RawPlans>) -> Plans<'r> {
+    let plans = spillway_rules::build::plans(errs, raw);
+    let described = plans
+        .limits
+        .into_iter()
+        .map(|(name, list)| {
+            (
+                name,
+                list.iter().map(crate::admin::describe_limit).collect(),
+            )
+        })
+        .collect();
+    (described, plans.raws)
 }
 
 /// Every plan's limits as the rule with `max_wait` enforces them.
@@ -285,10 +270,7 @@ pub(super) fn rule_plans(
     let mut limits = BTreeMap::new();
     for (name, list) in raws {
         // Checked once already (`plans`): errors here are not repeated.
-        let mut scratch = Errors {
-            file: "",
-            list: Vec::new(),
-        };
+        let mut scratch = Collector::new("");
         let built: Vec<Limit> = list
             .iter()
             .filter_map(|l| limit(&mut scratch, l, max_wait))
@@ -334,18 +316,19 @@ pub fn limits_from_json(
     }
     // JSON is YAML: the same reader, messages and checks as the file's.
     let text = format!("limits: {value}");
-    let wrap: Wrap = serde_saphyr::from_str(&text)
-        .map_err(|e| format!("limits: {}", super::errors::first_line(&e.to_string())))?;
+    let wrap: Wrap = serde_saphyr::from_str(&text).map_err(|e| {
+        format!(
+            "limits: {}",
+            spillway_rules::build::first_line(&e.to_string())
+        )
+    })?;
     if wrap.limits.is_empty() {
         return Err("limits: list at least one limit (or send \"block\": true)".into());
     }
     if wrap.limits.len() > 16 {
         return Err("limits: at most 16 limits".into());
     }
-    let mut errs = Errors {
-        file: "limits",
-        list: Vec::new(),
-    };
+    let mut errs = Collector::new("limits");
     let built: Vec<Limit> = wrap
         .limits
         .iter()

@@ -16,10 +16,11 @@ use std::sync::Arc;
 use serde_saphyr::Spanned;
 use spillway_core::{KeySpec, Limit, Mode, Rule};
 
-use super::errors::{ConfigError, ConfigErrors, Errors, first_line};
+use spillway_rules::build::{Collector, first_line, limit};
+use spillway_rules::recover::read_file as read;
+
 use super::raw::{RawDescriptor, RawDomain, RawEnvoyRate, RawLimit};
-use super::read;
-use super::rules::limit;
+use super::{ConfigError, ConfigErrors};
 use crate::grpc::{Action, Domain, Node, proto::Unit};
 
 /// The largest file read (as for rules files).
@@ -88,10 +89,7 @@ pub(crate) fn parse_located(file: &str, text: &str) -> Result<Located, ConfigErr
         let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
         one(line, column, &first_line(&e.to_string()))
     })?;
-    let mut errs = Errors {
-        file,
-        list: Vec::new(),
-    };
+    let mut errs = Collector::new(file);
     let (domain, at) = domain(&mut errs, &raw, (0, 0));
     if !errs.list.is_empty() {
         return Err(ConfigErrors(errs.list));
@@ -154,7 +152,7 @@ pub(crate) fn composite(key: &str, value: Option<&str>) -> String {
 /// One domain, checked: the domain and where its name is (`missing_at` if
 /// it has none).
 pub(super) fn domain(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     d: &RawDomain,
     missing_at: (u64, u64),
 ) -> (Domain, (u64, u64)) {
@@ -174,7 +172,7 @@ pub(super) fn domain(
     (Domain { name, nodes }, at)
 }
 
-fn descriptors(errs: &mut Errors<'_>, path: &str, list: &[Spanned<RawDescriptor>]) -> Vec<Node> {
+fn descriptors(errs: &mut Collector<'_>, path: &str, list: &[Spanned<RawDescriptor>]) -> Vec<Node> {
     let mut out: Vec<Node> = Vec::with_capacity(list.len());
     let mut seen: Vec<(String, u64)> = Vec::new();
     for d in list {
@@ -304,7 +302,7 @@ fn descriptors(errs: &mut Errors<'_>, path: &str, list: &[Spanned<RawDescriptor>
 /// `rate_limit:`: a fixed window, a ban (0, or no number, per unit), or
 /// unlimited.
 fn envoy_limit(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     r: &Spanned<RawEnvoyRate>,
     here: &str,
     shadow: bool,
@@ -372,7 +370,7 @@ fn envoy_limit(
 
 /// `limit:` or `limits:`: one rule with every limit, all-or-none.
 fn spillway_limits(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     list: &[Spanned<RawLimit>],
     at: (u64, u64),
     here: &str,

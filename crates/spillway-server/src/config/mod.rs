@@ -8,9 +8,10 @@
 mod admin;
 mod env;
 mod envoy;
-mod errors;
 mod raw;
+#[cfg(test)]
 mod recover;
+#[cfg(test)]
 mod rules;
 mod tls;
 
@@ -24,14 +25,23 @@ use spillway_core::{FailPolicy, Nanos, PathMatching, Rule};
 pub use admin::limits_from_json;
 pub use env::Secrets;
 pub use envoy::{load_envoy, parse_envoy};
-pub use errors::{ConfigError, ConfigErrors};
-pub use rules::{DEFAULT_MAX_KEYS, parse_duration, parse_rate};
+pub use spillway_rules::{
+    Error as ConfigError, Errors as ConfigErrors, parse_duration, parse_rate,
+};
 pub use tls::{TlsFiles, TlsSettings};
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
-use errors::Errors;
 use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};
-use rules::{RuleContext, count, descriptor_names, duration, path_matching, policy, rule};
+use spillway_rules::build::{
+    Collector, RuleContext, count, descriptor_names, duration, path_matching, policy,
+};
+
+/// Most keys the memory store holds when `store.memory.max_keys` is not
+/// given.
+pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+// A rule's `by:` is checked against the parts a store key can hold.
+const _: () = assert!(spillway_rules::MAX_KEY_PARTS == spillway_store::MAX_KEY_PARTS);
 
 /// The rules file compiled into the binary, used when no `--config` is given.
 pub const EXAMPLE_RULES: &str = include_str!("../../../../examples/rules.yaml");
@@ -213,22 +223,8 @@ impl std::str::FromStr for LogFormat {
 /// # Errors
 /// The file cannot be read, is not valid YAML, or fails validation.
 pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-    let (name, text) = read(path)?;
+    let (name, text) = spillway_rules::recover::read_file(path)?;
     parse(&name, &text)
-}
-
-/// The file's name as errors show it, and its text.
-fn read(path: &Path) -> Result<(String, String), ConfigErrors> {
-    let name = path.display().to_string();
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok((name, text)),
-        Err(e) => Err(ConfigErrors(vec![ConfigError {
-            file: name,
-            line: 0,
-            column: 0,
-            message: format!("cannot read: {e}"),
-        }])),
-    }
 }
 
 /// The configuration source: a file, or the built-in example.
@@ -461,49 +457,23 @@ fn add_domain(
 /// # Errors
 /// Every problem found, each with line and column.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    if text.len() > 16 << 20 {
-        return Err(ConfigErrors(vec![ConfigError {
-            file: file.to_string(),
-            line: 0,
-            column: 0,
-            message: "file larger than 16 MiB".to_string(),
-        }]));
-    }
+    spillway_rules::recover::check_size(file, text)?;
     // `${NAME}` inside scalar values, before serde sees them; errors hide
     // the values put in again.
     let env = env::substitute(file, text, &env::process_env)?;
     parse_substituted(file, &env.text).map_err(|e| env.secrets.redact_errors(e))
 }
 
-/// [`parse`], once `${NAME}` references are substituted.
+/// [`parse`], once `${NAME}` references are substituted: every
+/// structural error too, as `spillway_rules::recover` finds them.
 fn parse_substituted(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    match serde_saphyr::from_str::<RawConfig>(text) {
-        Ok(raw) => validate(file, raw, false),
-        // serde stopped at the first structural error: read the file again
-        // piece by piece for the others, and validate what parsed.
-        Err(e) => {
-            let first = recover::located(file, &e);
-            let Some(found) = recover::recover(file, text).filter(|r| !r.errors.is_empty()) else {
-                return Err(ConfigErrors(vec![first]));
-            };
-            let mut list = found.errors;
-            if let Err(more) = validate(file, found.raw, found.descriptors_broken) {
-                list.extend(more.0);
-            }
-            list.sort_by_key(|e| (e.line, e.column));
-            list.dedup();
-            Err(ConfigErrors(list))
-        }
-    }
+    spillway_rules::recover::read::<RawConfig, _>(file, text, validate)
 }
 
 /// `raw` checked and built; `any_descriptor` accepts every bare name in
 /// `by:` (when the `descriptors:` list could not be read).
 fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, ConfigErrors> {
-    let mut errs = Errors {
-        file,
-        list: Vec::new(),
-    };
+    let mut errs = Collector::new(file);
     let store = match &raw.store {
         None => StoreConfig::Memory {
             max_keys: DEFAULT_MAX_KEYS,
@@ -709,48 +679,33 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
     let mut rule_plans = std::collections::BTreeMap::new();
     let leased =
         matches!(&store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease);
-    let mut rules = Vec::new();
-    let mut names: Vec<&Spanned<String>> = Vec::new();
-    for r in raw.rules.iter().flatten() {
-        if let Some(prev) = names.iter().find(|n| n.value == r.value.name.value) {
+    let list = raw.rules.as_deref().unwrap_or_default();
+    let rules = spillway_rules::build::rules(&mut errs, list, &ctx, |errs, r, rule| {
+        let max_wait = rule.limits().iter().find_map(|l| match l {
+            spillway_core::Limit::Shaper(s) => Some(s.max_wait()),
+            _ => None,
+        });
+        let default = r.value.plan.as_ref().map(|p| p.value.default.value.clone());
+        rule_plans.insert(
+            rule.name().to_string(),
+            admin::rule_plans(&plan_raws, default, max_wait),
+        );
+        if leased
+            && rule
+                .limits()
+                .iter()
+                .any(|l| matches!(l, spillway_core::Limit::Shaper(_)))
+        {
+            // A slice admits at once; a shaper's answer is a wait.
             errs.at(
-                &r.value.name,
-                format!(
-                    "duplicate rule name {:?} (first used at line {})",
-                    r.value.name.value,
-                    prev.referenced.line()
-                ),
-            );
-        }
-        names.push(&r.value.name);
-        if let Some(rule) = rule(&mut errs, r, &ctx) {
-            let max_wait = rule.limits().iter().find_map(|l| match l {
-                spillway_core::Limit::Shaper(s) => Some(s.max_wait()),
-                _ => None,
-            });
-            let default = r.value.plan.as_ref().map(|p| p.value.default.value.clone());
-            rule_plans.insert(
-                rule.name().to_string(),
-                admin::rule_plans(&plan_raws, default, max_wait),
-            );
-            if leased
-                && rule
-                    .limits()
-                    .iter()
-                    .any(|l| matches!(l, spillway_core::Limit::Shaper(_)))
-            {
-                // A slice admits at once; a shaper's answer is a wait.
-                errs.at(
                     &r.value.name,
                     format!(
                         "rule {:?}: a leaky_bucket with a queue (a shaper) cannot be leased: use redis.sync.mode eventual",
                         rule.name()
                     ),
                 );
-            }
-            rules.push(rule);
         }
-    }
+    });
     if errs.list.is_empty() {
         Ok(Config {
             store,
@@ -786,7 +741,7 @@ const MAX_OVER_LIMIT_CACHE: usize = 1 << 24;
 /// Most Redis buckets: more would only cost memory (one key each).
 const MAX_BUCKETS: u32 = 1 << 24;
 
-fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
+fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
     let raw = &r.value;
     let mut cfg = spillway_redis::RedisConfig::default();
     match (&raw.url, &raw.cluster) {
@@ -794,7 +749,7 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
         (None, None) => errs.at(r, "redis: needs url (or cluster: a list of node urls)"),
         _ => {}
     }
-    let check_url = |errs: &mut Errors<'_>, u: &str, at: &dyn Fn(&mut Errors<'_>, String)| {
+    let check_url = |errs: &mut Collector<'_>, u: &str, at: &dyn Fn(&mut Collector<'_>, String)| {
         if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
             at(
                 errs,
@@ -867,7 +822,7 @@ fn redis_config(errs: &mut Errors<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
 const MAX_SYNC_INTERVAL: Nanos = Nanos(60_000_000_000);
 
 fn sync_config(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     s: &Spanned<raw::RawSync>,
     redis: spillway_redis::RedisConfig,
 ) -> SyncSettings {
@@ -969,7 +924,7 @@ fn sync_config(
     }
 }
 
-fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::Settings {
+fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy::Settings {
     let raw = &p.value;
     let mut cfg = crate::proxy::Settings::default();
     if let Some(u) = &raw.upstream {
@@ -1030,7 +985,7 @@ fn proxy_config(errs: &mut Errors<'_>, p: &Spanned<RawProxy>) -> crate::proxy::S
 /// `proxy.concurrency`: exactly one of `adaptive: { min, max }` and
 /// `limit: N`, and an optional queue.
 fn concurrency(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     c: &Spanned<raw::RawConcurrency>,
 ) -> Option<crate::proxy::ConcurrencyConfig> {
     use crate::proxy::InFlight as LimitKind;
@@ -1103,7 +1058,7 @@ fn concurrency(
 }
 
 /// The `server:` section: connection bounds of every HTTP listener.
-fn server_limits(errs: &mut Errors<'_>, s: &Spanned<RawServer>) -> spillway_wire::Limits {
+fn server_limits(errs: &mut Collector<'_>, s: &Spanned<RawServer>) -> spillway_wire::Limits {
     let raw = &s.value;
     let mut l = spillway_wire::Limits {
         max_connections: default_max_connections(),
@@ -1158,7 +1113,7 @@ pub fn default_max_connections() -> usize {
 
 /// A listening address (`ADDR:PORT`); `example_port` goes in the message.
 fn address(
-    errs: &mut Errors<'_>,
+    errs: &mut Collector<'_>,
     l: &Spanned<String>,
     what: &str,
     example_port: u16,

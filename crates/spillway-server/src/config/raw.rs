@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
+pub(crate) use spillway_rules::raw::{RawLimit, RawPathMatching, RawPlans, RawRule};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,7 +34,7 @@ pub(crate) struct RawConfig {
     pub(crate) admin: Option<Spanned<RawAdmin>>,
     /// Per-tenant limits, by plan name.
     #[serde(default)]
-    pub(crate) plans: Option<Spanned<std::collections::BTreeMap<String, Spanned<RawPlan>>>>,
+    pub(crate) plans: Option<RawPlans>,
     #[serde(default)]
     pub(crate) server: Option<Spanned<RawServer>>,
     /// HTTPS on every listener: certificate and key files.
@@ -60,10 +61,9 @@ pub(crate) struct RawConfig {
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
 }
 
-impl RawConfig {
-    /// Takes every section `part` has and `self` lacks; rules are
-    /// appended. For a file read section by section (see `recover`).
-    pub(crate) fn merge(&mut self, part: RawConfig) {
+/// For a file read section by section (see `spillway_rules::recover`).
+impl spillway_rules::recover::Sections for RawConfig {
+    fn merge(&mut self, part: RawConfig) {
         // Destructured, so a new field cannot be forgotten here.
         let RawConfig {
             store,
@@ -113,21 +113,6 @@ impl RawConfig {
             self.rules.get_or_insert_with(Vec::new).extend(rules);
         }
     }
-}
-
-/// `path_matching:`, at the top or in a rule: each switch on (true)
-/// counts a respelled request as the path it respells.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawPathMatching {
-    #[serde(default)]
-    pub(crate) trailing_slash: Option<bool>,
-    #[serde(default)]
-    pub(crate) path_params: Option<bool>,
-    #[serde(default)]
-    pub(crate) encoded_slash: Option<bool>,
-    #[serde(default)]
-    pub(crate) head_as_get: Option<bool>,
 }
 
 /// `reload:`: how a changed file is taken up.
@@ -367,23 +352,6 @@ pub(crate) struct RawToken {
     pub(crate) env: Option<Spanned<String>>,
 }
 
-/// One plan of `plans:`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawPlan {
-    pub(crate) limits: Spanned<Vec<Spanned<RawLimit>>>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    pub(crate) description: Option<String>,
-}
-
-/// A rule's `plan:`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawRulePlan {
-    pub(crate) default: Spanned<String>,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawServer {
@@ -484,93 +452,4 @@ pub(crate) struct RawSync {
 pub(crate) struct RawMemory {
     #[serde(default)]
     pub(crate) max_keys: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawRule {
-    pub(crate) name: Spanned<String>,
-    #[serde(default)]
-    pub(crate) api: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(crate) by: Option<Spanned<String>>,
-    /// Absent when the rule takes its limits from `plan:`.
-    #[serde(default)]
-    pub(crate) limits: Option<Vec<Spanned<RawLimit>>>,
-    /// The key's assigned plan picks its limits, else this default.
-    #[serde(default)]
-    pub(crate) plan: Option<Spanned<RawRulePlan>>,
-    #[serde(default)]
-    pub(crate) mode: Option<Spanned<String>>,
-    /// How much the rule's traffic matters under overload.
-    #[serde(default)]
-    pub(crate) priority: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(crate) on_store_error: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(crate) queue: Option<Spanned<RawQueue>>,
-    /// This rule's own switches (unset ones are the file's).
-    #[serde(default)]
-    pub(crate) path_matching: Option<Spanned<RawPathMatching>>,
-    /// A cost known after the answer: `cost: { response_header: ... }`.
-    #[serde(default)]
-    pub(crate) cost: Option<Spanned<RawCost>>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    pub(crate) description: Option<String>,
-}
-
-/// `cost:` of a rule.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawCost {
-    pub(crate) response_header: Spanned<String>,
-    #[serde(default)]
-    pub(crate) estimate: Option<Spanned<u64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawQueue {
-    pub(crate) max_wait: Spanned<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum RawLimit {
-    TokenBucket(RawBucket),
-    LeakyBucket(RawLeaky),
-    FixedWindow(RawWindow),
-    SlidingWindowLog(RawWindow),
-    SlidingWindowCounter(RawWindow),
-    Gcra(RawGcra),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawWindow {
-    pub(crate) limit: Spanned<i64>,
-    pub(crate) window: Spanned<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawBucket {
-    pub(crate) capacity: Spanned<i64>,
-    pub(crate) refill: Spanned<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawLeaky {
-    pub(crate) capacity: Spanned<i64>,
-    pub(crate) leak: Spanned<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawGcra {
-    pub(crate) rate: Spanned<String>,
-    #[serde(default)]
-    pub(crate) burst: Option<Spanned<i64>>,
 }

@@ -11,8 +11,10 @@ use std::path::PathBuf;
 
 use serde_saphyr::Spanned;
 
-use super::errors::{ConfigError, ConfigErrors, Errors};
+use spillway_rules::build::Collector;
+
 use super::raw::RawTls;
+use super::{ConfigError, ConfigErrors};
 
 /// A certificate chain and its private key, as PEM files. Paths are taken
 /// as written: a relative one is relative to the server's working
@@ -108,8 +110,8 @@ impl TlsSettings {
 }
 
 /// Reads a `tls:` map (`what`: `tls` or `admin.tls`).
-pub(super) fn tls(errs: &mut Errors<'_>, raw: &Spanned<RawTls>, what: &str) -> Option<TlsFiles> {
-    let path = |errs: &mut Errors<'_>, p: &Option<Spanned<String>>, field: &str| match p {
+pub(super) fn tls(errs: &mut Collector<'_>, raw: &Spanned<RawTls>, what: &str) -> Option<TlsFiles> {
+    let path = |errs: &mut Collector<'_>, p: &Option<Spanned<String>>, field: &str| match p {
         None => {
             errs.at(
                 raw,

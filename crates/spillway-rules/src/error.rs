@@ -7,7 +7,7 @@ use serde_saphyr::Spanned;
 
 /// One problem in a rules file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct Error {
     /// The file (or `<example>` for the built-in one).
     pub file: String,
     /// 1-based line; 0 if unknown.
@@ -18,7 +18,7 @@ pub struct ConfigError {
     pub message: String,
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.line == 0 {
             write!(f, "{}: {}", self.file, self.message)
@@ -32,11 +32,14 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Every problem found in a file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
+impl std::error::Error for Error {}
 
-impl fmt::Display for ConfigErrors {
+/// Every problem found in a file, in file order; shown one per line as
+/// `file:line:column: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Errors(pub Vec<Error>);
+
+impl fmt::Display for Errors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, e) in self.0.iter().enumerate() {
             if i > 0 {
@@ -48,14 +51,15 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
-impl std::error::Error for ConfigErrors {}
+impl std::error::Error for Errors {}
 
 /// serde-saphyr renders a snippet after the message; the message is the
 /// first line, without the location the library may put before it
 /// (`error: line X column Y: `) or after it (` at line X column Y`): we
 /// print our own. Its word for a value that is not a whole number (or too
 /// large) is the type's name; ours says what was expected.
-pub(crate) fn first_line(s: &str) -> String {
+#[doc(hidden)]
+pub fn first_line(s: &str) -> String {
     let mut line = s.lines().next().unwrap_or(s).trim();
     line = line.strip_prefix("error: ").unwrap_or(line);
     if let Some(rest) = line.strip_prefix("line ")
@@ -87,14 +91,29 @@ pub(crate) fn first_line(s: &str) -> String {
     }
 }
 
-pub(crate) struct Errors<'a> {
-    pub(crate) file: &'a str,
-    pub(crate) list: Vec<ConfigError>,
+/// The errors of one file as validation finds them (plumbing shared with
+/// spillway-server, which validates the rest of the file with it).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Collector<'a> {
+    /// The file's name, as errors show it.
+    pub file: &'a str,
+    /// The errors so far, in the order found.
+    pub list: Vec<Error>,
 }
 
-impl Errors<'_> {
-    pub(crate) fn at<T>(&mut self, span: &Spanned<T>, message: impl Into<String>) {
-        self.list.push(ConfigError {
+impl<'a> Collector<'a> {
+    /// No errors yet, in `file`.
+    pub fn new(file: &'a str) -> Collector<'a> {
+        Collector {
+            file,
+            list: Vec::new(),
+        }
+    }
+
+    /// An error at a value's line and column.
+    pub fn at<T>(&mut self, span: &Spanned<T>, message: impl Into<String>) {
+        self.list.push(Error {
             file: self.file.to_string(),
             line: span.referenced.line(),
             column: span.referenced.column(),
@@ -103,8 +122,8 @@ impl Errors<'_> {
     }
 
     /// An error at a line and column (0, 0: the file as a whole).
-    pub(crate) fn at_loc(&mut self, (line, column): (u64, u64), message: impl Into<String>) {
-        self.list.push(ConfigError {
+    pub fn at_loc(&mut self, (line, column): (u64, u64), message: impl Into<String>) {
+        self.list.push(Error {
             file: self.file.to_string(),
             line,
             column,

@@ -1,0 +1,181 @@
+//! Reads the rules of a spillway rules file: the same YAML `spillway
+//! serve` reads, into [`spillway_core::Rule`]s, so a client's outbound
+//! limiter and the server enforce one file the same way.
+//!
+//! A whole rules file is accepted: the sections this crate does not read
+//! (`store:`, `proxy:`, `admin:`, ...) are ignored; `rules:`,
+//! `descriptors:`, `path_matching:`, `on_store_error:` and the `plans:`
+//! a rule's `plan:` names are read and checked exactly as the server
+//! checks them, with the same messages.
+//!
+//! Reading happens in two stages: serde reads raw structs that keep each
+//! value's line and column, then validation turns them into core types,
+//! collecting every error with the place it belongs to. When serde stops
+//! at a structural error (an unknown field, a wrong type), the file is
+//! read again section by section and rule by rule, so every error is
+//! reported, not just the first.
+//!
+//! # Examples
+//!
+//! ```
+//! let text = "\
+//! store: { redis: { url: redis://127.0.0.1:6379/0 } }  # not ours: ignored
+//! rules:
+//!   - name: login
+//!     api: POST /v1/login
+//!     by: ip
+//!     limits:
+//!       - sliding_window_log: { limit: 5, window: 1m }
+//! ";
+//! let file = spillway_rules::parse("rules.yaml", text).unwrap();
+//! assert_eq!(file.rules[0].name(), "login");
+//!
+//! let bad = "rules:\n  - name: a\n    limits: [ { gcra: { rate: 0/s } } ]\n";
+//! let errors = spillway_rules::parse("rules.yaml", bad).unwrap_err();
+//! assert!(errors.to_string().starts_with("rules.yaml:3:"));
+//! ```
+
+mod error;
+
+#[doc(hidden)]
+pub mod build;
+#[doc(hidden)]
+pub mod raw;
+#[doc(hidden)]
+pub mod recover;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+use spillway_core::{FailPolicy, PathMatching, Rule};
+
+pub use build::{parse_duration, parse_rate};
+pub use error::{Error, Errors};
+
+/// The most parts a rule's `by:` may join (`user+ip+...`): as many as a
+/// key of spillway-store holds (spillway-server checks they agree).
+pub const MAX_KEY_PARTS: usize = 4;
+
+/// What a rules file says about rules.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RuleFile {
+    /// The rules, in file order. A rule with `plan:` has its default
+    /// plan's limits.
+    pub rules: Vec<Rule>,
+    /// Descriptor names rules may key by bare (`descriptors:`).
+    pub descriptors: Vec<String>,
+    /// Which respellings of a path count as the path for rules that set
+    /// none (`path_matching:`). A rule carries it too when it is not the
+    /// default (see [`Rule::path_matching`]).
+    pub path_matching: PathMatching,
+    /// The failure policy of rules that set none (`on_store_error:`).
+    pub on_store_error: FailPolicy,
+}
+
+/// Parses the rules file `text`, named `file` in errors.
+///
+/// # Errors
+/// Every problem found in what this crate reads, each with file, line,
+/// column and message, in file order.
+pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
+    recover::check_size(file, text)?;
+    recover::read(file, text, validate)
+}
+
+/// Reads and parses the rules file at `path`.
+///
+/// # Errors
+/// The file cannot be read, or as [`parse`].
+pub fn load(path: &Path) -> Result<RuleFile, Errors> {
+    let (name, text) = recover::read_file(path)?;
+    parse(&name, &text)
+}
+
+/// The sections of a rules file this crate reads; any other key is
+/// ignored (no `deny_unknown_fields`).
+#[derive(Debug, Default, Deserialize)]
+struct RawRuleFile {
+    #[serde(default)]
+    on_store_error: Option<Spanned<String>>,
+    #[serde(default)]
+    plans: Option<raw::RawPlans>,
+    #[serde(default)]
+    descriptors: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    path_matching: Option<Spanned<raw::RawPathMatching>>,
+    #[serde(default)]
+    rules: Option<Vec<Spanned<raw::RawRule>>>,
+}
+
+impl recover::Sections for RawRuleFile {
+    fn merge(&mut self, part: RawRuleFile) {
+        let RawRuleFile {
+            on_store_error,
+            plans,
+            descriptors,
+            path_matching,
+            rules,
+        } = part;
+        fn take<T>(slot: &mut Option<T>, v: Option<T>) {
+            if slot.is_none() {
+                *slot = v;
+            }
+        }
+        take(&mut self.on_store_error, on_store_error);
+        take(&mut self.plans, plans);
+        take(&mut self.descriptors, descriptors);
+        take(&mut self.path_matching, path_matching);
+        if let Some(rules) = rules {
+            self.rules.get_or_insert_with(Vec::new).extend(rules);
+        }
+    }
+}
+
+/// `raw` checked and built, in the order spillway-server checks the same
+/// sections (so the errors come in the same order).
+fn validate(file: &str, raw: RawRuleFile, any_descriptor: bool) -> Result<RuleFile, Errors> {
+    let mut errs = build::Collector::new(file);
+    let on_store_error = raw
+        .on_store_error
+        .as_ref()
+        .map(|p| build::policy(&mut errs, p))
+        .unwrap_or_default();
+    let plans = build::plans(&mut errs, raw.plans.as_ref());
+    let descriptors = raw
+        .descriptors
+        .as_ref()
+        .map(|d| build::descriptor_names(&mut errs, &d.value))
+        .unwrap_or_default();
+    let path_matching = raw
+        .path_matching
+        .as_ref()
+        .map_or_else(PathMatching::default, |m| {
+            build::path_matching(&m.value, PathMatching::default())
+        });
+    let raws: &BTreeMap<_, _> = &plans.raws;
+    let ctx = build::RuleContext {
+        descriptors: &descriptors,
+        any_descriptor,
+        path_matching,
+        plans: raws,
+    };
+    let rules = build::rules(
+        &mut errs,
+        raw.rules.as_deref().unwrap_or_default(),
+        &ctx,
+        |_, _, _| {},
+    );
+    if errs.list.is_empty() {
+        Ok(RuleFile {
+            rules,
+            descriptors,
+            path_matching,
+            on_store_error,
+        })
+    } else {
+        Err(Errors(errs.list))
+    }
+}

@@ -1,0 +1,251 @@
+//! The rules of whole spillway rules files: what is read, what is
+//! ignored, and where each error is.
+
+use spillway_core::{FailPolicy, Limit, Mode, PathMatching};
+use spillway_rules::{Errors, parse};
+
+/// The server's built-in example, as `spillway serve` loads it.
+const EXAMPLE: &str = include_str!("../../../examples/rules.yaml");
+
+fn errors(text: &str) -> Errors {
+    parse("r.yaml", text).expect_err("the file should be refused")
+}
+
+#[test]
+fn the_example_file_gives_its_rules() {
+    let f = parse("example", EXAMPLE).unwrap();
+    let names: Vec<&str> = f.rules.iter().map(|r| r.name()).collect();
+    assert_eq!(names, ["login", "default", "uploads", "search"]);
+    assert_eq!(f.descriptors, ["tenant"]);
+    assert_eq!(f.path_matching, PathMatching::default());
+    assert_eq!(f.on_store_error, FailPolicy::Allow);
+
+    let login = &f.rules[0];
+    assert_eq!(login.route().map(|r| r.as_str()), Some("POST /v1/login"));
+    assert_eq!(login.by().to_string(), "ip");
+    assert!(matches!(login.limits(), [Limit::SlidingLog(l)] if l.limit() == 5));
+    assert_eq!(login.mode(), Mode::Hard);
+
+    let default = &f.rules[1];
+    assert!(default.route().is_none());
+    assert!(matches!(
+        default.limits(),
+        [Limit::SlidingCounter(a), Limit::FixedWindow(b)] if a.limit() == 10 && b.limit() == 500
+    ));
+
+    let uploads = &f.rules[2];
+    assert_eq!(uploads.by().to_string(), "user+ip");
+    assert_eq!(uploads.mode(), Mode::Soft { percent: 10 });
+    assert!(matches!(
+        uploads.limits(),
+        [Limit::TokenBucket(_), Limit::LeakyBucket(_)]
+    ));
+
+    let search = &f.rules[3];
+    assert_eq!(search.mode(), Mode::Shadow);
+    assert_eq!(
+        search.path_matching(),
+        Some(PathMatching {
+            trailing_slash: false,
+            ..PathMatching::default()
+        })
+    );
+    assert!(matches!(search.limits(), [Limit::Gcra(_)]));
+}
+
+/// A whole server file is accepted: its other sections are not this
+/// crate's, whatever they hold.
+#[test]
+fn sections_that_are_not_rules_are_ignored() {
+    let text = "\
+store: { redis: { url: redis://127.0.0.1:6379/0, bogus: 1 } }
+listen: [not, an, address]
+proxy: { upstream: http://127.0.0.1:9000 }
+admin: { tokens: [] }
+domains: [ { domain: d } ]
+colour: red
+rules:
+  - name: a
+    limits: [ { gcra: { rate: 1/s } } ]
+";
+    let f = parse("r.yaml", text).unwrap();
+    assert_eq!(f.rules.len(), 1);
+    // Nothing at all is a file without rules.
+    assert!(parse("r.yaml", "store: memory\n").unwrap().rules.is_empty());
+    assert!(parse("r.yaml", "").unwrap().rules.is_empty());
+}
+
+#[test]
+fn what_is_read_is_read_as_the_server_reads_it() {
+    let text = "\
+on_store_error: share
+descriptors: [tenant, plan]
+path_matching: { head_as_get: false }
+plans:
+  free: { limits: [ { fixed_window: { limit: 10, window: 1m } } ] }
+rules:
+  - name: t
+    by: tenant+user
+    plan: { default: free }
+  - name: u
+    on_store_error: deny
+    limits: [ { gcra: { rate: 1/s } } ]
+";
+    let f = parse("r.yaml", text).unwrap();
+    assert_eq!(f.on_store_error, FailPolicy::Share);
+    assert_eq!(f.descriptors, ["tenant", "plan"]);
+    let matching = PathMatching {
+        head_as_get: false,
+        ..PathMatching::default()
+    };
+    assert_eq!(f.path_matching, matching);
+    assert_eq!(f.rules[0].by().to_string(), "tenant+user");
+    assert!(matches!(f.rules[0].limits(), [Limit::FixedWindow(w)] if w.limit() == 10));
+    assert_eq!(f.rules[0].path_matching(), Some(matching));
+    assert_eq!(f.rules[1].fail_policy(), Some(FailPolicy::Deny));
+}
+
+#[test]
+fn errors_carry_file_line_and_column() {
+    let e = errors(
+        "rules:\n  - name: a\n    limits:\n      - fixed_window: { limit: 0, window: 1m }\n",
+    );
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(
+        (e.0[0].file.as_str(), e.0[0].line, e.0[0].column),
+        ("r.yaml", 4, 32)
+    );
+    assert_eq!(
+        e.to_string(),
+        "r.yaml:4:32: limit must be at least 1, not 0"
+    );
+
+    let e = errors(
+        "descriptors: [tenant]\nrules:\n  - name: r\n    by: tenat\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+    );
+    assert!(
+        e.to_string()
+            .starts_with("r.yaml:4:9: by: unknown key part `tenat` (did you mean `tenant`?)"),
+        "{e}"
+    );
+    let e = errors("on_store_error: half\n");
+    assert!(
+        e.to_string()
+            .starts_with("r.yaml:1:17: on_store_error \"half\""),
+        "{e}"
+    );
+    let e = errors(
+        "rules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+    );
+    assert!(
+        e.to_string()
+            .contains("duplicate rule name \"a\" (first used at line 2)"),
+        "{e}"
+    );
+}
+
+/// A typo in rule 1 and a bad limit in rule 3: both, one per line, in
+/// file order (the file is read again rule by rule).
+#[test]
+fn every_error_is_reported_one_per_line() {
+    let text = "\
+store: memory
+rules:
+  - name: one
+    limts: [ { gcra: { rate: 1/s } } ]
+  - name: two
+    by: usr
+    limits: [ { gcra: { rate: 1/s } } ]
+  - name: three
+    limits:
+      - fixed_window: { limit: many, window: 1m }
+";
+    let e = errors(text);
+    let shown = e.to_string();
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(lines.len(), 3, "{shown}");
+    assert!(
+        lines[0].starts_with("r.yaml:4:5: unknown field `limts`"),
+        "{shown}"
+    );
+    assert!(
+        lines[1].starts_with("r.yaml:6:9: by: unknown key part `usr`"),
+        "{shown}"
+    );
+    assert!(lines[2].starts_with("r.yaml:10:32: "), "{shown}");
+}
+
+#[test]
+fn a_file_that_cannot_be_read_is_one_error_naming_it() {
+    let path = std::path::Path::new("/nonexistent/spillway-rules/rules.yaml");
+    let e = spillway_rules::load(path).unwrap_err();
+    assert_eq!(e.0.len(), 1);
+    assert!(
+        e.to_string()
+            .starts_with("/nonexistent/spillway-rules/rules.yaml: cannot read: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_file_is_loaded_from_disk() {
+    let dir = std::env::temp_dir().join(format!("spillway-rules-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, EXAMPLE).unwrap();
+    let f = spillway_rules::load(&path).unwrap();
+    assert_eq!(f.rules.len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+proptest::proptest! {
+    /// Any text: rules or located errors, never a panic.
+    #[test]
+    fn any_text_is_read_or_refused_with_locations(text in "(?s).{0,400}") {
+        if let Err(e) = parse("r.yaml", &text) {
+            proptest::prop_assert!(!e.0.is_empty());
+            for err in &e.0 {
+                proptest::prop_assert_eq!(err.file.as_str(), "r.yaml");
+            }
+        }
+    }
+
+    /// The example with a few edits anywhere (numbers, units, brackets,
+    /// anchors, odd characters): read or refused, never a panic.
+    #[test]
+    fn edited_example_files_are_read_or_refused(
+        edits in proptest::collection::vec(
+            (
+                0usize..2048,
+                0usize..4,
+                proptest::sample::select(vec![
+                    "", "0", "-1", "18446744073709551616", "99999999999d", "1e9", "/0s",
+                    "ms", "%", "soft 1001%", "{", "}", "[", "]", ":", "- ", "\n", "\t",
+                    "&a", "*a", "!!binary", "~", "\"", "'", "é", "\u{0}", "#",
+                    "user+ip+user", "header:", "queue: { max_wait: 0s }",
+                    "plan: { default: x }", "elastic 50%",
+                ]),
+            ),
+            1..4,
+        ),
+    ) {
+        let mut text = EXAMPLE.to_string();
+        for (at, cut, insert) in edits {
+            let mut at = at % (text.len() + 1);
+            while !text.is_char_boundary(at) {
+                at -= 1;
+            }
+            let mut end = (at + cut).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            text.replace_range(at..end, insert);
+        }
+        if let Err(e) = parse("r.yaml", &text) {
+            proptest::prop_assert!(!e.0.is_empty());
+            for line in e.to_string().lines() {
+                proptest::prop_assert!(line.starts_with("r.yaml"), "{}", line);
+            }
+        }
+    }
+}

@@ -90,7 +90,13 @@ async fn main() -> ExitCode {
         })
     };
     let mut svc = ServiceBuilder::new()
-        .layer(HonourLayer::new(Config::default()))
+        // Wait as long as the headers advise (they are capped at a day),
+        // and retry a refused request until it goes through.
+        .layer(HonourLayer::new(Config {
+            budget: spillway_client::headers::MAX_DELAY + std::time::Duration::from_secs(60),
+            max_retries: 10,
+            ..Config::default()
+        }))
         .service(counted);
     for _ in 0..n {
         let mut req = Request::get(url.clone())

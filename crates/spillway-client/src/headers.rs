@@ -176,6 +176,18 @@ impl Advice {
         }
     }
 
+    /// How long the quotas say to wait: the longest reset among those with
+    /// nothing remaining, `None` if none is spent. Unlike [`Advice::wait`],
+    /// without `Retry-After`, which only a refusal's answer speaks for.
+    pub fn quota_wait(&self) -> Option<Duration> {
+        self.limits
+            .iter()
+            .filter(|q| q.remaining == 0)
+            .map(|q| q.reset)
+            .max()
+            .filter(|w| !w.is_zero())
+    }
+
     /// How long to wait before the next request to this server: the longest
     /// of retry_after and, for every quota with remaining == 0, its reset.
     /// None if nothing says to wait (a wait of zero is `None` too).

@@ -230,6 +230,20 @@ struct Spent {
 }
 
 impl Learnt {
+    /// Until when `server`'s quota is spent, if it is at `now`; a spell
+    /// that is over is forgotten (the map would otherwise only grow with
+    /// one entry per partition ever spent).
+    fn spent_until(&mut self, server: &str, now: Instant) -> Option<Instant> {
+        match self.spent_until.get(server) {
+            Some(s) if s.until > now => Some(s.until),
+            Some(_) => {
+                self.spent_until.remove(server);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// Takes in what the answer to a request sent at `sent` said: spent
     /// for `wait` more from `now`, or not spent (`wait` None, `refused`
     /// false). A spent quota keeps the later end of what is known: waiting
@@ -282,7 +296,7 @@ pub fn full_jitter(config: &Config, attempt: u32, uniform: f64) -> Duration {
         .base_backoff
         .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
         .min(config.max_backoff);
-    step.mul_f64(uniform.clamp(0.0, 1.0))
+    step.mul_f64(uniform.clamp(0.0, 1.0 - f64::EPSILON))
 }
 
 impl<S, B, R> tower_service::Service<Request<B>> for Honour<S>
@@ -321,20 +335,25 @@ where
             let past = |t: Instant| deadline.is_some_and(|d| t > d);
             let retryable = idempotent(req.method()) || config.retry_non_idempotent;
             let mut attempt = 0u32;
+            // The answer being retried: returned as it is if the quota
+            // turns out to be spent past the budget before the retry.
+            let mut last: Option<Response<R>> = None;
             loop {
                 // Wait out a spent quota first.
-                let until = learnt.lock().spent_until.get(&server).map(|s| s.until);
+                let until = learnt.lock().spent_until(&server, Instant::now());
                 if let Some(until) = until {
-                    let now = Instant::now();
-                    if until > now {
-                        let wait = until - now;
-                        if !config.wait_when_spent || past(until) {
-                            events.rejected_locally("quota spent");
-                            return Err(Error::QuotaSpent { wait });
+                    let wait = until.saturating_duration_since(Instant::now());
+                    if past(until) || (!config.wait_when_spent && last.is_none()) {
+                        if let Some(resp) = last {
+                            return Ok(resp);
                         }
-                        events.waited(wait);
-                        tokio::time::sleep_until(until).await;
+                        events.rejected_locally("quota spent");
+                        return Err(Error::QuotaSpent { wait });
                     }
+                    // A retry waits even when failing fast: the caller
+                    // asked for retries, and this is the advised time.
+                    events.waited(wait);
+                    tokio::time::sleep_until(until).await;
                 }
                 let copy = retryable.then(|| clone_request(&req));
                 std::future::poll_fn(|cx| inner.poll_ready(cx))
@@ -351,25 +370,29 @@ where
                     StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
                 );
                 let now = Instant::now();
+                // Retry-After speaks of a refusal; on other answers (a 202
+                // to poll, a 413) it is not about the quota. A quota at 0
+                // counts on any answer.
+                let advised = if refused {
+                    advice.wait()
+                } else {
+                    advice.quota_wait()
+                };
                 let backoff = {
                     let mut l = learnt.lock();
-                    l.learn(&server, sent, now, advice.wait(), refused);
+                    l.learn(&server, sent, now, advised, refused);
                     full_jitter(&config, attempt, l.uniform())
                 };
                 if !refused || !retryable || attempt >= config.max_retries {
                     return Ok(resp);
                 }
-                let delay = advice.wait().unwrap_or(Duration::ZERO).max(backoff);
-                if now.checked_add(delay).is_none_or(past) {
+                let delay = advised.unwrap_or(Duration::ZERO).max(backoff);
+                let Some(at) = now.checked_add(delay).filter(|&at| !past(at)) else {
                     return Ok(resp);
-                }
-                // The advised wait is kept as the server's spent quota
-                // (the loop's first step waits it out); sleep the rest.
-                let rest = delay.saturating_sub(advice.wait().unwrap_or(Duration::ZERO));
-                if !rest.is_zero() {
-                    events.waited(rest);
-                    tokio::time::sleep(rest).await;
-                }
+                };
+                events.waited(delay);
+                tokio::time::sleep_until(at).await;
+                last = Some(resp);
                 attempt += 1;
                 events.retried(attempt);
             }

@@ -87,15 +87,33 @@ pub enum Verdict {
     },
 }
 
+/// Why a decider could not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeciderError {
+    /// What went wrong.
+    pub message: String,
+    /// A failure that may pass (a server down, a timeout): the only kind
+    /// [`OutboundConfig::on_error_send`] lets a request through on. A
+    /// refusal of the request itself (a 400 from the decision API) is not
+    /// transient, and never sends the request unlimited.
+    pub transient: bool,
+}
+
+impl std::fmt::Display for DeciderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Decides outbound requests: spillway's limiter, in-process or shared.
 pub trait Decider: Send + Sync + 'static {
     /// Decides `req`. An error is a decider that could not answer (a
     /// server down): [`OutboundConfig::on_error_send`] says what then.
-    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>>;
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, DeciderError>>;
 }
 
 impl<S: Store> Decider for Limiter<S> {
-    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>> {
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, DeciderError>> {
         Box::pin(async move {
             let r = spillway_store::Request {
                 method: Some(req.method),
@@ -135,11 +153,20 @@ const SECRET_HEADERS: [&str; 3] = ["authorization", "proxy-authorization", "cook
 /// its headers (up to 64, without `Authorization`, `Proxy-Authorization`
 /// and `Cookie`), and the descriptor `host`.
 impl Decider for crate::api::DecisionClient {
-    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, String>> {
+    fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, DeciderError>> {
         Box::pin(async move {
-            let mut check = crate::api::Check::new()
-                .api(format!("{} {}", req.method, req.path))
-                .cost(req.cost);
+            // The decision API refuses an `api` over 1 KiB and a body
+            // over 64 KiB: cut both to fit rather than be refused.
+            let mut api = format!("{} {}", req.method, req.path);
+            if api.len() > 1024 {
+                let mut end = 1024;
+                while !api.is_char_boundary(end) {
+                    end -= 1;
+                }
+                api.truncate(end);
+            }
+            let mut check = crate::api::Check::new().api(api).cost(req.cost);
+            let mut budget = 48 * 1024;
             // Credentials stay here; what the decision API refuses (over
             // 64 headers, values over 1 KiB) is not sent.
             for (name, value) in req
@@ -149,13 +176,21 @@ impl Decider for crate::api::DecisionClient {
                 .take(64)
             {
                 if let Ok(v) = value.to_str().map(|v| v.get(..1024).unwrap_or(v)) {
+                    let size = name.as_str().len() + v.len() + 8;
+                    if size > budget {
+                        break;
+                    }
+                    budget -= size;
                     check = check.header(name.as_str(), v);
                 }
             }
             if !req.host.is_empty() {
                 check = check.descriptor("host", req.host);
             }
-            let d = self.check(&check).await.map_err(|e| e.to_string())?;
+            let d = self.check(&check).await.map_err(|e| DeciderError {
+                message: e.to_string(),
+                transient: e.is_transient(),
+            })?;
             if d.allowed {
                 Ok(Verdict::Send { wait: d.wait })
             } else {
@@ -174,8 +209,10 @@ pub struct OutboundConfig {
     /// Wait for the limit to admit a request, at most this long in all;
     /// zero: fail at once with [`OutboundError::Limited`].
     pub max_wait: Duration,
-    /// When the decider cannot answer: send anyway (fail open, true) or
-    /// fail with [`OutboundError::Decider`] (false).
+    /// When the decider cannot answer for a reason that may pass (a
+    /// server down, a timeout): send anyway (fail open, true) or fail with
+    /// [`OutboundError::Decider`] (false). A decider that refuses the
+    /// request itself always fails it.
     pub on_error_send: bool,
 }
 
@@ -318,6 +355,19 @@ where
                 };
                 match verdict {
                     Ok(Verdict::Send { wait }) => {
+                        let late = !wait.is_zero()
+                            && Instant::now()
+                                .checked_add(wait)
+                                .is_none_or(|at| deadline.is_some_and(|d| at > d));
+                        if late {
+                            // A shaper's slot past what the layer may wait
+                            // (it stays reserved until it passes).
+                            layer.events.rejected_locally("outbound limit");
+                            return Err(OutboundError::Limited {
+                                retry_after: wait,
+                                rule: None,
+                            });
+                        }
                         if !wait.is_zero() {
                             layer.events.waited(wait);
                             tokio::time::sleep(wait).await;
@@ -338,15 +388,12 @@ where
                         // and refuses again must not spin.
                         tokio::time::sleep(retry_after.max(Duration::from_millis(1))).await;
                     }
-                    Err(e) if layer.config.on_error_send => {
-                        let _ = e;
-                        break;
-                    }
+                    Err(e) if e.transient && layer.config.on_error_send => break,
                     Err(e) => {
                         layer
                             .events
                             .rejected_locally("outbound limiter unavailable");
-                        return Err(OutboundError::Decider(e));
+                        return Err(OutboundError::Decider(e.message));
                     }
                 }
             }

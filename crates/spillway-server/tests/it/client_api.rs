@@ -24,7 +24,7 @@ const PER_USER: &str = "rules:
     api: /x
     by: user
     limits:
-      - fixed_window: { limit: 2, window: 1m }
+      - sliding_window_log: { limit: 2, window: 1h }
 ";
 
 #[tokio::test]
@@ -46,10 +46,10 @@ async fn check_admits_then_denies_at_the_limit() {
     assert_eq!(d.outcome, Outcome::Denied);
     assert_eq!(d.remaining, Some(0));
     assert!(d.retry_after > Duration::ZERO, "{d:?}");
-    assert!(d.retry_after <= Duration::from_secs(60), "{d:?}");
+    assert!(d.retry_after <= Duration::from_secs(3600), "{d:?}");
     assert_eq!(d.rules.len(), 1);
     assert_eq!(d.rules[0].rule, "per-user");
-    assert_eq!(d.rules[0].algorithm, "fixed_window");
+    assert_eq!(d.rules[0].algorithm, "sliding_window_log");
     assert_eq!(d.rules[0].outcome, Outcome::Denied);
     // Another user, and a request no rule applies to.
     assert!(
@@ -71,7 +71,7 @@ async fn limit_decides_for_a_key_spelled_with_any_characters() {
   - name: by-key
     by: user
     limits:
-      - fixed_window: { limit: 2, window: 1m }
+      - sliding_window_log: { limit: 2, window: 1h }
 ",
     );
     // `+`, `&` and `=` arrive as themselves: this is one key, not "a b".

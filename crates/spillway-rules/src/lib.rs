@@ -8,6 +8,10 @@
 //! a rule's `plan:` names are read and checked exactly as the server
 //! checks them, with the same messages.
 //!
+//! `${NAME}` inside a value is the environment variable NAME, as the
+//! server reads it (see [`mod@env`]); errors show the reference, not the
+//! value.
+//!
 //! Reading happens in two stages: serde reads raw structs that keep each
 //! value's line and column, then validation turns them into core types,
 //! collecting every error with the place it belongs to. When serde stops
@@ -39,6 +43,7 @@ mod error;
 
 #[doc(hidden)]
 pub mod build;
+pub mod env;
 #[doc(hidden)]
 pub mod raw;
 #[doc(hidden)]
@@ -81,8 +86,27 @@ pub struct RuleFile {
 /// Every problem found in what this crate reads, each with file, line,
 /// column and message, in file order.
 pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
+    parse_with::<RawRuleFile, _>(file, text, validate)
+}
+
+/// `text` as [`parse`] reads it (its size checked, `${NAME}` substituted
+/// from the process's environment, every structural error found), read
+/// into `T` and handed to `validate`; errors hide the values substituted.
+/// spillway-server reads its whole file with this.
+///
+/// # Errors
+/// As [`parse`], with `validate`'s errors.
+#[doc(hidden)]
+pub fn parse_with<T: recover::Sections, V>(
+    file: &str,
+    text: &str,
+    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+) -> Result<V, Errors> {
     recover::check_size(file, text)?;
-    recover::read(file, text, validate)
+    // `${NAME}` inside scalar values, before serde sees them; errors hide
+    // the values put in again.
+    let env = env::substitute(file, text, &env::process_env)?;
+    recover::read(file, &env.text, validate).map_err(|e| env.secrets.redact_errors(e))
 }
 
 /// Reads and parses the rules file at `path`.

@@ -249,3 +249,23 @@ proptest::proptest! {
         }
     }
 }
+
+/// `${NAME}` is read as the server reads it: an unset variable is an
+/// error at its place, `$${` a literal `${`.
+#[test]
+fn environment_references_are_the_servers() {
+    let text = "rules:\n  - name: a\n    by: header:${SPILLWAY_RULES_TEST_NEVER_SET}\n    limits: [ { gcra: { rate: 1/s } } ]\n";
+    let e = errors(text);
+    assert_eq!(e.0.len(), 1, "{e}");
+    assert_eq!(e.0[0].line, 3, "{e}");
+    assert!(
+        e.0[0].message.contains("SPILLWAY_RULES_TEST_NEVER_SET"),
+        "{e}"
+    );
+    let f = parse(
+        "r.yaml",
+        "rules:\n  - name: \"a$${b}\"\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+    )
+    .unwrap();
+    assert_eq!(f.rules[0].name(), "a${b}");
+}

@@ -6,7 +6,6 @@
 //! with the location it belongs to.
 
 mod admin;
-mod env;
 mod envoy;
 mod raw;
 #[cfg(test)]
@@ -23,8 +22,8 @@ use serde_saphyr::Spanned;
 use spillway_core::{FailPolicy, Nanos, PathMatching, Rule};
 
 pub use admin::limits_from_json;
-pub use env::Secrets;
 pub use envoy::{load_envoy, parse_envoy};
+pub use spillway_rules::env::Secrets;
 pub use spillway_rules::{
     Error as ConfigError, Errors as ConfigErrors, parse_duration, parse_rate,
 };
@@ -456,18 +455,12 @@ fn add_domain(
 ///
 /// # Errors
 /// Every problem found, each with line and column.
+///
+/// The file is read as `spillway_rules` reads one (its size checked,
+/// `${NAME}` substituted, every structural error found), into the whole
+/// file's raw struct.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    spillway_rules::recover::check_size(file, text)?;
-    // `${NAME}` inside scalar values, before serde sees them; errors hide
-    // the values put in again.
-    let env = env::substitute(file, text, &env::process_env)?;
-    parse_substituted(file, &env.text).map_err(|e| env.secrets.redact_errors(e))
-}
-
-/// [`parse`], once `${NAME}` references are substituted: every
-/// structural error too, as `spillway_rules::recover` finds them.
-fn parse_substituted(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    spillway_rules::recover::read::<RawConfig, _>(file, text, validate)
+    spillway_rules::parse_with::<RawConfig, _>(file, text, validate)
 }
 
 /// `raw` checked and built; `any_descriptor` accepts every bare name in

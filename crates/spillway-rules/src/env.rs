@@ -28,11 +28,11 @@ use std::borrow::Cow;
 
 use serde_saphyr::granit_parser::{Event, Parser, ScalarStyle, Span};
 
-use super::{ConfigError, ConfigErrors};
+use crate::{Error as ConfigError, Errors as ConfigErrors};
 
 /// What the environment says of a variable.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Var {
+pub enum Var {
     /// Set, to this text.
     Set(String),
     /// Not set.
@@ -42,7 +42,7 @@ pub(crate) enum Var {
 }
 
 /// The process's environment, as [`substitute`] reads it.
-pub(crate) fn process_env(name: &str) -> Var {
+pub fn process_env(name: &str) -> Var {
     match std::env::var_os(name) {
         None => Var::Unset,
         Some(v) => v.into_string().map_or(Var::NotUnicode, Var::Set),
@@ -51,11 +51,11 @@ pub(crate) fn process_env(name: &str) -> Var {
 
 /// The file's text with every `${...}` substituted, and what was.
 #[derive(Debug)]
-pub(crate) struct Substituted<'a> {
+pub struct Substituted<'a> {
     /// The text to parse (borrowed when nothing was substituted).
-    pub(crate) text: Cow<'a, str>,
+    pub text: Cow<'a, str>,
     /// Every value put in, to hide again.
-    pub(crate) secrets: Secrets,
+    pub secrets: Secrets,
 }
 
 /// Values taken from the environment, and the reference each stands for
@@ -117,7 +117,7 @@ impl Secrets {
     }
 
     /// `errors` with every value replaced by its reference.
-    pub(crate) fn redact_errors(&self, mut errors: ConfigErrors) -> ConfigErrors {
+    pub fn redact_errors(&self, mut errors: ConfigErrors) -> ConfigErrors {
         if !self.is_empty() {
             for e in &mut errors.0 {
                 e.message = self.redact(&e.message).into_owned();
@@ -134,7 +134,7 @@ impl Secrets {
 /// Each reference to an unset (or non-UTF-8) variable, and each malformed
 /// `${`, with its line and column. A file that is not valid YAML is
 /// returned as it is, for the parser to report.
-pub(crate) fn substitute<'a>(
+pub fn substitute<'a>(
     file: &str,
     text: &'a str,
     env: &dyn Fn(&str) -> Var,

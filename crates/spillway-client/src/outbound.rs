@@ -203,6 +203,33 @@ impl Decider for crate::api::DecisionClient {
     }
 }
 
+/// The rule set of a spillway rules file's text, read exactly as `spillway
+/// serve` reads it: `rules:`, `descriptors:`, `path_matching:` and
+/// `on_store_error:` (a whole server rules file is fine; its other
+/// sections are ignored). `file` names the text in errors.
+///
+/// # Errors
+/// Every problem in the file, each with its line and column.
+pub fn rule_set(file: &str, text: &str) -> Result<spillway_store::RuleSet, spillway_rules::Errors> {
+    spillway_rules::parse(file, text).map(into_rule_set)
+}
+
+/// [`rule_set`] of the file at `path`.
+///
+/// # Errors
+/// The file cannot be read, or has problems (each with its line and column).
+pub fn load_rules(
+    path: &std::path::Path,
+) -> Result<spillway_store::RuleSet, spillway_rules::Errors> {
+    spillway_rules::load(path).map(into_rule_set)
+}
+
+fn into_rule_set(f: spillway_rules::RuleFile) -> spillway_store::RuleSet {
+    let mut set = spillway_store::RuleSet::with_path_matching(f.rules, f.path_matching);
+    set.on_store_error = f.on_store_error;
+    set
+}
+
 /// How the outbound layer behaves.
 #[derive(Debug, Clone)]
 pub struct OutboundConfig {
@@ -542,5 +569,61 @@ mod tests {
                 .is_ok()
         );
         assert_eq!(sent.load(Ordering::SeqCst), 3);
+    }
+
+    /// The same YAML rules file as the server's: a partner's published
+    /// limit per API key and per server, read with `rule_set`.
+    #[tokio::test]
+    async fn rules_come_from_the_same_yaml_as_the_servers() {
+        let yaml = "
+store: memory            # server sections are ignored here
+descriptors: [host]
+rules:
+  - name: partner
+    api: POST /v1/quote
+    by: host+header:X-Api-Key
+    limits:
+      - sliding_window_log: { limit: 2, window: 1m }
+";
+        let set = rule_set("partner.yaml", yaml).unwrap();
+        let limiter = Arc::new(Limiter::new(
+            MemoryStore::new(
+                ManualClock::new(Nanos::from_secs(1_800_000_000)),
+                Default::default(),
+            ),
+            set,
+        ));
+        let (sent, inner) = counting();
+        let layer = OutboundLayer::new(
+            limiter,
+            OutboundConfig {
+                max_wait: Duration::ZERO,
+                on_error_send: true,
+            },
+        );
+        let mut svc = tower_layer::Layer::layer(&layer, inner);
+        let quote = |key: &str| {
+            Request::post("https://partner.example.com/v1/quote")
+                .header("x-api-key", key)
+                .body(())
+                .unwrap()
+        };
+        for _ in 0..2 {
+            assert!(svc.ready().await.unwrap().call(quote("k1")).await.is_ok());
+        }
+        assert!(matches!(
+            svc.ready().await.unwrap().call(quote("k1")).await,
+            Err(OutboundError::Limited { .. })
+        ));
+        assert!(svc.ready().await.unwrap().call(quote("k2")).await.is_ok());
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+        // The server's errors, with their places.
+        let bad = rule_set(
+            "bad.yaml",
+            "rules:\n  - name: x\n    by: usr\n    limits: []\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("bad.yaml:3:"), "{bad}");
     }
 }

@@ -375,8 +375,12 @@ pub fn text(summary: &Summary) -> String {
             for a in &r.accuracy {
                 let _ = writeln!(
                     s,
-                    "  {} limit {} (of {} per {}s) against the exact log, {} decisions:",
-                    r.rule, a.limit_index, a.limit, a.window_secs, a.decisions
+                    "  {} limit #{} ({} per {}s) against the exact log, {} decisions:",
+                    r.rule,
+                    a.limit_index + 1,
+                    a.limit,
+                    a.window_secs,
+                    a.decisions
                 );
                 for e in &a.algorithms {
                     let _ = writeln!(
@@ -398,9 +402,9 @@ pub fn text(summary: &Summary) -> String {
                 };
                 let _ = writeln!(
                     s,
-                    "  {} limit {} ({}): {} {} limits {:.2}% of clients; {} would limit {:.2}% (target {:.2}%){miss}",
+                    "  {} limit #{} ({}): {} {} limits {:.2}% of clients; {} would limit {:.2}% (target {:.2}%){miss}",
                     r.rule,
-                    g.limit_index,
+                    g.limit_index + 1,
                     g.algorithm,
                     g.parameter,
                     g.current,

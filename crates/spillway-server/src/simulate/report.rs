@@ -434,7 +434,7 @@ fn rule_card(o: &mut String, r: &RuleSummary) {
             out!(
                 o,
                 "<tr><td>#{} {}</td><td>{}</td><td class=\"n\">{} ({})</td>\
-                 <td class=\"n\"><b>{}</b> ({})</td><td class=\"n\">{}</td></tr>",
+                 <td class=\"n\"><b>{}</b> ({}){}</td><td class=\"n\">{}</td></tr>",
                 s.limit_index + 1,
                 esc_short(&s.algorithm),
                 esc_short(&s.parameter),
@@ -442,6 +442,12 @@ fn rule_card(o: &mut String, r: &RuleSummary) {
                 share(s.current_limited_share),
                 int(s.suggested),
                 share(s.suggested_limited_share),
+                if s.reaches_target {
+                    ""
+                } else {
+                    "<br><span class=\"note\">no size reaches the target: some clients \
+                     send a cost above the largest</span>"
+                },
                 share(s.target)
             );
         }

@@ -84,7 +84,8 @@ pub struct RuleFile {
 ///
 /// # Errors
 /// Every problem found in what this crate reads, each with file, line,
-/// column and message, in file order.
+/// column and message, in file order; a file without a `rules:` section
+/// (`rules: []` is fine) is an error, since it would limit nothing.
 pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
     parse_with::<RawRuleFile, _>(file, text, validate)
 }
@@ -186,6 +187,16 @@ fn validate(file: &str, raw: RawRuleFile, any_descriptor: bool) -> Result<RuleFi
         path_matching,
         plans: raws,
     };
+    // A file without `rules:` (or with a misspelt `rulez:`, ignored as
+    // any other section is) would limit nothing, silently.
+    if raw.rules.is_none() {
+        errs.list.push(Error {
+            file: file.to_string(),
+            line: 0,
+            column: 0,
+            message: "no `rules:` section: the file limits nothing (a misspelt key?)".into(),
+        });
+    }
     let rules = build::rules(
         &mut errs,
         raw.rules.as_deref().unwrap_or_default(),

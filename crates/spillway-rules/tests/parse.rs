@@ -70,9 +70,9 @@ rules:
 ";
     let f = parse("r.yaml", text).unwrap();
     assert_eq!(f.rules.len(), 1);
-    // Nothing at all is a file without rules.
-    assert!(parse("r.yaml", "store: memory\n").unwrap().rules.is_empty());
-    assert!(parse("r.yaml", "").unwrap().rules.is_empty());
+    // A file without `rules:` limits nothing: an error, not an empty set.
+    assert!(parse("r.yaml", "store: memory\n").is_err());
+    assert!(parse("r.yaml", "").is_err());
 }
 
 #[test]
@@ -268,4 +268,13 @@ fn environment_references_are_the_servers() {
     )
     .unwrap();
     assert_eq!(f.rules[0].name(), "a${b}");
+}
+
+/// Other sections are ignored, so a misspelt `rules:` would otherwise
+/// read as a file that limits nothing.
+#[test]
+fn a_file_without_rules_is_an_error_and_an_empty_list_is_not() {
+    let e = spillway_rules::parse("r.yaml", "rulez:\n  - name: x\n").unwrap_err();
+    assert!(e.to_string().contains("no `rules:` section"), "{e}");
+    assert!(spillway_rules::parse("r.yaml", "rules: []\n").unwrap().rules.is_empty());
 }

@@ -276,5 +276,10 @@ fn environment_references_are_the_servers() {
 fn a_file_without_rules_is_an_error_and_an_empty_list_is_not() {
     let e = spillway_rules::parse("r.yaml", "rulez:\n  - name: x\n").unwrap_err();
     assert!(e.to_string().contains("no `rules:` section"), "{e}");
-    assert!(spillway_rules::parse("r.yaml", "rules: []\n").unwrap().rules.is_empty());
+    assert!(
+        spillway_rules::parse("r.yaml", "rules: []\n")
+            .unwrap()
+            .rules
+            .is_empty()
+    );
 }

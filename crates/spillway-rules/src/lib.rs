@@ -85,10 +85,70 @@ pub struct RuleFile {
 /// # Errors
 /// Every problem found in what this crate reads, each with file, line,
 /// column and message, in file order; a file without a `rules:` section
-/// (`rules: []` is fine) is an error, since it would limit nothing.
+/// (`rules: []` is fine) is an error, since it would limit nothing, and so
+/// is a top-level key that is not a section of a spillway rules file
+/// ([`SECTIONS`]): a misspelt section would otherwise be skipped.
 pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
-    parse_with::<RawRuleFile, _>(file, text, validate)
+    let (f, has_rules) = parse_with::<RawRuleFile, _>(file, text, |file, raw, any| {
+        let has_rules = raw.rules.is_some();
+        validate(file, raw, any).map(|f| (f, has_rules))
+    })?;
+    // The sections of a server's file are skipped, but a key that is none
+    // of them is a typo: `on_store_eror: deny` read as absent would fail
+    // open, `path_maching:` would count other paths than written.
+    let mut errs = Vec::new();
+    for (key, line, column) in recover::top_level_keys(text).unwrap_or_default() {
+        if !SECTIONS.contains(&key.as_str()) {
+            let hint = build::suggest(&key, &SECTIONS.map(String::from))
+                .map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"));
+            errs.push(Error {
+                file: file.to_string(),
+                line: line as u64,
+                column: column as u64,
+                message: format!("unknown section `{key}`{hint}"),
+            });
+        }
+    }
+    if !has_rules && errs.is_empty() {
+        // Without `rules:` the file would limit nothing, silently.
+        errs.push(Error {
+            file: file.to_string(),
+            line: 0,
+            column: 0,
+            message: "no `rules:` section: the file limits nothing".into(),
+        });
+    }
+    if errs.is_empty() {
+        Ok(f)
+    } else {
+        Err(Errors(errs))
+    }
 }
+
+/// Every top-level section of a spillway rules file: those this crate
+/// reads, and the server's, which it skips. spillway-server checks that
+/// this list is its own.
+pub const SECTIONS: [&str; 19] = [
+    "store",
+    "on_store_error",
+    "listen",
+    "proxy",
+    "grpc_listen",
+    "grpc_response_headers",
+    "envoy",
+    "admin_listen",
+    "admin",
+    "plans",
+    "server",
+    "tls",
+    "domains",
+    "descriptors",
+    "path_matching",
+    "log",
+    "reload",
+    "health",
+    "rules",
+];
 
 /// `text` as [`parse`] reads it (its size checked, `${NAME}` substituted
 /// from the process's environment, every structural error found), read
@@ -187,16 +247,6 @@ fn validate(file: &str, raw: RawRuleFile, any_descriptor: bool) -> Result<RuleFi
         path_matching,
         plans: raws,
     };
-    // A file without `rules:` (or with a misspelt `rulez:`, ignored as
-    // any other section is) would limit nothing, silently.
-    if raw.rules.is_none() {
-        errs.list.push(Error {
-            file: file.to_string(),
-            line: 0,
-            column: 0,
-            message: "no `rules:` section: the file limits nothing (a misspelt key?)".into(),
-        });
-    }
     let rules = build::rules(
         &mut errs,
         raw.rules.as_deref().unwrap_or_default(),

@@ -197,6 +197,17 @@ struct Layout {
     sections: Vec<Section>,
 }
 
+/// The top-level keys of `text` with their 1-based line and column, when
+/// it is a plain block mapping (else `None`).
+pub(crate) fn top_level_keys(text: &str) -> Option<Vec<(String, usize, usize)>> {
+    Layout::of(text).map(|l| {
+        l.sections
+            .into_iter()
+            .map(|s| (s.key, s.line, s.column + 1))
+            .collect()
+    })
+}
+
 #[derive(Debug)]
 struct Section {
     key: String,

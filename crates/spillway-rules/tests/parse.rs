@@ -63,7 +63,6 @@ listen: [not, an, address]
 proxy: { upstream: http://127.0.0.1:9000 }
 admin: { tokens: [] }
 domains: [ { domain: d } ]
-colour: red
 rules:
   - name: a
     limits: [ { gcra: { rate: 1/s } } ]
@@ -274,12 +273,28 @@ fn environment_references_are_the_servers() {
 /// read as a file that limits nothing.
 #[test]
 fn a_file_without_rules_is_an_error_and_an_empty_list_is_not() {
+    let e = spillway_rules::parse("r.yaml", "store: memory\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "r.yaml: no `rules:` section: the file limits nothing"
+    );
     let e = spillway_rules::parse("r.yaml", "rulez:\n  - name: x\n").unwrap_err();
-    assert!(e.to_string().contains("no `rules:` section"), "{e}");
+    assert!(e.to_string().contains("unknown section `rulez`"), "{e}");
     assert!(
         spillway_rules::parse("r.yaml", "rules: []\n")
             .unwrap()
             .rules
             .is_empty()
+    );
+}
+
+/// A misspelt section would be skipped as a server section is: an error,
+/// with a suggestion.
+#[test]
+fn a_key_that_is_no_section_is_an_error() {
+    let e = spillway_rules::parse("r.yaml", "on_store_eror: deny\nrules: []\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "r.yaml:1:1: unknown section `on_store_eror` (did you mean `on_store_error`?)"
     );
 }

@@ -1128,6 +1128,24 @@ fn address(
 
 #[cfg(test)]
 mod tests {
+    /// spillway-rules skips the sections of a server's file and refuses
+    /// any other key: its list must be exactly the sections read here.
+    #[test]
+    fn spillway_rules_knows_every_section_of_the_file() {
+        let e = parse("r.yaml", "zzz: 1\nrules: []\n")
+            .unwrap_err()
+            .to_string();
+        let listed = e
+            .split("expected one of ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no field list in {e:?}"));
+        let mut ours: Vec<&str> = listed.trim().split(", ").collect();
+        let mut theirs = spillway_rules::SECTIONS.to_vec();
+        ours.sort_unstable();
+        theirs.sort_unstable();
+        assert_eq!(ours, theirs);
+    }
+
     use super::*;
     use spillway_core::Nanos;
 

@@ -135,7 +135,7 @@ struct SimulateArgs {
     /// Write the summary as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
-    /// Write every decision (of --config) as a JSON line: line, ts_ns,
+    /// Write every decision (of --config) as a JSON line: file, line, ts_ns,
     /// allowed, and each rule's outcome.
     #[arg(long, value_name = "FILE")]
     decisions: Option<PathBuf>,

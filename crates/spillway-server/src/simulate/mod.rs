@@ -146,7 +146,8 @@ pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
     let mut now: Option<u64> = None;
     let mut done_bytes = 0u64;
     let mut line_buf = String::new();
-    for reader in &mut readers {
+    for (reader, trace_path) in readers.iter_mut().zip(&opts.traces) {
+        let trace_name = trace_path.display().to_string();
         let mut since_tick = 0u32;
         loop {
             let more = reader
@@ -171,7 +172,7 @@ pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
             let first = runs[0].decide(&rec, t);
             if let Some((out, path)) = decisions.as_mut() {
                 line_buf.clear();
-                decision_line(&mut line_buf, &rec, t, &first);
+                decision_line(&mut line_buf, &trace_name, &rec, t, &first);
                 out.write_all(line_buf.as_bytes())
                     .map_err(|e| write_failed(path, e))?;
             }
@@ -189,9 +190,13 @@ pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
                         } else {
                             &first
                         };
-                        differing
-                            .samples
-                            .push(differing_request(&rec, t, &first, denier));
+                        differing.samples.push(differing_request(
+                            &trace_name,
+                            &rec,
+                            t,
+                            &first,
+                            denier,
+                        ));
                     }
                 }
             }
@@ -266,13 +271,21 @@ fn progress_bar(wanted: bool, total: u64) -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
-/// One decision as a JSON line: `{"line", "ts_ns", "allowed", "rules":
+/// One decision as a JSON line: `{"file", "line", "ts_ns", "allowed", "rules":
 /// [{"rule", "outcome", "limit", "remaining", "retry_after_ms"}]}`, the
 /// per-rule fields as the decision API writes them.
-fn decision_line(out: &mut String, rec: &Record, now: u64, checked: &spillway_store::Checked) {
+fn decision_line(
+    out: &mut String,
+    file: &str,
+    rec: &Record,
+    now: u64,
+    checked: &spillway_store::Checked,
+) {
+    out.push_str("{\"file\":");
+    out.push_str(&serde_json::to_string(file).unwrap_or_default());
     let _ = write!(
         out,
-        "{{\"line\":{},\"ts_ns\":{},\"allowed\":{},\"rules\":[",
+        ",\"line\":{},\"ts_ns\":{},\"allowed\":{},\"rules\":[",
         rec.line, now, checked.decision.allowed
     );
     for (i, d) in checked.decision.rules.iter().enumerate() {
@@ -295,6 +308,7 @@ fn decision_line(out: &mut String, rec: &Record, now: u64, checked: &spillway_st
 }
 
 fn differing_request(
+    file: &str,
     rec: &Record,
     now: u64,
     first: &spillway_store::Checked,
@@ -306,6 +320,7 @@ fn differing_request(
         format!("{} {}", rec.method, rec.path)
     };
     DifferingRequest {
+        file: file.to_string(),
         line: rec.line,
         ts_ns: now,
         api,
@@ -625,6 +640,26 @@ mod tests {
                 "{k} missing"
             );
         }
+    }
+
+    /// A rule whose cost comes from the answer: the trace's `cost` is
+    /// charged after an admitted request, so a key that spent its budget
+    /// owes and is refused until it is paid back.
+    #[test]
+    fn answer_costs_are_charged_from_the_trace() {
+        let rules = "rules:\n  - name: tokens\n    by: user\n    cost: { response_header: X-Tokens }\n    limits:\n      - fixed_window: { limit: 100, window: 1m }\n";
+        let mut trace = String::new();
+        for (i, cost) in [60, 60, 1, 1].into_iter().enumerate() {
+            trace.push_str(&format!(
+                "{{\"ts\": {:.3}, \"user\": \"u\", \"cost\": {cost}}}\n",
+                T0 + 1.0 + i as f64
+            ));
+        }
+        let s = run(rules, &trace, None, None);
+        let r = rule(&s.rules, "tokens");
+        // 60 + 60 = 120 charged by the second answer: the key owes, and the
+        // next two checks are refused.
+        assert_eq!((r.applied, r.admitted, r.denied), (4, 2, 2));
     }
 
     #[test]

@@ -102,6 +102,12 @@ impl FileRun {
         };
         self.recorder.at(now, rec.cost);
         let checked = spillway_store::block_on(self.limiter.check(&req));
+        // Rules that take their cost from the answer: charged the trace's
+        // cost once admitted, as the proxy charges what the answer's
+        // header says.
+        if checked.decision.allowed && self.limiter.has_response_costs() {
+            let _ = spillway_store::block_on(self.limiter.settle(&req, &|_| Some(rec.cost)));
+        }
         if checked.decision.allowed {
             self.admitted += 1;
         } else {
@@ -337,9 +343,13 @@ impl Track {
         bucket: usize,
         keep: bool,
     ) {
-        // A rule that takes its cost from the answer was decided with its
-        // estimate; model the same request.
-        let cost = self.rule.response_cost().map_or(cost, |c| c.estimate);
+        // A rule that takes its cost from the answer is charged the
+        // trace's cost in all (its estimate first, the rest once
+        // admitted), or its estimate if that is more.
+        let cost = self
+            .rule
+            .response_cost()
+            .map_or(cost, |c| c.estimate.max(cost));
         let denied = matches!(outcome, Outcome::Denied | Outcome::ShadowDenied);
         self.applied += 1;
         if denied {

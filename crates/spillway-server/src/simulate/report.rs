@@ -1478,6 +1478,7 @@ mod tests {
             admitted_then_denied: 10,
             denied_then_admitted: 7_910,
             samples: vec![DifferingRequest {
+                file: "access.log".into(),
                 line: 12,
                 ts_ns: 1_767_225_601_000_000_000,
                 api: "GET /v1/search".into(),

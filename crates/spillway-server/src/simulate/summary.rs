@@ -244,6 +244,8 @@ pub struct Differing {
 /// One request admitted by one file and denied by the other.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DifferingRequest {
+    /// The trace file.
+    pub file: String,
     /// Line in the trace.
     pub line: u64,
     /// Its timestamp, ns since the Unix epoch.

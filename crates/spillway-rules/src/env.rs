@@ -81,7 +81,7 @@ impl Secrets {
     /// unset variable, gives those it can.
     pub fn of(text: &str) -> Secrets {
         let mut secrets = Secrets::default();
-        let _ = scan(text, &process_env, &mut secrets);
+        let _ = scan(text, &process_env, &mut secrets, None);
         secrets
     }
 
@@ -139,6 +139,22 @@ pub fn substitute<'a>(
     text: &'a str,
     env: &dyn Fn(&str) -> Var,
 ) -> Result<Substituted<'a>, ConfigErrors> {
+    substitute_in(file, text, env, None)
+}
+
+/// As [`substitute`], in the top-level sections named by `only` (all of
+/// them when `None`): a reader of some sections of a file (the client's
+/// outbound rules) needs no variable that only the others use, say the
+/// server's Redis password.
+///
+/// # Errors
+/// As [`substitute`].
+pub fn substitute_in<'a>(
+    file: &str,
+    text: &'a str,
+    env: &dyn Fn(&str) -> Var,
+    only: Option<&[&str]>,
+) -> Result<Substituted<'a>, ConfigErrors> {
     let mut secrets = Secrets::default();
     // No value can hold a `${` without a `$` in the file, or a `\` for a
     // double-quoted escape of one (`"\u0024{X}"` reads `${X}`).
@@ -148,7 +164,7 @@ pub fn substitute<'a>(
             secrets,
         });
     }
-    let (edits, problems) = scan(text, env, &mut secrets);
+    let (edits, problems) = scan(text, env, &mut secrets, only);
     if !problems.is_empty() {
         let list = problems
             .into_iter()
@@ -198,9 +214,20 @@ type Problem = (usize, String);
 /// Every scalar's substitution, or the problems found; the values put in
 /// are added to `secrets`. A file the parser refuses gives what was
 /// found before the refusal.
-fn scan(text: &str, env: &dyn Fn(&str) -> Var, secrets: &mut Secrets) -> (Vec<Edit>, Vec<Problem>) {
+fn scan(
+    text: &str,
+    env: &dyn Fn(&str) -> Var,
+    secrets: &mut Secrets,
+    only: Option<&[&str]>,
+) -> (Vec<Edit>, Vec<Problem>) {
     let mut edits = Vec::new();
     let mut problems = Vec::new();
+    // Nesting (mappings and sequences open), whether the next scalar of
+    // the top-level mapping is a key, and the top-level section the
+    // events are in.
+    let mut depth = 0usize;
+    let mut key_next = false;
+    let mut section: Option<String> = None;
     // Where the previous event ended: a block scalar's header (`|`, `>`)
     // lies between it and the scalar's content.
     let mut previous_end = 0;
@@ -209,7 +236,39 @@ fn scan(text: &str, env: &dyn Fn(&str) -> Var, secrets: &mut Secrets) -> (Vec<Ed
             break;
         };
         let (start, end) = (offset(text, &span, true), offset(text, &span, false));
+        // A top-level key or the start of its value: track the section.
+        let at_top = depth == 1;
+        match &event {
+            Event::MappingStart(..) | Event::SequenceStart(..) => {
+                if at_top {
+                    key_next = false;
+                }
+                depth += 1;
+                if depth == 1 {
+                    key_next = matches!(event, Event::MappingStart(..));
+                }
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                depth = depth.saturating_sub(1);
+                if depth == 1 {
+                    key_next = true;
+                }
+            }
+            Event::Scalar(value, ..) if at_top => {
+                if key_next {
+                    section = Some(value.to_string());
+                }
+                key_next = !key_next;
+            }
+            _ => {}
+        }
+        let wanted = match (only, &section) {
+            (None, _) => true,
+            (Some(list), Some(s)) => list.contains(&s.as_str()),
+            (Some(_), None) => false,
+        };
         if let Event::Scalar(value, style, ..) = &event
+            && wanted
             && value.contains("${")
         {
             let raw = &text[start..end];

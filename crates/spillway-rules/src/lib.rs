@@ -89,7 +89,7 @@ pub struct RuleFile {
 /// is a top-level key that is not a section of a spillway rules file
 /// ([`SECTIONS`]): a misspelt section would otherwise be skipped.
 pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
-    let (f, has_rules) = parse_with::<RawRuleFile, _>(file, text, |file, raw, any| {
+    let (f, has_rules) = read_with::<RawRuleFile, _>(file, text, Some(&READ), |file, raw, any| {
         let has_rules = raw.rules.is_some();
         validate(file, raw, any).map(|f| (f, has_rules))
     })?;
@@ -163,10 +163,30 @@ pub fn parse_with<T: recover::Sections, V>(
     text: &str,
     validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<V, Errors> {
+    read_with(file, text, None, validate)
+}
+
+/// The sections [`parse`] reads (and substitutes `${NAME}` in).
+const READ: [&str; 5] = [
+    "on_store_error",
+    "plans",
+    "descriptors",
+    "path_matching",
+    "rules",
+];
+
+/// [`parse_with`], substituting `${NAME}` only in the sections `only`
+/// names (every section when `None`).
+fn read_with<T: recover::Sections, V>(
+    file: &str,
+    text: &str,
+    only: Option<&[&str]>,
+    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+) -> Result<V, Errors> {
     recover::check_size(file, text)?;
     // `${NAME}` inside scalar values, before serde sees them; errors hide
     // the values put in again.
-    let env = env::substitute(file, text, &env::process_env)?;
+    let env = env::substitute_in(file, text, &env::process_env, only)?;
     recover::read(file, &env.text, validate).map_err(|e| env.secrets.redact_errors(e))
 }
 

@@ -298,3 +298,40 @@ fn a_key_that_is_no_section_is_an_error() {
         "r.yaml:1:1: unknown section `on_store_eror` (did you mean `on_store_error`?)"
     );
 }
+
+/// A server's file read for its rules needs no variable that only the
+/// server's sections use (its Redis password, say); one in a rule does.
+#[test]
+fn only_the_sections_read_need_their_variables() {
+    let text = "\
+store: { redis: { url: \"redis://:${SPILLWAY_TEST_UNSET_PASSWORD}@127.0.0.1:6379/0\" } }
+admin: { tokens: [ { name: ops, token: \"${SPILLWAY_TEST_UNSET_TOKEN}\" } ] }
+rules:
+  - name: a
+    limits: [ { gcra: { rate: 1/s } } ]
+";
+    assert_eq!(
+        spillway_rules::parse("r.yaml", text).unwrap().rules.len(),
+        1
+    );
+    let block = "\
+store:
+  redis:
+    url: \"redis://:${SPILLWAY_TEST_UNSET_PASSWORD}@127.0.0.1:6379/0\"
+    sync: { mode: eventual }
+rules:
+  - name: a
+    limits: [ { gcra: { rate: 1/s } } ]
+health:
+  stale_after: \"${SPILLWAY_TEST_UNSET_STALE}\"
+";
+    assert_eq!(
+        spillway_rules::parse("r.yaml", block).unwrap().rules.len(),
+        1
+    );
+    let in_a_rule = "rules:\n  - name: \"${SPILLWAY_TEST_UNSET_NAME}\"\n    limits: [ { gcra: { rate: 1/s } } ]\n";
+    let e = spillway_rules::parse("r.yaml", in_a_rule)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("SPILLWAY_TEST_UNSET_NAME"), "{e}");
+}

@@ -442,30 +442,49 @@ pub enum Outcome {
     Other(String),
 }
 
+/// The outcomes spillway-core knows: their spellings are core's, so the
+/// client reads exactly what the server writes.
+const KNOWN: [spillway_core::Outcome; 5] = [
+    spillway_core::Outcome::Allowed,
+    spillway_core::Outcome::Denied,
+    spillway_core::Outcome::ShadowDenied,
+    spillway_core::Outcome::SoftExceeded,
+    spillway_core::Outcome::ElasticAdmitted,
+];
+
+impl From<spillway_core::Outcome> for Outcome {
+    fn from(o: spillway_core::Outcome) -> Outcome {
+        match o {
+            spillway_core::Outcome::Allowed => Outcome::Allowed,
+            spillway_core::Outcome::Denied => Outcome::Denied,
+            spillway_core::Outcome::ShadowDenied => Outcome::ShadowDenied,
+            spillway_core::Outcome::SoftExceeded => Outcome::SoftExceeded,
+            spillway_core::Outcome::ElasticAdmitted => Outcome::ElasticAdmitted,
+        }
+    }
+}
+
 impl From<String> for Outcome {
     fn from(s: String) -> Outcome {
-        match s.as_str() {
-            "allowed" => Outcome::Allowed,
-            "denied" => Outcome::Denied,
-            "shadow_denied" => Outcome::ShadowDenied,
-            "soft_exceeded" => Outcome::SoftExceeded,
-            "elastic_admitted" => Outcome::ElasticAdmitted,
-            _ => Outcome::Other(s),
-        }
+        KNOWN
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .map_or(Outcome::Other(s), Outcome::from)
     }
 }
 
 impl Outcome {
     /// The outcome as the server spells it.
     pub fn as_str(&self) -> &str {
-        match self {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::ShadowDenied => "shadow_denied",
-            Outcome::SoftExceeded => "soft_exceeded",
-            Outcome::ElasticAdmitted => "elastic_admitted",
-            Outcome::Other(s) => s,
-        }
+        let known = match self {
+            Outcome::Allowed => spillway_core::Outcome::Allowed,
+            Outcome::Denied => spillway_core::Outcome::Denied,
+            Outcome::ShadowDenied => spillway_core::Outcome::ShadowDenied,
+            Outcome::SoftExceeded => spillway_core::Outcome::SoftExceeded,
+            Outcome::ElasticAdmitted => spillway_core::Outcome::ElasticAdmitted,
+            Outcome::Other(s) => return s,
+        };
+        known.as_str()
     }
 }
 

@@ -355,13 +355,12 @@ where
                     events.waited(wait);
                     tokio::time::sleep_until(until).await;
                 }
-                let copy = retryable.then(|| clone_request(&req));
                 std::future::poll_fn(|cx| inner.poll_ready(cx))
                     .await
                     .map_err(Error::Inner)?;
                 let sent = Instant::now();
                 let resp = inner
-                    .call(copy.unwrap_or_else(|| clone_request(&req)))
+                    .call(clone_request(&req))
                     .await
                     .map_err(Error::Inner)?;
                 let advice = Advice::from_headers(resp.headers(), SystemTime::now());

@@ -21,6 +21,15 @@ pub mod queueing;
 pub mod relay;
 pub mod upstream;
 
+/// A one-thread runtime with timers and I/O, for this crate's own tests.
+#[cfg(test)]
+fn test_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub use relay::Relay;
 
 /// A port that was free a moment ago on 127.0.0.1.

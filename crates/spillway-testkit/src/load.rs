@@ -567,12 +567,7 @@ mod tests {
         }
     }
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     #[test]
     fn urls_parse_or_say_why_not() {

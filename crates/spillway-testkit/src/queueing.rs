@@ -309,12 +309,7 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-    }
+    use crate::test_runtime as rt;
 
     /// Six requests at once to two workers of 50 ms: they are answered in
     /// three waves, so the last waits for two services before its own.

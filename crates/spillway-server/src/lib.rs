@@ -309,9 +309,10 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Routed {
 }
 
 /// A listener with no direct path: every request goes to `router` (the
-/// admin address), with the same timeouts and connection cap.
+/// admin address, the gRPC listener), with the same timeouts, connection
+/// budget and stream caps.
 #[derive(Debug)]
-struct RouterOnly(axum::Router);
+pub(crate) struct RouterOnly(pub(crate) axum::Router);
 
 impl Handler for RouterOnly {
     type Route = Infallible;
@@ -544,7 +545,10 @@ pub async fn run(
         }
     };
     let handler = Arc::new(api::direct::DirectApi::new(parts.shared.clone(), router));
-    serve_with(opts, listener, parts, admin, shutdown, "spillway", handler).await
+    serve_with(
+        opts, listener, parts, admin, shutdown, "spillway", handler, 0,
+    )
+    .await
 }
 
 /// Serves the reverse proxy on `listener` until `shutdown` completes.
@@ -602,10 +606,30 @@ pub async fn run_proxy(
         shutdown,
         "spillway proxy",
         handler,
+        0,
     )
     .await
 }
 
+/// Descriptors set aside for each Redis store (home and other regions):
+/// one connection per cluster node for up to this many nodes, or a
+/// single server's connection with room for reconnecting.
+const REDIS_CONNECTIONS: usize = 16;
+
+/// The connections `store` may open, set aside from the budget.
+fn store_connections(store: &StoreConfig) -> usize {
+    match store {
+        StoreConfig::Memory { .. } => 0,
+        StoreConfig::Redis(_) => REDIS_CONNECTIONS,
+        StoreConfig::Sync(s) => REDIS_CONNECTIONS * (1 + s.regions.len()),
+    }
+}
+
+/// Serves `handler` on `listener`, and the gRPC and admin listeners
+/// beside it, all on one connection budget; `reserved` descriptors of it
+/// are set aside for connections the way in opens itself (the proxy's
+/// upstream pool).
+#[allow(clippy::too_many_arguments)]
 async fn serve_with<H: Handler>(
     opts: ServeOptions,
     listener: TcpListener,
@@ -614,9 +638,15 @@ async fn serve_with<H: Handler>(
     shutdown: impl Future<Output = ()> + Send + 'static,
     what: &str,
     handler: Arc<H>,
+    reserved: usize,
 ) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let limits = opts.config.server;
+    // One budget for every listener, and for the connections the process
+    // opens itself: no way in can take the descriptors another needs.
+    let budget = spillway_wire::Budget::new(limits.max_connections, limits.max_streams_total);
+    budget.reserve(store_connections(&opts.config.store));
+    budget.reserve(reserved);
     let acceptor =
         |c: &Option<Arc<tls::Certs>>, alpn| c.as_ref().map(|c| c.acceptor(alpn)).transpose();
     let main_tls = acceptor(&parts.tls.listeners, tls::HTTP_ALPN)?;
@@ -674,6 +704,7 @@ async fn serve_with<H: Handler>(
                 parts.grpc.clone(),
                 listener,
                 limits,
+                budget.clone(),
                 stopped(&stop_tx),
                 grpc_tls,
             )))
@@ -686,15 +717,11 @@ async fn serve_with<H: Handler>(
             let s = scheme(admin_tls.is_some());
             tracing::info!(%addr, "admin API (metrics, health, status) listening on {s}://{addr}");
             let stop = stopped(&stop_tx);
+            let budget = budget.clone();
             Some(tokio::spawn(async move {
                 let handler = Arc::new(RouterOnly(router));
-                let served = match admin_tls {
-                    Some(a) => {
-                        let tls = spillway_wire::Tls(a);
-                        spillway_wire::serve_on(listener, tls, handler, limits, stop).await
-                    }
-                    None => spillway_wire::serve(listener, handler, limits, stop).await,
-                };
+                let served =
+                    serve_router(&budget, listener, admin_tls, handler, limits, stop).await;
                 if let Err(e) = served {
                     tracing::error!("admin API stopped: {e}");
                 }
@@ -703,13 +730,7 @@ async fn serve_with<H: Handler>(
     };
     // TLS or not, each its own monomorphised accept loop: plain TCP pays
     // nothing for TLS.
-    let result = match main_tls {
-        Some(a) => {
-            let tls = spillway_wire::Tls(a);
-            spillway_wire::serve_on(listener, tls, handler, limits, shutdown).await
-        }
-        None => spillway_wire::serve(listener, handler, limits, shutdown).await,
-    };
+    let result = serve_router(&budget, listener, main_tls, handler, limits, shutdown).await;
     let _ = stop_tx.send(true);
     for w in cert_watchers {
         let _ = w.await;
@@ -722,6 +743,28 @@ async fn serve_with<H: Handler>(
     }
     tracing::info!("spillway stopped");
     result
+}
+
+/// Serves `handler` on `listener` on the process's `budget`, over TLS when
+/// `tls` is given (each its own monomorphised accept loop).
+pub(crate) async fn serve_router<H: Handler>(
+    budget: &Arc<spillway_wire::Budget>,
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handler: Arc<H>,
+    limits: spillway_wire::Limits,
+    stop: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    match tls {
+        Some(a) => {
+            let tls = spillway_wire::Tls(a);
+            spillway_wire::serve_in(budget, listener, tls, handler, limits, stop).await
+        }
+        None => {
+            let plain = spillway_wire::PlainTcp;
+            spillway_wire::serve_in(budget, listener, plain, handler, limits, stop).await
+        }
+    }
 }
 
 /// The process's open-file limit (its soft `RLIMIT_NOFILE`), if known.

@@ -22,9 +22,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -35,9 +33,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use serde_json::json;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tokio_rustls::server::TlsStream;
 
 use crate::config::{TlsFiles, TlsSettings};
 use crate::unix_ms;
@@ -524,77 +520,6 @@ impl Tls {
         all.into_iter()
             .map(|c| tokio::spawn(c.clone().watch(every, stop.clone())))
             .collect()
-    }
-}
-
-/// TLS connections for tonic: accepted and handshaken in the background,
-/// each handshake bounded by the head timeout, at most `max_connections`
-/// at once (a slow client cannot hold the listener), then handed over.
-pub(crate) fn incoming(
-    listener: TcpListener,
-    acceptor: tokio_rustls::TlsAcceptor,
-    limits: spillway_wire::Limits,
-) -> Incoming {
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let task = tokio::spawn(async move {
-        let tls = spillway_wire::Tls(acceptor);
-        let mut failures = 0u32;
-        loop {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
-            };
-            let tcp = match listener.accept().await {
-                Ok((tcp, _)) => {
-                    failures = 0;
-                    tcp
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 {
-                        tracing::warn!(error = %e, "gRPC accept failing; backing off");
-                    }
-                    let ms = (10u64 << failures.min(7)).min(1000);
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let (tx, tls) = (tx.clone(), tls.clone());
-            tokio::spawn(async move {
-                let _permit = permit;
-                let hs = spillway_wire::Accept::accept(&tls, tcp);
-                match tokio::time::timeout(limits.head_timeout, hs).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(stream).await;
-                    }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "gRPC TLS handshake failed"),
-                    Err(_) => tracing::debug!("gRPC TLS handshake timed out"),
-                }
-            });
-        }
-    });
-    Incoming { rx, task }
-}
-
-/// The stream of [`incoming`] connections; dropping it stops accepting.
-#[derive(Debug)]
-pub(crate) struct Incoming {
-    rx: tokio::sync::mpsc::Receiver<TlsStream<TcpStream>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Incoming {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl futures_core::Stream for Incoming {
-    type Item = std::io::Result<TlsStream<TcpStream>>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx).map(|s| s.map(Ok))
     }
 }
 

@@ -4,7 +4,7 @@
 //! that slows, cuts or stalls a link for failure tests ([`relay`]), a
 //! headless Chromium driven over WebDriver ([`browser`]), an upstream whose
 //! latency grows with its load ([`queueing`]) and an open-loop load driver
-//! ([`load`]).
+//! ([`load`]), and the [`attack`] battery every listener is tested with.
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod attack;
 pub mod browser;
 pub mod load;
 pub mod queueing;

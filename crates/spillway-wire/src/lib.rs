@@ -21,6 +21,7 @@
 //!
 //! Ways in plug in through [`Handler`], with static dispatch.
 
+pub mod budget;
 pub mod client;
 pub mod framing;
 pub mod head;
@@ -28,10 +29,12 @@ pub mod headers;
 mod io;
 pub mod server;
 pub mod stream;
+mod streams;
 pub mod write;
 
+pub use budget::Budget;
 pub use headers::{HOP_BY_HOP, Headers, Sole};
-pub use server::{ClientConn, Handler, Limits, Message, serve, serve_on};
+pub use server::{ClientConn, Handler, Limits, Message, serve, serve_in, serve_on};
 #[cfg(feature = "tls")]
 pub use stream::Tls;
 pub use stream::{Accept, PlainTcp};

@@ -12,19 +12,22 @@
 //! must arrive within `head_timeout`, a keep-alive connection may wait
 //! `idle_timeout` for its next request, a body must keep arriving
 //! (`body_timeout` per read) and an answer must be taken by the client
-//! (`write_timeout` per write). The number of connections is capped: at the
-//! cap, the connection that has waited longest for a request is closed to
-//! make room, and when the process runs out of descriptors, accepting backs
-//! off and idle connections are shed, so a flood of idle sockets cannot
-//! stop new clients from being answered.
+//! (`write_timeout` per write). The number of connections is capped, for
+//! every listener of a process at once ([`Budget`]): at the cap, the
+//! connection that has waited longest for a request is closed to make
+//! room, and when the process runs out of descriptors, accepting backs off
+//! and idle connections are shed, so a flood of idle sockets cannot stop
+//! new clients from being answered. A connection handed to hyper keeps the
+//! same deadlines, HTTP/2 streams are capped per connection
+//! (`max_streams`) and process-wide (the budget), and a connection with no
+//! request in flight gets no more time for bytes that open none.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -33,9 +36,10 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::budget::{Budget, ConnState};
 use crate::head::{self, Head, RequestHead};
 use crate::io::Rewind;
 use crate::stream::{Accept, Buffered, PlainTcp, Stream, Writer, WriterKind};
@@ -52,8 +56,15 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Each write of an answer must be taken by the client within this.
     pub write_timeout: Duration,
-    /// Most connections open at once.
+    /// Most connections open at once (for [`serve`] and [`serve_on`];
+    /// [`serve_in`] takes the process's [`Budget`] instead).
     pub max_connections: usize,
+    /// Most requests in flight on one HTTP/2 connection (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_streams: u32,
+    /// Most requests in flight on hyper connections process-wide (see
+    /// [`Budget`]; for [`serve`] and [`serve_on`], like `max_connections`).
+    pub max_streams_total: usize,
     /// How long shutdown waits for requests in flight.
     pub drain_timeout: Duration,
     /// Whether plain requests take the direct path; `false` hands every
@@ -70,6 +81,8 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
             max_connections: 10_000,
+            max_streams: 100,
+            max_streams_total: 4096,
             drain_timeout: Duration::from_secs(30),
             direct_path: true,
         }
@@ -153,13 +166,14 @@ pub trait Handler: Send + Sync + 'static {
             Data = bytes::Bytes,
             Error: Into<Box<dyn std::error::Error + Send + Sync>>,
         > + Send
+        + Unpin
         + 'static;
     /// The hyper service for requests the direct path does not take.
     type Fallback: hyper::service::Service<
             http::Request<Incoming>,
             Response = http::Response<Self::Body>,
             Error = Infallible,
-            Future: Send + 'static,
+            Future: Send + Unpin + 'static,
         > + Send
         + 'static;
 
@@ -245,10 +259,8 @@ pub async fn serve<H: Handler>(
     serve_on(listener, PlainTcp, handler, limits, shutdown).await
 }
 
-/// As [`serve`], each connection's stream made by `accept` (TLS, say).
-/// A handshake is bounded by the head timeout and counts against the
-/// connection cap from the moment its socket is accepted: while it waits
-/// for its client it is an idle connection, closed first to make room.
+/// As [`serve`], each connection's stream made by `accept` (TLS, say),
+/// with a budget of its own (`limits.max_connections` connections).
 ///
 /// # Errors
 /// None today: accept errors are backed off and logged.
@@ -259,28 +271,45 @@ pub async fn serve_on<A: Accept, H: Handler>(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
+    let budget = Budget::new(limits.max_connections, limits.max_streams_total);
+    serve_in(&budget, listener, accept, handler, limits, shutdown).await
+}
+
+/// As [`serve_on`], counting connections and streams against `budget`,
+/// which every listener of the process shares: one cap for all of them,
+/// and at the cap the connection that has waited longest for a request,
+/// on any listener, makes room. A handshake is bounded by the head
+/// timeout and counts against the cap from the moment its socket is
+/// accepted: while it waits for its client it is an idle connection,
+/// closed first to make room.
+///
+/// # Errors
+/// None today: accept errors are backed off and logged.
+pub async fn serve_in<A: Accept, H: Handler>(
+    budget: &Arc<Budget>,
+    listener: TcpListener,
+    accept: A,
+    handler: Arc<H>,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
     let acceptor = Arc::new(accept);
+    budget.start_sweeping();
     let drain = Arc::new(Drain {
         stopping: AtomicBool::new(false),
         busy: AtomicUsize::new(0),
         hyper: watch::Sender::new(false),
-        conns: parking_lot::Mutex::new(HashMap::new()),
-        ended: Notify::new(),
-        clock: Coarse {
-            start: Instant::now(),
-            now_ms: AtomicU64::new(0),
-        },
+        budget: budget.clone(),
+        listener: budget.next_id(),
     });
-    let sweeper = tokio::spawn(sweep(drain.clone()));
-    let mut next_id = 0u64;
     let date = tokio::spawn(crate::write::date_ticker());
     let mut accept = AcceptState::default();
     tokio::pin!(shutdown);
     loop {
         // At the cap: make room by closing the connection that has waited
         // longest for a request, or wait for one to end.
-        while drain.conns.lock().len() >= limits.max_connections.max(1) {
-            if drain.shed_idle() {
+        while budget.full() {
+            if budget.shed_idle() {
                 accept.note_shed();
                 tokio::task::yield_now().await;
                 continue;
@@ -288,10 +317,9 @@ pub async fn serve_on<A: Accept, H: Handler>(
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
-                    sweeper.abort();
                     return finish(drain, date, limits).await;
                 }
-                () = drain.ended.notified() => {}
+                () = budget.ended.notified() => {}
                 () = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
@@ -308,7 +336,7 @@ pub async fn serve_on<A: Accept, H: Handler>(
             Err(e) => {
                 let pause = accept.failed(&e);
                 if is_out_of_descriptors(&e) {
-                    drain.shed_idle();
+                    budget.shed_idle();
                 }
                 if !pause.is_zero() {
                     tokio::select! {
@@ -321,52 +349,25 @@ pub async fn serve_on<A: Accept, H: Handler>(
             }
         };
         let _ = tcp.set_nodelay(true);
-        next_id += 1;
-        let state = Arc::new(ConnState {
-            idle: AtomicBool::new(true),
-            deadline: AtomicU64::new(u64::MAX),
-        });
-        // A handshake must end within the head timeout; a plain
-        // connection may wait the idle timeout for its first request.
-        state.waiting(
-            &drain,
-            if A::HANDSHAKE {
-                limits.head_timeout
-            } else {
-                limits.idle_timeout
-            },
-        );
+        let id = budget.next_id();
+        let state = Arc::new(ConnState::new());
+        // Nothing sent yet: the first request's head (or the handshake)
+        // must arrive within the head timeout.
+        state.waiting(&budget.clock, limits.head_timeout);
         let conn = Conn {
             handler: handler.clone(),
             accept: acceptor.clone(),
             drain: drain.clone(),
             limits,
             peer,
-            id: next_id,
+            id,
             state: state.clone(),
         };
-        // Registered under the lock the task's exit also takes, so a
-        // connection that ends at once is still removed after this insert.
-        let mut conns = drain.conns.lock();
-        let task = tokio::spawn(conn.run(tcp));
-        conns.insert(next_id, (state, task.abort_handle()));
+        budget.register(id, drain.listener, state, || {
+            tokio::spawn(conn.run(tcp)).abort_handle()
+        });
     }
-    sweeper.abort();
     finish(drain, date, limits).await
-}
-
-/// Advances the coarse clock and ends the connections whose wait for
-/// their client has expired.
-async fn sweep(drain: Arc<Drain>) {
-    loop {
-        tokio::time::sleep(SWEEP).await;
-        let now = drain.clock.tick();
-        for (state, task) in drain.conns.lock().values() {
-            if state.deadline.load(Ordering::Relaxed) < now {
-                task.abort();
-            }
-        }
-    }
 }
 
 async fn finish(
@@ -378,11 +379,7 @@ async fn finish(
     // connections close now, hyper's shut down gracefully.
     drain.stopping.store(true, Ordering::SeqCst);
     drain.hyper.send_replace(true);
-    for (state, task) in drain.conns.lock().values() {
-        if state.idle.load(Ordering::SeqCst) {
-            task.abort();
-        }
-    }
+    drain.budget.abort_listener(drain.listener, true);
     let deadline = Instant::now() + limits.drain_timeout;
     while drain.busy.load(Ordering::SeqCst) > 0 || drain.hyper.receiver_count() > 0 {
         if Instant::now() >= deadline {
@@ -394,9 +391,7 @@ async fn finish(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    for (_, task) in drain.conns.lock().values() {
-        task.abort();
-    }
+    drain.budget.abort_listener(drain.listener, false);
     date.abort();
     Ok(())
 }
@@ -454,10 +449,10 @@ impl AcceptState {
     }
 }
 
-/// What connections share with the accept loop, for shutdown and the cap.
-/// (Idle direct connections wait in a plain read and are aborted at
-/// shutdown: watching a shutdown signal there as well cost a registration
-/// on a shared list per request.)
+/// What a listener's connections share with its accept loop, for
+/// shutdown. (Idle direct connections wait in a plain read and are aborted
+/// at shutdown: watching a shutdown signal there as well cost a
+/// registration on a shared list per request.)
 struct Drain {
     /// Set when the server stops: answers then close their connections.
     stopping: AtomicBool,
@@ -466,78 +461,10 @@ struct Drain {
     /// Connections handed to hyper hold a receiver and shut down gracefully
     /// when it turns true.
     hyper: watch::Sender<bool>,
-    /// Every open connection: its state, and its task.
-    conns: parking_lot::Mutex<HashMap<u64, (Arc<ConnState>, tokio::task::AbortHandle)>>,
-    /// Signalled when a connection ends.
-    ended: Notify,
-    /// The coarse clock deadlines are read against.
-    clock: Coarse,
-}
-
-/// A clock in milliseconds since the server started, advanced by the
-/// sweeper: reading it costs a load, where a timer per read cost a timer
-/// wheel registration (a lock) on every request.
-struct Coarse {
-    start: Instant,
-    now_ms: AtomicU64,
-}
-
-impl Coarse {
-    fn now(&self) -> u64 {
-        self.now_ms.load(Ordering::Relaxed)
-    }
-
-    fn tick(&self) -> u64 {
-        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.now_ms.store(ms, Ordering::Relaxed);
-        ms
-    }
-}
-
-/// How often deadlines are checked: they are kept to within this.
-const SWEEP: Duration = Duration::from_millis(100);
-
-/// What the accept loop and the sweeper see of a connection.
-struct ConnState {
-    /// True while waiting for a request (between requests, or while its
-    /// head trickles in): such a connection may be closed to make room.
-    idle: AtomicBool,
-    /// When the current wait (for a head, or a body) expires, in coarse
-    /// milliseconds; `u64::MAX` while the connection is not waiting on its
-    /// client (a handler runs, or hyper has it: they keep their own time).
-    deadline: AtomicU64,
-}
-
-impl ConnState {
-    fn waiting(&self, drain: &Drain, limit: Duration) {
-        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-        self.deadline
-            .store(drain.clock.now().saturating_add(ms), Ordering::Relaxed);
-    }
-
-    fn busy(&self) {
-        self.deadline.store(u64::MAX, Ordering::Relaxed);
-    }
-}
-
-impl Drain {
-    /// Closes the oldest connection that waits for a request; false if
-    /// none does.
-    fn shed_idle(&self) -> bool {
-        let mut conns = self.conns.lock();
-        let oldest = conns
-            .iter()
-            .filter(|(_, (state, _))| state.idle.load(Ordering::Relaxed))
-            .map(|(id, _)| *id)
-            .min();
-        match oldest.and_then(|id| conns.remove(&id)) {
-            Some((_, task)) => {
-                task.abort();
-                true
-            }
-            None => false,
-        }
-    }
+    /// The process's connections, streams and deadlines.
+    budget: Arc<Budget>,
+    /// This listener's number in the budget.
+    listener: u64,
 }
 
 /// Counts one request as busy while alive.
@@ -571,8 +498,7 @@ struct Conn<H, A> {
 
 impl<H, A> Drop for Conn<H, A> {
     fn drop(&mut self) {
-        self.drain.conns.lock().remove(&self.id);
-        self.drain.ended.notify_one();
+        self.drain.budget.remove(self.id);
     }
 }
 
@@ -620,7 +546,8 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             }
         };
         if A::HANDSHAKE {
-            self.state.waiting(&self.drain, self.limits.idle_timeout);
+            self.state
+                .waiting(&self.drain.budget.clock, self.limits.head_timeout);
         }
         let mut buf = BytesMut::with_capacity(4096);
         let mut out = Vec::with_capacity(1024);
@@ -645,11 +572,13 @@ impl<H: Handler, A: Accept> Conn<H, A> {
                     waiting_for = Wait::Idle;
                     self.state.idle.store(true, Ordering::Relaxed);
                     if buf.is_empty() {
-                        self.state.waiting(&self.drain, self.limits.idle_timeout);
+                        self.state
+                            .waiting(&self.drain.budget.clock, self.limits.idle_timeout);
                     } else {
                         // A pipelined request has started.
                         waiting_for = Wait::Head;
-                        self.state.waiting(&self.drain, self.limits.head_timeout);
+                        self.state
+                            .waiting(&self.drain.budget.clock, self.limits.head_timeout);
                     }
                     continue;
                 }
@@ -662,14 +591,16 @@ impl<H: Handler, A: Accept> Conn<H, A> {
                 Step::NeedHead => {
                     if waiting_for == Wait::Idle && !buf.is_empty() {
                         waiting_for = Wait::Head;
-                        self.state.waiting(&self.drain, self.limits.head_timeout);
+                        self.state
+                            .waiting(&self.drain.budget.clock, self.limits.head_timeout);
                     }
                 }
                 Step::NeedBody => {
                     self.state.idle.store(false, Ordering::Relaxed);
                     // Each read of the body has its own time.
                     waiting_for = Wait::Body;
-                    self.state.waiting(&self.drain, self.limits.body_timeout);
+                    self.state
+                        .waiting(&self.drain.budget.clock, self.limits.body_timeout);
                 }
             }
             if let Read::Done = read_more(&mut tcp, &mut buf).await {
@@ -677,7 +608,8 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             }
             if waiting_for == Wait::Idle {
                 waiting_for = Wait::Head;
-                self.state.waiting(&self.drain, self.limits.head_timeout);
+                self.state
+                    .waiting(&self.drain.budget.clock, self.limits.head_timeout);
             }
         }
     }
@@ -747,12 +679,16 @@ impl<H: Handler, A: Accept> Conn<H, A> {
     /// Serves the rest of the connection with hyper and the handler's
     /// fallback, starting with the bytes already read.
     async fn hand_off(self, tcp: A::Stream, buf: BytesMut) {
-        self.state.idle.store(false, Ordering::Relaxed);
+        // No request in flight yet: one must open within the head timeout
+        // (an HTTP/2 connection's preface and SETTINGS open none), and
+        // until one does the connection may be closed to make room.
+        self.state.idle.store(true, Ordering::Relaxed);
         let io = Rewind {
             pre: buf.freeze(),
             inner: tcp,
         };
-        self.state.waiting(&self.drain, self.limits.idle_timeout);
+        self.state
+            .waiting(&self.drain.budget.clock, self.limits.head_timeout);
         let io = TokioIo::new(Timed {
             inner: io,
             state: self.state.clone(),
@@ -761,13 +697,21 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             write: self.limits.write_timeout,
             write_blocked: false,
         });
-        let svc = self.handler.fallback(self.peer);
+        let svc = crate::streams::Counted {
+            inner: self.handler.fallback(self.peer),
+            budget: self.drain.budget.clone(),
+            conn: self.state.clone(),
+            idle: self.limits.idle_timeout,
+        };
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.head_timeout);
-        builder.http2().timer(TokioTimer::new());
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.limits.max_streams);
         let conn = builder.serve_connection_with_upgrades(io, svc);
         tokio::pin!(conn);
         let mut stop = self.drain.hyper.subscribe();
@@ -787,9 +731,11 @@ impl<H: Handler, A: Accept> Conn<H, A> {
 }
 
 /// A connection handed to hyper, on the same coarse deadlines as the
-/// direct path: every read or write that moves bytes pushes its deadline
-/// `idle` ahead, and a write the client does not take within `write` ends
-/// it. (A tokio timer reset on every pending read cost a timer-wheel
+/// direct path: while a request is in flight, every read or write that
+/// moves bytes pushes its deadline `idle` ahead (with none in flight, the
+/// deadline was set when the last one ended, and bytes that open no
+/// request do not move it), and a write the client does not take within
+/// `write` ends it. (A tokio timer reset on every pending read cost a timer-wheel
 /// registration per request.)
 struct Timed<T> {
     inner: T,
@@ -804,7 +750,9 @@ struct Timed<T> {
 impl<T> Timed<T> {
     fn moved(&mut self) {
         self.write_blocked = false;
-        self.state.waiting(&self.drain, self.idle);
+        if self.state.streams.load(Ordering::Relaxed) > 0 {
+            self.state.waiting(&self.drain.budget.clock, self.idle);
+        }
     }
 }
 
@@ -833,7 +781,7 @@ impl<T: AsyncWrite + Unpin> Timed<T> {
             std::task::Poll::Pending if !self.write_blocked => {
                 self.write_blocked = true;
                 let ms = u64::try_from(self.write.as_millis()).unwrap_or(u64::MAX);
-                let at = self.drain.clock.now().saturating_add(ms);
+                let at = self.drain.budget.clock.now().saturating_add(ms);
                 self.state.deadline.fetch_min(at, Ordering::Relaxed);
             }
             _ => {}

@@ -1090,18 +1090,36 @@ fn server_limits(errs: &mut Collector<'_>, s: &Spanned<RawServer>) -> spillway_w
     {
         l.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
     }
+    if let Some(n) = &raw.max_streams
+        && let Some(v) = count(errs, n, "server.max_streams")
+    {
+        match u32::try_from(v) {
+            Ok(v) if v > 0 => l.max_streams = v,
+            _ => errs.at(
+                n,
+                format!("server.max_streams: from 1 to {}, not {v}", u32::MAX),
+            ),
+        }
+    }
+    if let Some(n) = &raw.max_streams_total
+        && let Some(v) = count(errs, n, "server.max_streams_total")
+    {
+        l.max_streams_total = usize::try_from(v).unwrap_or(usize::MAX);
+    }
     if let Some(d) = raw.direct_path {
         l.direct_path = d;
     }
     l
 }
 
-/// The connection cap when the file sets none: half the process's
-/// descriptor limit (each proxied connection may hold an upstream one),
-/// less a reserve for listeners, Redis and files; at least 64.
+/// The descriptor budget for connections when the file sets none: the
+/// process's descriptor limit less 64 for listeners, files and the
+/// runtime; at least 64. Every connection the process holds counts
+/// against it: clients of every listener, and what the process reserves
+/// for its upstream pool and its store (see `spillway_wire::Budget`).
 pub fn default_max_connections() -> usize {
     let nofile = crate::descriptor_limit().unwrap_or(1024);
-    (nofile.saturating_sub(64) / 2).max(64)
+    nofile.saturating_sub(64).max(64)
 }
 
 /// A listening address (`ADDR:PORT`); `example_port` goes in the message.

@@ -366,6 +366,10 @@ pub(crate) struct RawServer {
     #[serde(default)]
     pub(crate) max_connections: Option<Spanned<i64>>,
     #[serde(default)]
+    pub(crate) max_streams: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) max_streams_total: Option<Spanned<i64>>,
+    #[serde(default)]
     pub(crate) direct_path: Option<bool>,
 }
 

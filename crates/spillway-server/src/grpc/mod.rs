@@ -33,6 +33,7 @@ pub async fn serve(
     state: Arc<GrpcState>,
     listener: TcpListener,
     limits: spillway_wire::Limits,
+    budget: Arc<spillway_wire::Budget>,
     stop: impl Future<Output = ()> + Send + 'static,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
@@ -43,31 +44,16 @@ pub async fn serve(
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
         .await;
-    // The HTTP listeners' bounds, as far as tonic has them: a call must end
-    // within the body timeout, an HTTP/2 connection that stops answering
-    // pings is closed, and one connection cannot open unbounded streams.
-    let router = tonic::transport::Server::builder()
-        .timeout(limits.body_timeout)
-        .http2_keepalive_interval(Some(limits.idle_timeout / 2))
-        .http2_keepalive_timeout(Some(limits.write_timeout))
-        .max_concurrent_streams(256)
-        .concurrency_limit_per_connection(256)
-        .add_service(health)
-        .add_service(service::RateLimitService::new(state));
-    let result = match tls {
-        // No Nagle: answers are small and written when the store replies;
-        // behind delayed ACKs they could wait 40 ms.
-        None => {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            router.serve_with_incoming_shutdown(incoming, stop).await
-        }
-        Some(acceptor) => {
-            let incoming = crate::tls::incoming(listener, acceptor, limits);
-            router.serve_with_incoming_shutdown(incoming, stop).await
-        }
-    };
-    if let Err(e) = result {
+    // On the same accept layer as every other listener: the process's
+    // connection budget, head and idle deadlines for silent connections,
+    // HTTP/2 stream caps per connection and process-wide, TLS handshakes
+    // bounded like any connection.
+    let router = tonic::service::Routes::new(health)
+        .add_service(service::RateLimitService::new(state))
+        .prepare()
+        .into_axum_router();
+    let handler = Arc::new(crate::RouterOnly(router));
+    if let Err(e) = crate::serve_router(&budget, listener, tls, handler, limits, stop).await {
         tracing::error!("gRPC server stopped: {e}");
     }
 }

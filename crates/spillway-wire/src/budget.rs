@@ -1,0 +1,321 @@
+//! One connection and stream budget for every listener of a process.
+//!
+//! Each listener used to count its own connections against its own cap,
+//! so the decision port, the admin port and the gRPC port together could
+//! hold three times the cap, and a listener without a cap (gRPC) could
+//! take every descriptor the others needed. A [`Budget`] is shared by
+//! every listener of a process ([`crate::server::serve_in`]):
+//!
+//! - **Connections.** Client connections of every listener count against
+//!   one cap: `max_connections` less what the process [reserves](Budget::reserve)
+//!   for the descriptors it opens itself (the proxy's upstream pool, the
+//!   store's connections). At the cap, the connection that has waited
+//!   longest for a request, on any listener, is closed to make room.
+//! - **Deadlines.** One coarse clock and one sweeper end every connection
+//!   whose wait for its client has expired.
+//! - **Streams.** Requests in flight on connections handed to hyper
+//!   (HTTP/2 streams, and HTTP/1.1 requests there) count against one
+//!   process-wide bound. At the bound a new stream is refused only on a
+//!   connection that already holds its fair share (the bound divided by the
+//!   connections holding streams), so a client that holds many streams
+//!   cannot make every other client's request fail, and the total stays
+//!   below twice the bound.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The connection and stream budget shared by a process's listeners.
+pub struct Budget {
+    /// Every descriptor the process's connections may use.
+    total: usize,
+    /// Of `total`, what the process holds outside its listeners.
+    reserved: AtomicUsize,
+    /// Requests in flight on hyper connections, process-wide, before new
+    /// ones are refused on connections over their share.
+    max_streams: usize,
+    /// Every open client connection of every listener.
+    table: parking_lot::Mutex<HashMap<u64, Entry>>,
+    /// Connection and listener numbers: a smaller one is an older one.
+    next_id: AtomicU64,
+    /// Signalled when a connection ends.
+    pub(crate) ended: Notify,
+    /// The clock deadlines are read against.
+    pub(crate) clock: Coarse,
+    /// Requests in flight on hyper connections.
+    streams: AtomicUsize,
+    /// Hyper connections with at least one request in flight.
+    busy_conns: AtomicUsize,
+    /// Whether the sweeper runs.
+    sweeping: AtomicBool,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("total", &self.total)
+            .field("reserved", &self.reserved.load(Ordering::Relaxed))
+            .field("connections", &self.connections())
+            .field("streams", &self.streams())
+            .field("max_streams", &self.max_streams)
+            .finish()
+    }
+}
+
+/// An open connection, as the budget sees it.
+pub(crate) struct Entry {
+    /// Which listener accepted it.
+    pub(crate) listener: u64,
+    pub(crate) state: Arc<ConnState>,
+    pub(crate) task: tokio::task::AbortHandle,
+}
+
+/// How often deadlines are checked: they are kept to within this.
+const SWEEP: Duration = Duration::from_millis(100);
+
+impl Budget {
+    /// A budget of `max_connections` descriptors for connections (at least
+    /// one) and `max_streams` requests in flight on hyper connections
+    /// (at least one).
+    pub fn new(max_connections: usize, max_streams: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            total: max_connections.max(1),
+            reserved: AtomicUsize::new(0),
+            max_streams: max_streams.max(1),
+            table: parking_lot::Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            ended: Notify::new(),
+            clock: Coarse {
+                start: Instant::now(),
+                now_ms: AtomicU64::new(0),
+            },
+            streams: AtomicUsize::new(0),
+            busy_conns: AtomicUsize::new(0),
+            sweeping: AtomicBool::new(false),
+        })
+    }
+
+    /// Sets aside `n` of the budget's descriptors for connections the
+    /// process opens itself (an upstream pool, a store's connections):
+    /// the listeners' clients may then hold `max_connections - reserved`
+    /// (at least one).
+    pub fn reserve(&self, n: usize) {
+        self.reserved.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Client connections the listeners may hold at once.
+    pub fn max_connections(&self) -> usize {
+        self.total
+            .saturating_sub(self.reserved.load(Ordering::Relaxed))
+            .max(1)
+    }
+
+    /// Client connections open now, on every listener.
+    pub fn connections(&self) -> usize {
+        self.table.lock().len()
+    }
+
+    /// Requests in flight on hyper connections now.
+    pub fn streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// The process-wide bound on requests in flight on hyper connections.
+    pub fn max_streams(&self) -> usize {
+        self.max_streams
+    }
+
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn full(&self) -> bool {
+        self.table.lock().len() >= self.max_connections()
+    }
+
+    /// Registers a connection, its task spawned by `spawn` under the lock
+    /// the task's exit also takes, so a connection that ends at once is
+    /// still removed after this insert.
+    pub(crate) fn register(
+        &self,
+        id: u64,
+        listener: u64,
+        state: Arc<ConnState>,
+        spawn: impl FnOnce() -> tokio::task::AbortHandle,
+    ) {
+        let mut table = self.table.lock();
+        let task = spawn();
+        table.insert(
+            id,
+            Entry {
+                listener,
+                state,
+                task,
+            },
+        );
+    }
+
+    /// A connection ended.
+    pub(crate) fn remove(&self, id: u64) {
+        self.table.lock().remove(&id);
+        self.ended.notify_one();
+    }
+
+    /// Closes the connection that has waited longest for a request, on
+    /// any listener; false if none waits.
+    pub(crate) fn shed_idle(&self) -> bool {
+        let mut table = self.table.lock();
+        let oldest = table
+            .iter()
+            .filter(|(_, e)| e.state.idle.load(Ordering::Relaxed))
+            .map(|(id, _)| *id)
+            .min();
+        match oldest.and_then(|id| table.remove(&id)) {
+            Some(e) => {
+                e.task.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Aborts `listener`'s connections; only those waiting for a request
+    /// when `idle_only`.
+    pub(crate) fn abort_listener(&self, listener: u64, idle_only: bool) {
+        for e in self.table.lock().values() {
+            if e.listener == listener && (!idle_only || e.state.idle.load(Ordering::SeqCst)) {
+                e.task.abort();
+            }
+        }
+    }
+
+    /// Starts the sweeper once (inside a runtime); it ends when the
+    /// budget is dropped.
+    pub(crate) fn start_sweeping(self: &Arc<Budget>) {
+        if self.sweeping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP).await;
+                let Some(budget) = weak.upgrade() else {
+                    return;
+                };
+                let now = budget.clock.tick();
+                for e in budget.table.lock().values() {
+                    if e.state.deadline.load(Ordering::Relaxed) < now {
+                        e.task.abort();
+                    }
+                }
+            }
+        });
+    }
+
+    /// Opens a stream on `conn` unless the process is at its stream bound
+    /// and `conn` already holds its share; the guard closes it.
+    pub(crate) fn open_stream(
+        self: &Arc<Budget>,
+        conn: &Arc<ConnState>,
+        idle: Duration,
+    ) -> Option<StreamGuard> {
+        let mine = conn.streams.load(Ordering::Relaxed);
+        if self.streams.load(Ordering::Relaxed) >= self.max_streams {
+            let busy = self.busy_conns.load(Ordering::Relaxed).max(1);
+            let share = (self.max_streams / busy).max(1);
+            if mine >= share {
+                return None;
+            }
+        }
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        if conn.streams.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.busy_conns.fetch_add(1, Ordering::Relaxed);
+            conn.idle.store(false, Ordering::Relaxed);
+        }
+        conn.waiting(&self.clock, idle);
+        Some(StreamGuard {
+            budget: self.clone(),
+            conn: conn.clone(),
+            idle,
+        })
+    }
+}
+
+/// One request in flight on a hyper connection; dropping it (its answer
+/// sent, or the stream reset) ends it.
+pub(crate) struct StreamGuard {
+    budget: Arc<Budget>,
+    conn: Arc<ConnState>,
+    idle: Duration,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.budget.streams.fetch_sub(1, Ordering::Relaxed);
+        if self.conn.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.budget.busy_conns.fetch_sub(1, Ordering::Relaxed);
+            // Nothing in flight: the connection waits for a request, may
+            // be closed to make room, and gets the idle timeout from now
+            // (bytes that open no request, such as PINGs, do not extend it).
+            self.conn.idle.store(true, Ordering::Relaxed);
+            self.conn.waiting(&self.budget.clock, self.idle);
+        }
+    }
+}
+
+/// A clock in milliseconds since the budget was made, advanced by the
+/// sweeper: reading it costs a load, where a timer per read cost a timer
+/// wheel registration (a lock) on every request.
+pub(crate) struct Coarse {
+    start: Instant,
+    now_ms: AtomicU64,
+}
+
+impl Coarse {
+    pub(crate) fn now(&self) -> u64 {
+        self.now_ms.load(Ordering::Relaxed)
+    }
+
+    fn tick(&self) -> u64 {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.now_ms.store(ms, Ordering::Relaxed);
+        ms
+    }
+}
+
+/// What the accept loop and the sweeper see of a connection.
+pub(crate) struct ConnState {
+    /// True while waiting for a request (between requests, or while its
+    /// head trickles in): such a connection may be closed to make room.
+    pub(crate) idle: AtomicBool,
+    /// When the current wait (for a head, or a body) expires, in coarse
+    /// milliseconds; `u64::MAX` while the connection is not waiting on its
+    /// client (a handler runs: it keeps its own time).
+    pub(crate) deadline: AtomicU64,
+    /// Requests in flight on it, once hyper has it.
+    pub(crate) streams: AtomicUsize,
+}
+
+impl ConnState {
+    pub(crate) fn new() -> ConnState {
+        ConnState {
+            idle: AtomicBool::new(true),
+            deadline: AtomicU64::new(u64::MAX),
+            streams: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn waiting(&self, clock: &Coarse, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+        self.deadline
+            .store(clock.now().saturating_add(ms), Ordering::Relaxed);
+    }
+
+    pub(crate) fn busy(&self) {
+        self.deadline.store(u64::MAX, Ordering::Relaxed);
+    }
+}

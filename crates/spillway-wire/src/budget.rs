@@ -38,8 +38,15 @@ pub struct Budget {
     /// Requests in flight on hyper connections, process-wide, before new
     /// ones are refused on connections over their share.
     max_streams: usize,
-    /// Every open client connection of every listener.
+    /// Every open client connection of every listener, but those closed
+    /// to make room.
     table: parking_lot::Mutex<HashMap<u64, Entry>>,
+    /// Client connections whose socket is open: those in the table, and
+    /// those closed to make room whose task has not ended yet (an aborted
+    /// task drops its socket when the runtime next gets to it).
+    open: AtomicUsize,
+    /// Of `open`, those closed to make room.
+    shed: AtomicUsize,
     /// Connection and listener numbers: a smaller one is an older one.
     next_id: AtomicU64,
     /// Signalled when a connection ends.
@@ -77,6 +84,16 @@ pub(crate) struct Entry {
 /// How often deadlines are checked: they are kept to within this.
 const SWEEP: Duration = Duration::from_millis(100);
 
+/// How long a new connection has to send its request before it may be
+/// closed to make room. Without it, a flood of connections that reconnect
+/// as soon as they are closed turns the whole table over faster than a
+/// legitimate client's request is read (on loopback, every 40 ms), and the
+/// legitimate connection, the oldest by then, is closed first; with it,
+/// accepting slows to the cap per grace period during such a flood, and
+/// every connection accepted gets the grace to be read.
+pub const GRACE: Duration = Duration::from_millis(200);
+const GRACE_MS: u64 = 200;
+
 impl Budget {
     /// A budget of `max_connections` descriptors for connections (at least
     /// one) and `max_streams` requests in flight on hyper connections
@@ -87,6 +104,8 @@ impl Budget {
             reserved: AtomicUsize::new(0),
             max_streams: max_streams.max(1),
             table: parking_lot::Mutex::new(HashMap::new()),
+            open: AtomicUsize::new(0),
+            shed: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             ended: Notify::new(),
             clock: Coarse {
@@ -116,7 +135,7 @@ impl Budget {
 
     /// Client connections open now, on every listener.
     pub fn connections(&self) -> usize {
-        self.table.lock().len()
+        self.open.load(Ordering::SeqCst)
     }
 
     /// Requests in flight on hyper connections now.
@@ -133,8 +152,16 @@ impl Budget {
         self.next_id.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// Whether the listeners' clients hold every descriptor they may.
     pub(crate) fn full(&self) -> bool {
-        self.table.lock().len() >= self.max_connections()
+        self.open.load(Ordering::SeqCst) >= self.max_connections()
+    }
+
+    /// Whether the budget would still be full once the connections
+    /// already closed to make room are gone: only then is another closed.
+    pub(crate) fn needs_room(&self) -> bool {
+        let open = self.open.load(Ordering::SeqCst);
+        open.saturating_sub(self.shed.load(Ordering::SeqCst)) >= self.max_connections()
     }
 
     /// Registers a connection, its task spawned by `spawn` under the lock
@@ -148,6 +175,7 @@ impl Budget {
         spawn: impl FnOnce() -> tokio::task::AbortHandle,
     ) {
         let mut table = self.table.lock();
+        self.open.fetch_add(1, Ordering::SeqCst);
         let task = spawn();
         table.insert(
             id,
@@ -159,23 +187,33 @@ impl Budget {
         );
     }
 
-    /// A connection ended.
+    /// A connection ended: its socket is closed.
     pub(crate) fn remove(&self, id: u64) {
-        self.table.lock().remove(&id);
-        self.ended.notify_one();
+        if self.table.lock().remove(&id).is_none() {
+            // Closed to make room, and now gone.
+            self.shed.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        self.ended.notify_waiters();
     }
 
     /// Closes the connection that has waited longest for a request, on
-    /// any listener; false if none waits.
+    /// any listener; false if none waits, or every one that waits was
+    /// accepted less than [`GRACE`] ago.
     pub(crate) fn shed_idle(&self) -> bool {
         let mut table = self.table.lock();
+        let now = self.clock.now();
         let oldest = table
             .iter()
-            .filter(|(_, e)| e.state.idle.load(Ordering::Relaxed))
+            .filter(|(_, e)| {
+                e.state.idle.load(Ordering::Relaxed)
+                    && now.saturating_sub(e.state.since) >= GRACE_MS
+            })
             .map(|(id, _)| *id)
             .min();
         match oldest.and_then(|id| table.remove(&id)) {
             Some(e) => {
+                self.shed.fetch_add(1, Ordering::SeqCst);
                 e.task.abort();
                 true
             }
@@ -298,14 +336,17 @@ pub(crate) struct ConnState {
     pub(crate) deadline: AtomicU64,
     /// Requests in flight on it, once hyper has it.
     pub(crate) streams: AtomicUsize,
+    /// When it was accepted, in coarse milliseconds.
+    pub(crate) since: u64,
 }
 
 impl ConnState {
-    pub(crate) fn new() -> ConnState {
+    pub(crate) fn new(clock: &Coarse) -> ConnState {
         ConnState {
             idle: AtomicBool::new(true),
             deadline: AtomicU64::new(u64::MAX),
             streams: AtomicUsize::new(0),
+            since: clock.now(),
         }
     }
 

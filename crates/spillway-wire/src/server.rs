@@ -308,11 +308,12 @@ pub async fn serve_in<A: Accept, H: Handler>(
     loop {
         // At the cap: make room by closing the connection that has waited
         // longest for a request, or wait for one to end.
+        // The descriptor of a connection closed to make room is free
+        // only once its task has ended: wait for that, rather than close
+        // another in its place.
         while budget.full() {
-            if budget.shed_idle() {
+            if budget.needs_room() && budget.shed_idle() {
                 accept.note_shed();
-                tokio::task::yield_now().await;
-                continue;
             }
             tokio::select! {
                 biased;
@@ -320,7 +321,7 @@ pub async fn serve_in<A: Accept, H: Handler>(
                     return finish(drain, date, limits).await;
                 }
                 () = budget.ended.notified() => {}
-                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
             }
         }
         let accepted = tokio::select! {
@@ -350,7 +351,7 @@ pub async fn serve_in<A: Accept, H: Handler>(
         };
         let _ = tcp.set_nodelay(true);
         let id = budget.next_id();
-        let state = Arc::new(ConnState::new());
+        let state = Arc::new(ConnState::new(&budget.clock));
         // Nothing sent yet: the first request's head (or the handshake)
         // must arrive within the head timeout.
         state.waiting(&budget.clock, limits.head_timeout);

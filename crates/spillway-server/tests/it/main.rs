@@ -2,6 +2,7 @@
 //! process on free loopback ports, real clients, real redis-server.
 
 mod admin;
+mod adversarial;
 mod api;
 mod client;
 mod client_api;

@@ -112,6 +112,11 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The process's id (a wrapper such as `prlimit` execs the binary).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a signal to the process (and a wrapper's child).
     pub fn signal(&self, sig: &str) {
         let status = Command::new("kill")

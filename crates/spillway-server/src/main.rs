@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
 use spillway_server::config::{Config, LogFormat, Source};
 use spillway_server::proxy::{UpstreamUrl, UserSource};
 use spillway_server::{ServeOptions, run, run_proxy, shutdown_signal};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// mimalloc: the server allocates a few small buffers per request, and
 /// glibc's malloc showed as the top cost under load (see docs/BENCHMARKS.md).
@@ -18,6 +20,7 @@ use spillway_server::{ServeOptions, run, run_proxy, shutdown_signal};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod json_log;
+mod log_limit;
 
 /// A rate limiting service: asks "may this request go through?" and answers
 /// with the rules of a YAML file.
@@ -360,13 +363,20 @@ fn init_logging(format: LogFormat) {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr);
+    // Protocol warnings (h2, hyper) past the first of each kind per
+    // interval are counted, not written: a flood cannot flood the log.
+    let throttle = log_limit::Throttle::default();
     match format {
         LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .finish()
+            .with(throttle)
             .init(),
         LogFormat::Json => builder
             .with_ansi(false)
             .event_format(json_log::JsonLines)
+            .finish()
+            .with(throttle)
             .init(),
     }
 }

@@ -276,6 +276,21 @@ async fn battery(server: &Server, targets: &[Target], probes: &[Probe], tls_only
             "{kind:?}: {opened} attack connections; {answered} legitimate requests answered; at most {max_fds} descriptors, {} MiB",
             max_rss >> 20
         );
+        // Protocol warnings are rate-limited: one line per kind per 10 s
+        // (under rapid reset, h2 wrote about 1,200 a second).
+        let protocol: Vec<String> = server
+            .drain_logs()
+            .into_iter()
+            .filter(|l| {
+                l.contains(" h2::") || l.contains(" hyper::") || l.contains(" hyper_util::")
+            })
+            .collect();
+        assert!(
+            protocol.len() <= 10,
+            "{kind:?}: {} protocol warnings in the log: {:?}",
+            protocol.len(),
+            &protocol[..protocol.len().min(5)]
+        );
         assert!(answered > 0, "{kind:?}: no legitimate request was sent");
         assert!(opened > 0, "{kind:?}: the attack opened no connection");
         assert!(

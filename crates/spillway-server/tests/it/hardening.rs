@@ -366,3 +366,64 @@ async fn a_malformed_chunked_body_is_a_400_not_an_upstream_error() {
         "{metrics}"
     );
 }
+
+/// An HTTP/2 connection with no request in flight is closed at the idle
+/// timeout however many PINGs it sends (before, any byte moving pushed the
+/// deadline on, so a PING every few seconds held a connection forever),
+/// and one that sends only the preface at the head timeout: on the
+/// decision port (h2c) and on the gRPC port alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_with_no_request_are_closed_however_they_ping() {
+    use spillway_testkit::attack;
+    let dir = TempDir::new("h2-idle");
+    let file = dir.write(
+        "rules.yaml",
+        &rules("server: { head_timeout: 1s, idle_timeout: 2s }"),
+    );
+    let s = Server::start(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ]);
+    let grpc = s.listener("gRPC");
+    for addr in [s.addr.clone(), grpc] {
+        // The preface alone: closed at the head timeout.
+        let mut quiet = TcpStream::connect(&addr).await.unwrap();
+        quiet.write_all(&attack::preface()).await.unwrap();
+        assert!(
+            closed_within(&mut quiet, Duration::from_secs(20)).await,
+            "{addr}: a connection that sent only the preface stayed open"
+        );
+        // One request answered, then PINGs every 300 ms: closed at the
+        // idle timeout all the same.
+        let mut pinger = TcpStream::connect(&addr).await.unwrap();
+        let mut hello = attack::preface();
+        hello.extend(attack::headers(
+            1,
+            "GET",
+            "x",
+            "/v1/limit?key=p",
+            true,
+            true,
+        ));
+        pinger.write_all(&hello).await.unwrap();
+        let started = Instant::now();
+        let mut closed = false;
+        while started.elapsed() < Duration::from_secs(20) {
+            if pinger
+                .write_all(&attack::frame(6, 0, 0, &[1; 8]))
+                .await
+                .is_err()
+                || closed_within(&mut pinger, Duration::from_millis(300)).await
+            {
+                closed = true;
+                break;
+            }
+        }
+        assert!(
+            closed,
+            "{addr}: a pinging connection with no request stayed open"
+        );
+    }
+}

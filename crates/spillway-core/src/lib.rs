@@ -40,7 +40,7 @@ pub mod rule;
 pub mod time;
 
 pub use algo::{
-    FixedWindow, Gcra, LeakyBucket, Limit, Log, Rate, Shaper, SlidingCounter, SlidingLog,
+    FixedWindow, Gcra, LeakyBucket, Limit, Log, MAX_DEBT, Rate, Shaper, SlidingCounter, SlidingLog,
     StateKind, TokenBucket, Verdict, Wide,
 };
 pub use decision::{Decision, Outcome, RuleDecision, RuleDecisions, StateView, charge, decide};

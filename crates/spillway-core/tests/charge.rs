@@ -206,20 +206,143 @@ proptest! {
         }
     }
 
-    /// The buckets and GCRA repay debt at exactly their rate: a fresh key
-    /// charged `c` past its size `n` is refused for `(c - n)` intervals.
+    /// The buckets and GCRA repay debt at exactly their rate, up to their
+    /// max_debt: a fresh key charged `c` past its size `n` is refused for
+    /// `(c - n)` intervals, at most one period (`n` intervals) by default,
+    /// at most its max_debt when one is set.
     #[test]
-    fn buckets_repay_debt_at_their_rate(n in 1u64..30, r in rate(), over in 1u64..100, which in 0usize..4) {
+    fn buckets_repay_debt_at_their_rate_up_to_max_debt(
+        n in 1u64..30, r in rate(), over in 1u64..100, which in 0usize..4,
+        debt in proptest::option::of(1u64..200),
+    ) {
         let limit = match which {
             0 => Limit::TokenBucket(TokenBucket::new(n, r).unwrap()),
             1 => Limit::LeakyBucket(LeakyBucket::new(n, r).unwrap()),
             2 => Limit::Gcra(Gcra::new(r, n).unwrap()),
             _ => Limit::Shaper(Shaper::new(n, r, Nanos(u64::MAX / 4)).unwrap()),
         };
+        let limit = match debt {
+            Some(d) => limit.with_max_debt(Nanos(d * r.interval() / 7 + 1)).unwrap(),
+            None => limit,
+        };
+        let max_debt = limit.max_debt().as_u64();
+        if debt.is_none() {
+            prop_assert_eq!(max_debt, n * r.interval());
+        }
         let mut k = Key::new(limit);
         let v = k.apply(Op::Charge(n + over), T0);
         prop_assert!(!v.allowed);
-        prop_assert_eq!(v.retry_after, Nanos(over * r.interval()));
+        prop_assert_eq!(v.retry_after, Nanos((over * r.interval()).min(max_debt)));
+    }
+}
+
+/// Any limit, with its default max_debt or one of its own (from a
+/// nanosecond to three periods).
+fn any_limit_with_debt() -> impl Strategy<Value = Limit> {
+    (any_limit(), proptest::option::of(1u64..3_000), 0u64..3).prop_map(|(l, d, unit)| match d {
+        None => l,
+        Some(d) => {
+            let period = l.window().as_u64();
+            let d = match unit {
+                0 => d,
+                1 => d * period / 1_000,
+                _ => d * period / 1_000 + period,
+            };
+            l.with_max_debt(Nanos(d.max(1))).unwrap()
+        }
+    })
+}
+
+/// Any cost, mostly small, often far past every limit (2^32, 2^53,
+/// `u64::MAX`): a hostile charge.
+fn any_cost() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => 0u64..40,
+        1 => Just(u64::MAX),
+        1 => Just(1u64 << 32),
+        1 => Just((1u64 << 53) - 1),
+        1 => 40u64..=u64::MAX,
+    ]
+}
+
+/// The longest a request of `cost` (at most the limit's size) can be
+/// refused by the limit itself, with no debt: a bucket's or GCRA's
+/// `cost` intervals (a shaper's whole queue, less nothing: its
+/// `max_wait` may refuse a short queue for as long), one window for a
+/// fixed window or a log, and for a sliding counter the rest of its
+/// window and then the time for a full count's weight to fade by `cost`.
+fn refusal_without_debt(limit: &Limit, cost: u64) -> u64 {
+    match limit {
+        Limit::TokenBucket(a) => cost * a.refill().interval(),
+        Limit::LeakyBucket(a) => cost * a.leak().interval(),
+        Limit::Gcra(a) => cost * a.rate().interval(),
+        Limit::Shaper(a) => a.capacity() * a.leak().interval(),
+        Limit::FixedWindow(_) | Limit::SlidingLog(_) => limit.window().as_u64(),
+        Limit::SlidingCounter(a) => {
+            let w = a.window().as_u64();
+            w + (cost * w).div_ceil(a.limit()) + 1
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+    /// Costs never lock out: whatever was charged before (any cost up
+    /// to `u64::MAX`), a request of any cost the limit can admit, a check
+    /// included, is refused for at most the limit's max_debt (one period
+    /// by default) longer than the limit itself could refuse it; and at
+    /// `retry_after` it passes. No cost makes the arithmetic panic.
+    #[test]
+    fn debt_never_outlasts_max_debt(
+        limit in any_limit_with_debt(),
+        ops in proptest::collection::vec(
+            (
+                prop_oneof![3 => 0u64..SEC, 1 => 0u64..100 * SEC],
+                prop_oneof![
+                    any_cost().prop_map(Op::Hit),
+                    any_cost().prop_map(Op::Charge),
+                    Just(Op::Check),
+                ],
+                any::<u64>(),
+            ),
+            1..40,
+        ),
+    ) {
+        let max_debt = limit.max_debt().as_u64();
+        let size = limit.size();
+        let mut k = Key::new(limit.clone());
+        let mut now = T0;
+        for (gap, op, probe) in ops {
+            now += gap;
+            let v = k.apply(op, now);
+            // The verdict of the op itself (a charge's is a check's).
+            let cost = match op {
+                Op::Hit(c) => c,
+                Op::Charge(_) | Op::Check => 0,
+            };
+            if cost <= size && !v.allowed {
+                let bound = refusal_without_debt(&limit, cost) + max_debt;
+                prop_assert!(
+                    v.retry_after.as_u64() <= bound,
+                    "{op:?} at {now}: retry after {:?}, bound {bound} ({limit:?})",
+                    v.retry_after
+                );
+            }
+            // And a request of any admissible cost after it.
+            let c = probe % (size.min(1 << 20) + 1);
+            let v = k.clone().apply(Op::Hit(c), now);
+            if !v.allowed {
+                let bound = refusal_without_debt(&limit, c) + max_debt;
+                prop_assert!(
+                    v.retry_after.as_u64() <= bound,
+                    "cost {c} after {op:?} at {now}: retry after {:?}, bound {bound} ({limit:?})",
+                    v.retry_after
+                );
+                let at = now + v.retry_after.as_u64();
+                prop_assert!(k.clone().apply(Op::Hit(c), at).allowed, "refused at retry_after: {v:?}");
+            }
+        }
     }
 }
 

@@ -27,8 +27,8 @@
 --          number of distinct rules in this call, then each rule (the
 --          decisions of a call mostly share a few rules, so their
 --          parameters are sent, and parsed, once): mode (0 hard, 1 soft,
---          2 shadow), number of limits, and per limit five numbers:
---          algorithm, base size, enforced size, a, b
+--          2 shadow), number of limits, and per limit six numbers:
+--          algorithm, base size, enforced size, a, b, d
 -- then     number of decisions, and per decision:
 --   now in microseconds, or 0 to use this server's TIME (the default:
 --   instances with skewed clocks then agree; read once per call)
@@ -50,6 +50,10 @@
 --   5 sliding log       a = window
 --   6 sliding counter   a = window
 --   7 gcra              a = microseconds per request
+--          d bounds what a charge after the fact may leave owing (see
+--          below): for 1, 2, 3 and 7 the debt in microseconds past the
+--          enforced size's horizon (the limit's max_debt); for 6 the
+--          largest count a charge leaves in a window; else 0
 -- ARGV[2], ARGV[3]  (optional: the sync header of an exchange, see below)
 --          an instance's name and a sequence number below 2^53, in
 --          decimal; with them the last of KEYS is the hash of the last
@@ -73,10 +77,14 @@
 -- charged is written with its TTL as for an admitted request, so it lives
 -- until it is fresh again (debt included). Its verdicts are checks of
 -- cost 0 on the state after the charge (for a soft rule both, raised
--- then as written). The client sends the cost whole below 2^53; the
--- script caps a time-based debt at DEBT (about 71 years) and a window's
--- count at 2^53 - 1 (see `charged`), so a huge charge denies for
--- decades instead of failing the call.
+-- then as written). The client sends the cost whole below 2^53. The debt
+-- is bounded as in crates/spillway-core: a schedule or a leaky bucket
+-- owes at most d microseconds past its horizon (the enforced size times
+-- a), and a sliding counter counts at most d in a window, so a huge
+-- charge keeps a key out at most one max_debt longer than its limit
+-- would (a fixed window's count, capped at 2^53 - 1, and a sliding
+-- log's entries clear with their window anyway). DEBT (about 71 years)
+-- still caps a time-based debt, so every number stays exact.
 --
 -- A refund (flag 3: units a lease took and did not use, given back) takes
 -- `cost` units off every limit of every rule (shadow ones too) as the
@@ -444,29 +452,31 @@ local function log_check(out, o, key, size, a, now)
   out[o + 5] = 0
 end
 
--- The longest debt a charge leaves on a time-based state (a schedule or
--- a leaky bucket's level), in microseconds: 2^51, about 71 years. A
--- charge whose cost times the period would reach further is capped
--- there, so every number stays an exact integer (now + 1.5 x this, the
+-- The furthest a charge takes a time-based state (a schedule or a leaky
+-- bucket's level) past now, in microseconds, whatever its horizon and
+-- max_debt: 2^51, about 71 years. A charge whose cost times the period
+-- would reach further is capped there, so every number stays an exact
+-- integer (now + 1.5 x this, the
 -- bucket's life, is below 2^53 until the year 2148) and every TTL a
 -- valid PEXPIRE; without it a cost of 2^53 made PEXPIRE fail the call,
 -- and the charge was lost. A count (fixed window) stops at 2^53 - 1.
 local DEBT = 2251799813685248
 local MAX_COUNT = 9007199254740991
 
--- Charges `cost` after the fact to a counter algorithm's `state`: the
--- state's expiry, until when its bucket is known to live, and its numbers
--- (as `counter` returns them for an admission). `cost` is below 2^53;
+-- Charges `cost` after the fact to a counter algorithm's `state` of
+-- enforced size `size`, owing at most `d` (see the header): the state's
+-- expiry, until when its bucket is known to live, and its numbers (as
+-- `counter` returns them for an admission). `cost` is below 2^53;
 -- `cost * a` may not be exact, but then it is past the cap (rounding
 -- keeps the order), and the cap is what is kept. A cap never lowers a
--- state (a clock that stepped back).
-local function charged(code, state, a, now, cost)
+-- state (a clock that stepped back, or a debt set smaller since).
+local function charged(code, state, size, a, d, now, cost)
   if code == 1 or code == 3 or code == 7 then
     local tat, known = 0, nil
     if state and #state >= 16 then tat, known = bunpack('>dd', state) end
     local start = max(tat, now)
     local e = start + cost * a
-    local cap = max(start, now + DEBT)
+    local cap = max(start, now + min(size * a + d, DEBT))
     if e > cap then e = cap end
     return e, known, e
   elseif code == 2 then
@@ -474,9 +484,8 @@ local function charged(code, state, a, now, cost)
     if state and #state >= 24 then drains, measured, known = bunpack('>ddd', state) end
     local at = max(now, measured)
     local level = max(max(drains - measured, 0) - (at - measured), 0)
-    local nd = at + level + cost * a
-    local cap = max(at + level, now + DEBT)
-    if nd > cap then nd = cap end
+    local new = min(level + cost * a, max(level, min(size * a + d, DEBT)))
+    local nd = at + new
     return nd, known, nd, at
   elseif code == 4 then
     local e, count, known = 0, 0, nil
@@ -486,7 +495,7 @@ local function charged(code, state, a, now, cost)
   end
   -- 6: sliding window counter, rolled forward as `counter` does.
   local e, cur, prev, known = slide(state, a, now)
-  return e + a, known, e + a, min(cur + cost, 4294967295), prev
+  return e + a, known, e + a, min(cur + cost, max(d, cur)), prev
 end
 
 -- Refunds `cost` units taken at `since` from a counter algorithm's
@@ -600,13 +609,13 @@ local function clock()
 end
 
 local A = cmsgpack.unpack(ARGV[1])
--- Rule r's mode at A[RS[r]], its number of limits after it, then five
+-- Rule r's mode at A[RS[r]], its number of limits after it, then six
 -- numbers per limit.
 local RS = {}
 local p = 2
 for r = 1, A[1] do
   RS[r] = p
-  p = p + 2 + 5 * A[p + 1]
+  p = p + 2 + 6 * A[p + 1]
 end
 local ndecisions = A[p]
 p = p + 1
@@ -648,7 +657,7 @@ local function decide(p, n, kb, nrules, now, cost, dry)
     local two = mode == 1
     for _ = 1, nl do
       local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
-      rp = rp + 5
+      rp = rp + 6
       local field = A[p]
       p = p + 1
       local key = KEYS[kb + k]
@@ -824,8 +833,8 @@ for _ = 1, ndecisions do
       local two, nl = A[rp] == 1, A[rp + 1]
       rp = rp + 2
       for _ = 1, nl do
-        local code, base, enf, a, b = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4]
-        rp = rp + 5
+        local code, base, enf, a, b, d = A[rp], A[rp + 1], A[rp + 2], A[rp + 3], A[rp + 4], A[rp + 5]
+        rp = rp + 6
         local field = A[p]
         p = p + 1
         local key = KEYS[key_base + k]
@@ -843,7 +852,7 @@ for _ = 1, ndecisions do
           if refund then
             e, known, v1, v2, v3 = refunded(code, st, a, now, cost, at)
           else
-            e, known, v1, v2, v3 = charged(code, st, a, now, cost)
+            e, known, v1, v2, v3 = charged(code, st, enf, a, d, now, cost)
           end
           if e then
             store(key, field, code, e, now, known, v1, v2, v3)

@@ -64,8 +64,12 @@ fn us_up(ns: u64) -> u64 {
 /// The sliding log's algorithm code.
 const SLIDING_LOG: u64 = 5;
 
-/// `(code, base size, enforced size, a, b)` of a limit, in microseconds.
-fn params_of(base: &Limit, enforced: &Limit) -> [u64; 5] {
+/// `(code, base size, enforced size, a, b, d)` of a limit, in
+/// microseconds; `d` bounds what a charge after the fact leaves owing, as
+/// the enforced limit's own `charge` does in the memory store: its
+/// max_debt for a schedule or a leaky bucket, its largest count in a
+/// window for a sliding counter, else 0.
+fn params_of(base: &Limit, enforced: &Limit) -> [u64; 6] {
     let (code, a, b) = match base {
         Limit::TokenBucket(l) => (1, us_up(l.refill().interval()), 0),
         Limit::LeakyBucket(l) => (2, us_up(l.leak().interval()), 0),
@@ -75,21 +79,28 @@ fn params_of(base: &Limit, enforced: &Limit) -> [u64; 5] {
         Limit::SlidingCounter(l) => (6, us_up(l.window().as_u64()), 0),
         Limit::Gcra(l) => (7, us_up(l.rate().interval()), 0),
     };
-    [code, base.size(), enforced.size(), a, b]
+    let d = match enforced {
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Shaper(_) | Limit::Gcra(_) => {
+            us_up(enforced.max_debt().as_u64())
+        }
+        Limit::SlidingCounter(l) => l.max_count(),
+        Limit::FixedWindow(_) | Limit::SlidingLog(_) => 0,
+    };
+    [code, base.size(), enforced.size(), a, b, d]
 }
 
 /// One rule's share of a decision: its parameters and its client's tag.
 #[derive(Debug)]
 struct RulePart {
     /// Mode (0 hard, 1 soft, 2 shadow), number of limits, then per limit:
-    /// code, base size, enforced size, a, b (see [`params_of`]).
-    params: SmallVec<[u64; 7]>,
+    /// code, base size, enforced size, a, b, d (see [`params_of`]).
+    params: SmallVec<[u64; 8]>,
     tag: u64,
 }
 
 impl RulePart {
     fn limits(&self) -> impl Iterator<Item = &[u64]> {
-        self.params[2..].chunks_exact(5)
+        self.params[2..].chunks_exact(6)
     }
 }
 
@@ -147,14 +158,13 @@ pub(crate) fn script_cost(charges: &[Charge<'_>], cost: u64) -> u64 {
 /// cost itself, up to [`MAX_EXACT`] (2^53 - 1, so the script's doubles hold
 /// it exactly). A charge is never refused, so it cannot be clamped to the
 /// sizes as a request is ([`script_cost`]): a charge past a size is debt.
-/// The script then caps what it keeps, never failing the call: a
-/// time-based debt (token bucket, GCRA, shaper, leaky bucket) at 2^51 µs,
-/// about 71 years after the charge, and a fixed window's count at
-/// 2^53 - 1 (a sliding counter's stops at 2^32 - 1 and a sliding log
-/// keeps its newest limit + 1 entries, as in core). Below those caps the
-/// charge is exact and agrees with the memory store; past them the key
-/// is refused for decades, where the memory store saturates its
-/// nanoseconds at 2^64 (the year 2554).
+/// The script then bounds what it keeps as the memory store does, never
+/// failing the call: a time-based debt (token bucket, GCRA, shaper,
+/// leaky bucket) at the limit's max_debt past its horizon (and at 2^51
+/// µs, about 71 years, whatever that says), a sliding counter's count at
+/// its `max_count`, a fixed window's count at 2^53 - 1 (it clears with
+/// the window anyway), and a sliding log keeps its newest limit + 1
+/// entries, as in core.
 pub(crate) fn charge_cost(cost: u64) -> u64 {
     cost.min(MAX_EXACT)
 }
@@ -193,7 +203,7 @@ pub(crate) fn part(charges: &[Charge<'_>], cost: u64, now_us: u64, write: Write)
                 Mode::Shadow => 2,
             };
             let base = c.rule.limits();
-            let mut params = SmallVec::with_capacity(2 + 5 * base.len());
+            let mut params = SmallVec::with_capacity(2 + 6 * base.len());
             params.extend([mode, base.len() as u64]);
             for (b, e) in base.iter().zip(c.rule.enforced_limits()) {
                 params.extend(params_of(b, e));
@@ -500,9 +510,10 @@ mod tests {
         use V::{N, S};
         let us = 60_000_000;
         let mut expected = vec![N(2)];
-        // The two rules: hard fixed window of 10; shadow sliding log of 3.
-        expected.extend([N(0), N(1), N(4), N(10), N(10), N(us), N(0)]);
-        expected.extend([N(2), N(1), N(5), N(3), N(3), N(us), N(0)]);
+        // The two rules: hard fixed window of 10; shadow sliding log of 3
+        // (neither keeps a debt past its window: d is 0).
+        expected.extend([N(0), N(1), N(4), N(10), N(10), N(us), N(0), N(0)]);
+        expected.extend([N(2), N(1), N(5), N(3), N(3), N(us), N(0), N(0)]);
         // Three decisions: now, cost, dry, rules, then rule number and fields.
         expected.push(N(3));
         expected.extend([N(0), N(1), N(0), N(1), N(1), S(fa)]);

@@ -465,6 +465,15 @@ pub fn limit(
     l: &Spanned<RawLimit>,
     max_wait: Option<Nanos>,
 ) -> Option<Limit> {
+    let max_debt = match &l.value {
+        RawLimit::TokenBucket(b) => b.max_debt.as_ref(),
+        RawLimit::LeakyBucket(b) => b.max_debt.as_ref(),
+        RawLimit::FixedWindow(w)
+        | RawLimit::SlidingWindowLog(w)
+        | RawLimit::SlidingWindowCounter(w) => w.max_debt.as_ref(),
+        RawLimit::Gcra(g) => g.max_debt.as_ref(),
+    }
+    .map(|d| (d, duration(errs, d, "max_debt", false)));
     let built = match &l.value {
         RawLimit::TokenBucket(b) => {
             let c = count(errs, &b.capacity, "capacity");
@@ -503,12 +512,29 @@ pub fn limit(
             Gcra::new(r?, b?).map(Limit::Gcra)
         }
     };
-    match built {
-        Ok(limit) => Some(limit),
+    let limit = match built {
+        Ok(limit) => limit,
         Err(e) => {
             errs.at(l, e.to_string());
-            None
+            return None;
         }
+    };
+    match max_debt {
+        None => Some(limit),
+        Some((_, None)) => None,
+        Some((at, Some(d))) => match limit.with_max_debt(d) {
+            Ok(limit) => Some(limit),
+            Err(_) => {
+                errs.at(
+                    at,
+                    format!(
+                        "max_debt is longer than the longest accepted, {} days (about 146 years)",
+                        spillway_core::MAX_DEBT.as_u64() / 86_400_000_000_000
+                    ),
+                );
+                None
+            }
+        },
     }
 }
 

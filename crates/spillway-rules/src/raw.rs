@@ -106,6 +106,10 @@ pub enum RawLimit {
 pub struct RawWindow {
     pub limit: Spanned<i64>,
     pub window: Spanned<String>,
+    /// How long past its limit a charge may keep a key out (default:
+    /// one period of the limit).
+    #[serde(default)]
+    pub max_debt: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +117,10 @@ pub struct RawWindow {
 pub struct RawBucket {
     pub capacity: Spanned<i64>,
     pub refill: Spanned<String>,
+    /// How long past its limit a charge may keep a key out (default:
+    /// one period of the limit).
+    #[serde(default)]
+    pub max_debt: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -120,6 +128,10 @@ pub struct RawBucket {
 pub struct RawLeaky {
     pub capacity: Spanned<i64>,
     pub leak: Spanned<String>,
+    /// How long past its limit a charge may keep a key out (default:
+    /// one period of the limit).
+    #[serde(default)]
+    pub max_debt: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,4 +140,8 @@ pub struct RawGcra {
     pub rate: Spanned<String>,
     #[serde(default)]
     pub burst: Option<Spanned<i64>>,
+    /// How long past its limit a charge may keep a key out (default:
+    /// one period of the limit).
+    #[serde(default)]
+    pub max_debt: Option<Spanned<String>>,
 }

@@ -335,3 +335,48 @@ health:
         .to_string();
     assert!(e.contains("SPILLWAY_TEST_UNSET_NAME"), "{e}");
 }
+
+/// `max_debt:` bounds how long a charge past the limit keeps a key out:
+/// one period by default, a duration of its own on any algorithm, and
+/// refused with its place when zero, negative, or not a duration.
+#[test]
+fn max_debt_is_a_duration_per_limit_defaulting_to_one_period() {
+    let f = parse(
+        "r.yaml",
+        "\
+rules:
+  - name: a
+    limits:
+      - gcra: { rate: 10/s, burst: 20, max_debt: 30s }
+      - token_bucket: { capacity: 5, refill: 1/s }
+      - fixed_window: { limit: 5, window: 1m, max_debt: 1h }
+      - sliding_window_counter: { limit: 5, window: 1m, max_debt: 10s }
+      - leaky_bucket: { capacity: 5, leak: 1/s, max_debt: 500ms }
+",
+    )
+    .unwrap();
+    let debts: Vec<u64> = f.rules[0]
+        .limits()
+        .iter()
+        .map(|l| l.max_debt().as_u64() / 1_000_000)
+        .collect();
+    // GCRA 30 s; a bucket's default is its refill of the whole capacity
+    // (5 s); a fixed window's debt ends with its window, whatever is set.
+    assert_eq!(debts, [30_000, 5_000, 60_000, 10_000, 500]);
+
+    for (value, message) in [
+        ("0s", "r.yaml:4:38: max_debt must be longer than zero"),
+        ("-1s", "r.yaml:4:38: max_debt: "),
+        ("soon", "r.yaml:4:38: max_debt: "),
+        (
+            "60000d",
+            "r.yaml:4:38: max_debt is longer than the longest accepted, 53375 days",
+        ),
+    ] {
+        let e = errors(&format!(
+            "rules:\n  - name: a\n    limits:\n      - gcra: {{ rate: 1/s, max_debt: {value} }}\n"
+        ));
+        assert_eq!(e.0.len(), 1, "{value}: {e}");
+        assert!(e.to_string().starts_with(message), "{value}: {e}");
+    }
+}

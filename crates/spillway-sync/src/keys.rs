@@ -55,6 +55,17 @@ pub(crate) struct Entry {
     pub remaining: u64,
     /// Lease mode: a lease call for this key is under way; others wait for it.
     pub asking: Option<Arc<tokio::sync::Notify>>,
+    /// Eventual mode: the exchange round from which the key is no longer
+    /// new here (0: it is not). Until then this instance admits at most
+    /// its share of it (see `store.rs`, `Inner::gate`).
+    pub gate: u64,
+    /// Eventual mode: cost admitted (or charged) here while the key was
+    /// new, in the current epoch.
+    pub gated: u64,
+    /// Eventual mode: when the current epoch ends: the end of the rule's
+    /// shortest fixed window (whose start makes the key new again), never
+    /// for a rule without one; zero before the key's first decision.
+    pub epoch: Nanos,
 }
 
 impl Entry {
@@ -77,6 +88,9 @@ impl Entry {
             verdict: None,
             remaining: u64::MAX,
             asking: None,
+            gate: 0,
+            gated: 0,
+            epoch: Nanos::ZERO,
         }
     }
 }
@@ -157,11 +171,6 @@ impl Keys {
         }
         // Rules no key holds any more (replaced by a reload) go too.
         self.rules.write().retain(|_, r| Arc::strong_count(r) > 1);
-    }
-
-    /// Whether a new key would find no room.
-    pub(crate) fn full(&self) -> bool {
-        self.len.load(Ordering::Relaxed) >= self.cap
     }
 
     /// Keys held.

@@ -491,7 +491,12 @@ enum Taken {
 }
 
 /// A denial by charge `j`, reporting the store's last verdict if known.
-fn refused(charges: &[Charge<'_>], j: usize, interval: Nanos, v: Option<Verdict>) -> Decision {
+pub(crate) fn refused(
+    charges: &[Charge<'_>],
+    j: usize,
+    interval: Nanos,
+    v: Option<Verdict>,
+) -> Decision {
     let size = charges[j].rule.limits().first().map_or(0, Limit::size);
     let verdict = match v {
         Some(v) if !v.allowed => Verdict { remaining: 0, ..v },

@@ -33,6 +33,14 @@
 //! admission near a window's end may count in the next window (the error
 //! is toward admitting less).
 //!
+//! Where every instance starts from nothing at once (a key new here, or
+//! the start of its rule's shortest fixed window), that bound is the whole
+//! limit per instance; so there an instance admits at most its share
+//! (`limit / N`, at least 1) until its second exchange after the key's
+//! first request, by which every live instance has pushed its own first
+//! admissions: at most `limit + (N − 1) × (limit mod N)` per fresh key or
+//! window when instances push within an interval (docs/SYNC.md).
+//!
 //! ## Lease mode
 //! An instance leases a slice of a key's remaining budget: the store
 //! admits `c` units at once (the largest every limit admits, up to what

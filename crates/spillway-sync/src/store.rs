@@ -2,18 +2,18 @@
 //! shares with it (`lease.rs` has the rest).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use spillway_core::{Clock, Decision, Limit, Nanos, Outcome, Rule, Verdict};
+use spillway_core::{Clock, Decision, Limit, Mode, Nanos, Outcome, Rule, Verdict};
 use spillway_redis::{RedisStore, SyncItem, SyncOp, SyncReply};
 use spillway_store::{Charge, MemoryConfig, MemoryStore, Store, StoreError};
 
 use crate::clock::StoreClock;
 use crate::keys::{Entry, Keys};
-use crate::lease::{Tick, grant, lease_ops};
+use crate::lease::{Tick, grant, lease_ops, refused};
 use crate::link::Link;
 use crate::share::Share;
 use crate::status::{Health, LinkStatus, SyncStatus, instance_id};
@@ -59,6 +59,9 @@ pub(crate) struct Inner {
     /// One exchange or pull at a time (the loop makes them in turn;
     /// [`SyncStore::exchange_now`] waits for the loop's).
     pub(crate) turn: tokio::sync::Mutex<()>,
+    /// Exchanges started (not pulls): a key new here is gated until two
+    /// more have (see [`Inner::gate`]).
+    pub(crate) rounds: AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -111,6 +114,7 @@ impl SyncStore {
             wake: tokio::sync::Notify::new(),
             fresh: Mutex::new(Vec::new()),
             turn: tokio::sync::Mutex::new(()),
+            rounds: AtomicU64::new(0),
             config,
         });
         tokio::spawn(exchange_loop(Arc::downgrade(&inner)));
@@ -285,6 +289,7 @@ impl Inner {
                 e.refused_until = Nanos::ZERO;
                 e.verdict = None;
                 e.remaining = u64::MAX;
+                e.epoch = Nanos::ZERO;
             });
         }
         let stores = std::iter::once(&self.home).chain(&self.remotes);
@@ -357,18 +362,37 @@ impl Inner {
         })
     }
 
-    /// Eventual mode: decided in memory, admissions recorded, one lock
-    /// of the key map per rule while it has room.
+    /// Eventual mode: decided in memory, admissions recorded, two locks
+    /// of the key map per rule while it has room (the gate, then the
+    /// record).
     fn eventual(&self, charges: &[Charge<'_>], cost: u64, after: bool) -> Decision {
         let tags: smallvec::SmallVec<[u64; 2]> = charges.iter().map(spillway_redis::tag).collect();
-        if self.keys.full() {
-            // A key the map does not hold cannot be shared: its own share
-            // of the limit is what this instance may admit for it alone.
-            for (c, &tag) in charges.iter().zip(&tags) {
-                if self.track(c, tag, |_| ()).is_none() {
+        // A key new here (or at its fixed window's start) is admitted up
+        // to this instance's share until the others' first admissions can
+        // have reached it; the cost is set aside at the gate, all rules or
+        // none.
+        let mut gated = smallvec::SmallVec::<[bool; 2]>::from_elem(false, charges.len());
+        let (now, rounds, live) = (
+            self.clock.now(),
+            self.rounds.load(Ordering::Acquire),
+            self.share.live(),
+        );
+        for (j, (c, &tag)) in charges.iter().zip(&tags).enumerate() {
+            match self.track(c, tag, |e| gate(e, c.rule, now, rounds, live, cost, after)) {
+                // A key the map does not hold cannot be shared: its own
+                // share of the limit is what this instance may admit for
+                // it alone.
+                None => {
+                    self.ungate(&tags, &gated, cost);
                     return self
                         .share
                         .alone(charges, cost, after, true, spillway_redis::tag);
+                }
+                Some(Gate::Open) => {}
+                Some(Gate::Taken) => gated[j] = true,
+                Some(Gate::Shut) => {
+                    self.ungate(&tags, &gated, cost);
+                    return refused(charges, j, Nanos::from(self.config.interval), None);
                 }
             }
         }
@@ -385,8 +409,13 @@ impl Inner {
                 }
             }
         }
-        for ((c, &tag), &add) in charges.iter().zip(&tags).zip(&added) {
-            let kept = self.track(c, tag, |e| e.pending = e.pending.saturating_add(add));
+        for (((c, &tag), &add), &held) in charges.iter().zip(&tags).zip(&added).zip(&gated) {
+            let kept = self.track(c, tag, |e| {
+                e.pending = e.pending.saturating_add(add);
+                if held && add == 0 {
+                    e.gated = e.gated.saturating_sub(cost);
+                }
+            });
             if kept.is_none() && add > 0 {
                 // The map filled meanwhile: the admission still reaches
                 // the store, through the share's pushes.
@@ -395,6 +424,92 @@ impl Inner {
         }
         d
     }
+
+    /// Gives back what the gate set aside for the keys of `tags` (where
+    /// `held`) for a request that was not decided.
+    fn ungate(&self, tags: &[u64], held: &[bool], cost: u64) {
+        for (&tag, _) in tags.iter().zip(held).filter(|(_, h)| **h) {
+            self.keys
+                .get(tag, |e| e.gated = e.gated.saturating_sub(cost));
+        }
+    }
+}
+
+/// What the gate of a key new here says of a request.
+enum Gate {
+    /// The key is not new here: decide as usual.
+    Open,
+    /// New, and the cost fits this instance's share: it is set aside.
+    Taken,
+    /// New, and the cost does not fit: refused.
+    Shut,
+}
+
+/// The gate of eventual mode, on a key's entry at `now`, with `rounds`
+/// exchanges started and `live` instances: a key new here, or at the
+/// start of its rule's shortest fixed window (a window's count starts
+/// from 0 on every instance at once), is admitted here up to this
+/// instance's share of it, `size / live` (at least 1) of its smallest
+/// enforced limit, until the second exchange after its first request.
+///
+/// Why the second: the first pushes what was admitted here while the key
+/// was new; exchanges come every interval, so between the first and the
+/// second every other live instance has exchanged once and pushed its
+/// own first admissions, and the second reads them all. Opened earlier,
+/// at the first exchange or at the early pull of a new key, each instance
+/// read a store that did not have the others' admissions yet, and each
+/// admitted up to the whole limit: 3 instances admitted 300 of a limit
+/// of 100 at a fresh key, and 1,200 in 4 fixed windows of 100. A charge
+/// after the fact is never refused, but counts against the share. A
+/// shadow rule never refuses, and is not gated.
+fn gate(
+    e: &mut Entry,
+    rule: &Rule,
+    now: Nanos,
+    rounds: u64,
+    live: u64,
+    cost: u64,
+    after: bool,
+) -> Gate {
+    if rule.mode() == Mode::Shadow {
+        return Gate::Open;
+    }
+    if e.epoch <= now {
+        e.epoch = epoch_end(rule, now);
+        e.gate = rounds + 2;
+        e.gated = 0;
+    }
+    if e.gate == 0 {
+        return Gate::Open;
+    }
+    let share = rule
+        .enforced_limits()
+        .iter()
+        .map(|l| (l.size() / live.max(1)).max(1))
+        .min()
+        .unwrap_or(u64::MAX);
+    let total = e.gated.saturating_add(cost);
+    if total > share && !after {
+        return Gate::Shut;
+    }
+    e.gated = total;
+    Gate::Taken
+}
+
+/// When the epoch of `rule` that `now` falls in ends: the end of its
+/// shortest fixed window, or never.
+fn epoch_end(rule: &Rule, now: Nanos) -> Nanos {
+    rule.enforced_limits()
+        .iter()
+        .filter_map(|l| match l {
+            Limit::FixedWindow(w) => {
+                let w = w.window().as_u64();
+                Some(Nanos((now.as_u64() - now.as_u64() % w).saturating_add(w)))
+            }
+            _ => None,
+        })
+        .min()
+        .unwrap_or(Nanos::MAX)
 }
 
 /// Exchanges every interval until the store is dropped; between them,
@@ -439,6 +554,7 @@ pub(crate) struct Item {
 impl Inner {
     async fn exchange(&self) {
         let _turn = self.turn.lock().await;
+        self.rounds.fetch_add(1, Ordering::AcqRel);
         // Every key in use is read now: the early pull has nothing to add.
         self.fresh.lock().clear();
         let lease = self.config.mode == SyncMode::Lease;
@@ -618,6 +734,7 @@ impl Inner {
     fn absorb(&self, items: &[Item], reply: &SyncReply) {
         let now = self.clock.now();
         let interval = Nanos::from(self.config.interval);
+        let rounds = self.rounds.load(Ordering::Acquire);
         for (item, r) in items.iter().zip(&reply.items) {
             match item.op {
                 SyncOp::Lease { .. } => {
@@ -633,6 +750,11 @@ impl Inner {
                 _ => {
                     let waiting_after = self.home.link.lock().unacked_for(item.tag);
                     self.keys.get(item.tag, |e| {
+                        // Read at the second exchange after it was new
+                        // here: the others' first admissions are in.
+                        if e.gate != 0 && rounds >= e.gate {
+                            e.gate = 0;
+                        }
                         let unpushed = e.pending.saturating_add(waiting_after);
                         e.remaining = min_remaining(&r.limits);
                         let limits = item.rule.enforced_limits();

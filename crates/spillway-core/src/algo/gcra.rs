@@ -1,4 +1,6 @@
-use super::{Rate, Verdict, capacity_param, max_capacity, vsched};
+use std::num::NonZeroU64;
+
+use super::{Rate, Verdict, capacity_param, debt_or, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -31,10 +33,26 @@ use crate::time::Nanos;
 /// assert_eq!(v3.retry_after, Nanos::from_millis(100));
 /// # Ok::<(), spillway_core::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
     rate: Rate,
     burst: u64,
+    /// The most a charge may leave owing, in ns past a spent burst;
+    /// `None`: the time the whole burst takes at the rate.
+    max_debt: Option<NonZeroU64>,
+}
+
+impl std::fmt::Debug for Gcra {
+    /// As derived, without `max_debt` when it is the default (see
+    /// [`TokenBucket`](super::TokenBucket)'s).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Gcra");
+        d.field("rate", &self.rate).field("burst", &self.burst);
+        if let Some(m) = self.max_debt {
+            d.field("max_debt", &m);
+        }
+        d.finish()
+    }
 }
 
 impl Gcra {
@@ -48,6 +66,7 @@ impl Gcra {
         Ok(Gcra {
             rate,
             burst: capacity_param("gcra burst", burst, &rate)?,
+            max_debt: None,
         })
     }
 
@@ -59,6 +78,21 @@ impl Gcra {
     /// The burst.
     pub fn burst(&self) -> u64 {
         self.burst
+    }
+
+    /// The most a charge may leave owing: how long past a spent burst it
+    /// may keep the key out (by default the time the whole burst takes at
+    /// the rate, see [`Limit::with_max_debt`](super::Limit::with_max_debt)).
+    pub fn max_debt(&self) -> Nanos {
+        Nanos(debt_or(self.max_debt, self.rate.span(self.burst)))
+    }
+
+    pub(crate) fn own_debt(&self) -> Option<NonZeroU64> {
+        self.max_debt
+    }
+
+    pub(crate) fn with_max_debt(&self, max_debt: Option<NonZeroU64>) -> Gcra {
+        Gcra { max_debt, ..*self }
     }
 
     pub(crate) fn with_burst(&self, burst: u64) -> Gcra {
@@ -79,11 +113,15 @@ impl Gcra {
     /// Charges `cost` after the fact (a cost known only once the request
     /// was served): always counted, even past the burst, which puts the
     /// key in debt: the state moves `cost` intervals further and checks are
-    /// denied until it has drained back, at exactly the rate rate. The
+    /// denied until it has drained back, at exactly the rate. The debt
+    /// stops at [`Gcra::max_debt`]: whatever the cost, a check is admitted
+    /// again at most that long after the burst would be spent. The
     /// verdict is a check of cost 0 on the state after the charge: denied
     /// if the key is now over.
     pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
-        let next = vsched::charge(state, now.0, self.rate.span(cost));
+        let horizon = self.rate.span(self.burst);
+        let debt = debt_or(self.max_debt, horizon);
+        let next = vsched::charge(state, now.0, self.rate.span(cost), horizon, debt);
         (self.decide(next, now, 0).0, next)
     }
 }

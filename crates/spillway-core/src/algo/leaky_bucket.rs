@@ -1,4 +1,6 @@
-use super::{Rate, Verdict, Wide, capacity_param, max_capacity, vsched};
+use std::num::NonZeroU64;
+
+use super::{Rate, Verdict, Wide, capacity_param, debt_or, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -19,10 +21,27 @@ use crate::time::Nanos;
 /// capacity and rate and as GCRA with `burst = capacity`: pick whichever
 /// vocabulary your users think in. As a meter it rejects; to delay instead,
 /// use [`Shaper`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct LeakyBucket {
     capacity: u64,
     leak: Rate,
+    /// The most a charge may leave owing, in ns of draining past a full
+    /// bucket; `None`: the time to drain the whole capacity.
+    max_debt: Option<NonZeroU64>,
+}
+
+impl std::fmt::Debug for LeakyBucket {
+    /// As derived, without `max_debt` when it is the default (see
+    /// [`TokenBucket`](super::TokenBucket)'s).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("LeakyBucket");
+        d.field("capacity", &self.capacity)
+            .field("leak", &self.leak);
+        if let Some(m) = self.max_debt {
+            d.field("max_debt", &m);
+        }
+        d.finish()
+    }
 }
 
 impl LeakyBucket {
@@ -35,6 +54,7 @@ impl LeakyBucket {
         Ok(LeakyBucket {
             capacity: capacity_param("leaky_bucket capacity", capacity, &leak)?,
             leak,
+            max_debt: None,
         })
     }
 
@@ -46,6 +66,21 @@ impl LeakyBucket {
     /// Leak rate.
     pub fn leak(&self) -> Rate {
         self.leak
+    }
+
+    /// The most a charge may leave owing: how long past a full bucket it
+    /// may keep the key out (by default the time to drain the whole
+    /// capacity, see [`Limit::with_max_debt`](super::Limit::with_max_debt)).
+    pub fn max_debt(&self) -> Nanos {
+        Nanos(debt_or(self.max_debt, self.leak.span(self.capacity)))
+    }
+
+    pub(crate) fn own_debt(&self) -> Option<NonZeroU64> {
+        self.max_debt
+    }
+
+    pub(crate) fn with_max_debt(&self, max_debt: Option<NonZeroU64>) -> LeakyBucket {
+        LeakyBucket { max_debt, ..*self }
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> LeakyBucket {
@@ -90,15 +125,24 @@ impl LeakyBucket {
     /// Charges `cost` after the fact: the water is always added, even past
     /// the capacity, which puts the key in debt: checks are denied until
     /// the level has leaked back under the capacity, at exactly the leak
-    /// rate. The verdict is a check of cost 0 after the charge.
+    /// rate. The level stops at [`LeakyBucket::max_debt`] of draining
+    /// above the capacity (never lowered, should it be higher already):
+    /// whatever the cost, a check is admitted again at most that long
+    /// after a full bucket would be. The verdict is a check of cost 0
+    /// after the charge.
     pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let (drains_at, measured_at) = (state.a, state.b);
         let at = now.0.max(measured_at);
         let level = drains_at
             .saturating_sub(measured_at)
             .saturating_sub(at - measured_at);
+        let full = self.leak.span(self.capacity);
+        let cap = full.saturating_add(debt_or(self.max_debt, full));
+        let new_level = level
+            .saturating_add(self.leak.span(cost))
+            .min(cap.max(level));
         let next = Wide {
-            a: at.saturating_add(level.saturating_add(self.leak.span(cost))),
+            a: at.saturating_add(new_level),
             b: at,
         };
         (self.decide(next, now, 0).0, next)
@@ -121,11 +165,29 @@ impl LeakyBucket {
 /// **Weaknesses**: waiting holds a connection open; keep `capacity` and
 /// `max_wait` small. The decision only says how long to wait: the caller must
 /// actually wait, or the shaping is lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Shaper {
     capacity: u64,
     leak: Rate,
     max_wait: Nanos,
+    /// The most a charge may leave owing, in ns past a full queue;
+    /// `None`: the time to drain the whole capacity.
+    max_debt: Option<NonZeroU64>,
+}
+
+impl std::fmt::Debug for Shaper {
+    /// As derived, without `max_debt` when it is the default (see
+    /// [`TokenBucket`](super::TokenBucket)'s).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("Shaper");
+        d.field("capacity", &self.capacity)
+            .field("leak", &self.leak)
+            .field("max_wait", &self.max_wait);
+        if let Some(m) = self.max_debt {
+            d.field("max_debt", &m);
+        }
+        d.finish()
+    }
 }
 
 impl Shaper {
@@ -140,6 +202,7 @@ impl Shaper {
             capacity: capacity_param("leaky_bucket capacity", capacity, &leak)?,
             leak,
             max_wait,
+            max_debt: None,
         })
     }
 
@@ -156,6 +219,21 @@ impl Shaper {
     /// The longest a request may be asked to wait.
     pub fn max_wait(&self) -> Nanos {
         self.max_wait
+    }
+
+    /// The most a charge may leave owing: how long past a full queue it
+    /// may keep the key out (by default the time to drain the whole
+    /// capacity, see [`Limit::with_max_debt`](super::Limit::with_max_debt)).
+    pub fn max_debt(&self) -> Nanos {
+        Nanos(debt_or(self.max_debt, self.leak.span(self.capacity)))
+    }
+
+    pub(crate) fn own_debt(&self) -> Option<NonZeroU64> {
+        self.max_debt
+    }
+
+    pub(crate) fn with_max_debt(&self, max_debt: Option<NonZeroU64>) -> Shaper {
+        Shaper { max_debt, ..*self }
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> Shaper {
@@ -189,10 +267,13 @@ impl Shaper {
     }
     /// Charges `cost` after the fact: always queued, even past the
     /// capacity, which puts the key in debt until the queue has drained
-    /// back, at exactly the leak rate. The verdict is a check of cost 0
+    /// back, at exactly the leak rate; at most [`Shaper::max_debt`] past
+    /// a full queue, whatever the cost. The verdict is a check of cost 0
     /// after the charge.
     pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
-        let next = vsched::charge(state, now.0, self.leak.span(cost));
+        let horizon = self.leak.span(self.capacity);
+        let debt = debt_or(self.max_debt, horizon);
+        let next = vsched::charge(state, now.0, self.leak.span(cost), horizon, debt);
         (self.decide(next, now, 0).0, next)
     }
 }

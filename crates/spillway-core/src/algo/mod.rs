@@ -10,7 +10,11 @@
 //! go through `charge(&self, state, now, cost)`: always counted, even past
 //! the limit, which puts the key in debt, and later checks are denied until
 //! the algorithm has paid it back at its own rate (a bucket's refill or
-//! leak, a GCRA's spacing, a window's end, a sliding window's slide). Stores own the states and apply the
+//! leak, a GCRA's spacing, a window's end, a sliding window's slide). The
+//! debt is bounded: a charge keeps a key out at most
+//! [`Limit::max_debt`] (by default one period of the limit) longer than
+//! its limit itself would, whatever the cost, so one hostile charge
+//! cannot lock a key out for years. Stores own the states and apply the
 //! transitions atomically; algorithms never read a clock or touch a store.
 //!
 //! Times are nanoseconds since the epoch, valid up to 2^63 (the year
@@ -44,6 +48,8 @@ pub use leaky_bucket::{LeakyBucket, Shaper};
 pub use sliding_counter::SlidingCounter;
 pub use sliding_log::{Log, MAX_LOG_LIMIT, SlidingLog};
 pub use token_bucket::TokenBucket;
+
+use std::num::NonZeroU64;
 
 use crate::error::{Error, ErrorKind};
 use crate::time::Nanos;
@@ -201,6 +207,17 @@ impl std::str::FromStr for Rate {
 /// constructor accepts is enforced.
 pub const MAX_SPAN: Nanos = Nanos(1 << 62);
 
+/// The longest [`Limit::max_debt`] a limit accepts: [`MAX_SPAN`], about
+/// 146 years, so `now + horizon + debt` stays within a `u64` of
+/// nanoseconds.
+pub const MAX_DEBT: Nanos = MAX_SPAN;
+
+/// The debt an algorithm allows: its own, or `period` by default.
+#[inline]
+pub(crate) fn debt_or(max_debt: Option<NonZeroU64>, period: u64) -> u64 {
+    max_debt.map_or(period, NonZeroU64::get)
+}
+
 /// The largest capacity (or burst) whose drain or refill at `rate` takes
 /// at most [`MAX_SPAN`].
 pub(crate) fn max_capacity(rate: &Rate) -> u64 {
@@ -330,6 +347,81 @@ impl Limit {
         }
     }
 
+    /// The most a charge after the fact may leave this limit owing: how
+    /// much longer than its limit itself would, a charge of any cost may
+    /// keep a key out. By default one period ([`Limit::window`]: a
+    /// window, or the time a bucket or GCRA takes to refill or drain its
+    /// whole size). A fixed window's or a sliding log's debt ends with
+    /// the window whatever this says: a count past the limit clears when
+    /// a full one would, so it never keeps a key out longer.
+    pub fn max_debt(&self) -> Nanos {
+        match self {
+            Limit::TokenBucket(a) => a.max_debt(),
+            Limit::LeakyBucket(a) => a.max_debt(),
+            Limit::Shaper(a) => a.max_debt(),
+            Limit::SlidingCounter(a) => a.max_debt(),
+            Limit::Gcra(a) => a.max_debt(),
+            Limit::FixedWindow(_) | Limit::SlidingLog(_) => self.window(),
+        }
+    }
+
+    /// The same limit with its debt bounded by `max_debt` (see
+    /// [`Limit::max_debt`]): `max_debt: 10m` in a rules file. A fixed
+    /// window or a sliding log keeps no debt past its window, so it is
+    /// accepted there and changes nothing.
+    ///
+    /// ```
+    /// use spillway_core::{Gcra, Limit, Nanos, Rate};
+    /// let g = Limit::Gcra(Gcra::new(Rate::new(1, Nanos::from_secs(1))?, 10)?);
+    /// assert_eq!(g.max_debt(), Nanos::from_secs(10));
+    /// let g = g.with_max_debt(Nanos::from_secs(60))?;
+    /// // A charge of 2^32 keeps the key out a minute past its burst, not 136 years.
+    /// let Limit::Gcra(a) = &g else { unreachable!() };
+    /// let (v, _) = a.charge(0, Nanos::from_secs(1000), 1 << 32);
+    /// assert_eq!(v.retry_after, Nanos::from_secs(60));
+    /// # Ok::<(), spillway_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `max_debt` is zero ([`ErrorKind::ZeroDuration`]) or longer than
+    /// [`MAX_DEBT`] ([`ErrorKind::LimitTooLarge`], in nanoseconds).
+    pub fn with_max_debt(&self, max_debt: Nanos) -> Result<Limit, Error> {
+        if max_debt > MAX_DEBT {
+            return Err(ErrorKind::LimitTooLarge {
+                what: "max_debt in nanoseconds",
+                value: max_debt.0,
+                max: MAX_DEBT.0,
+            }
+            .into());
+        }
+        let d = NonZeroU64::new(max_debt.0).ok_or(ErrorKind::ZeroDuration("max_debt"))?;
+        Ok(self.with_debt(Some(d)))
+    }
+
+    /// The debt this limit was given (`None`: the default).
+    fn own_debt(&self) -> Option<NonZeroU64> {
+        match self {
+            Limit::TokenBucket(a) => a.own_debt(),
+            Limit::LeakyBucket(a) => a.own_debt(),
+            Limit::Shaper(a) => a.own_debt(),
+            Limit::SlidingCounter(a) => a.own_debt(),
+            Limit::Gcra(a) => a.own_debt(),
+            Limit::FixedWindow(_) | Limit::SlidingLog(_) => None,
+        }
+    }
+
+    /// The same limit with debt `d` (`None`: the default).
+    fn with_debt(&self, d: Option<NonZeroU64>) -> Limit {
+        match self {
+            Limit::TokenBucket(a) => Limit::TokenBucket(a.with_max_debt(d)),
+            Limit::LeakyBucket(a) => Limit::LeakyBucket(a.with_max_debt(d)),
+            Limit::Shaper(a) => Limit::Shaper(a.with_max_debt(d)),
+            Limit::SlidingCounter(a) => Limit::SlidingCounter(a.with_max_debt(d)),
+            Limit::Gcra(a) => Limit::Gcra(a.with_max_debt(d)),
+            Limit::FixedWindow(_) | Limit::SlidingLog(_) => self.clone(),
+        }
+    }
+
     /// The same limit with its size raised by `percent` (soft mode), rounded down,
     /// never below the original.
     pub fn scaled(&self, percent: u32) -> Limit {
@@ -432,7 +524,8 @@ impl Limit {
         };
         // Smaller sizes and slower rates stay within every bound the
         // original met; should one not, the original is the safe answer.
-        shared.unwrap_or_else(|_| self.clone())
+        // A share owes what the whole would (a debt set, or its own period).
+        shared.map_or_else(|_| self.clone(), |l| l.with_debt(self.own_debt()))
     }
 
     /// Decides for a narrow-state limit; `None` if this limit keeps another kind of state.

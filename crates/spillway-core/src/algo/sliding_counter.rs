@@ -1,4 +1,6 @@
-use super::{Verdict, Wide, window_params};
+use std::num::NonZeroU64;
+
+use super::{Verdict, Wide, debt_or, window_params};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -22,10 +24,26 @@ use crate::time::Nanos;
 /// can pass within one window's length in the worst case, and if they came at
 /// its start it is stricter than needed. Spread traffic sees errors of a few percent.
 /// Counts are exact within a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SlidingCounter {
     limit: u64,
     window: Nanos,
+    /// The most a charge may leave owing, in ns past what a full window
+    /// keeps the key out; `None`: one window.
+    max_debt: Option<NonZeroU64>,
+}
+
+impl std::fmt::Debug for SlidingCounter {
+    /// As derived, without `max_debt` when it is the default (see
+    /// [`TokenBucket`](super::TokenBucket)'s).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("SlidingCounter");
+        d.field("limit", &self.limit).field("window", &self.window);
+        if let Some(m) = self.max_debt {
+            d.field("max_debt", &m);
+        }
+        d.finish()
+    }
 }
 
 impl SlidingCounter {
@@ -35,7 +53,11 @@ impl SlidingCounter {
     /// Zero limit or window, or a limit above `u32::MAX`.
     pub fn new(limit: u64, window: Nanos) -> Result<SlidingCounter, Error> {
         window_params(limit, window, "limit", u64::from(u32::MAX))?;
-        Ok(SlidingCounter { limit, window })
+        Ok(SlidingCounter {
+            limit,
+            window,
+            max_debt: None,
+        })
     }
 
     /// Requests per window.
@@ -46,6 +68,40 @@ impl SlidingCounter {
     /// Window length.
     pub fn window(&self) -> Nanos {
         self.window
+    }
+
+    /// The most a charge may leave owing: how much longer than a window
+    /// counted full a charge may keep the key out (by default one window,
+    /// see [`Limit::with_max_debt`](super::Limit::with_max_debt)).
+    pub fn max_debt(&self) -> Nanos {
+        Nanos(debt_or(self.max_debt, self.window.0))
+    }
+
+    pub(crate) fn own_debt(&self) -> Option<NonZeroU64> {
+        self.max_debt
+    }
+
+    pub(crate) fn with_max_debt(&self, max_debt: Option<NonZeroU64>) -> SlidingCounter {
+        SlidingCounter { max_debt, ..*self }
+    }
+
+    /// The largest count a charge leaves in a window. A count of `x`
+    /// above the limit keeps a check of cost `c` out, in the next window,
+    /// until `W - floor((limit - c) W / x)` has passed, at most
+    /// `W (1 - limit / x)` (plus a nanosecond of rounding) longer than a
+    /// count of `limit` would: `x <= limit W / (W - max_debt)` keeps that
+    /// within the debt. A debt of a window or more only stops at what the
+    /// state holds (2^32 - 1), which is at most one window longer anyway.
+    pub fn max_count(&self) -> u64 {
+        let w = self.window.0;
+        let cap = u64::from(u32::MAX);
+        match self.max_debt {
+            Some(d) if d.get() < w => {
+                let x = u128::from(self.limit) * u128::from(w) / u128::from(w - d.get());
+                u64::try_from(x).map_or(cap, |x| x.min(cap))
+            }
+            _ => cap,
+        }
     }
 
     pub(crate) fn with_limit(&self, limit: u64) -> SlidingCounter {
@@ -100,14 +156,15 @@ impl SlidingCounter {
     }
 
     /// Charges `cost` after the fact: always counted in the current
-    /// window, even past the limit (up to 2^32 - 1 in a window), which
-    /// puts the key in debt: checks are denied until the estimate is back
+    /// window, even past the limit (up to [`SlidingCounter::max_count`]
+    /// in a window, never lowering a count already above it), which puts
+    /// the key in debt: checks are denied until the estimate is back
     /// under the limit, as the count's weight fades over the next window
     /// (the rate at which this algorithm forgets any count). The verdict
     /// is a check of cost 0 after the charge.
     pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let (end, cur, prev) = self.roll(state, now);
-        let cur = cur.saturating_add(cost).min(u64::from(u32::MAX));
+        let cur = cur.saturating_add(cost).min(self.max_count().max(cur));
         let next = Wide {
             a: end.saturating_add(self.window.0),
             b: (cur << 32) | prev,

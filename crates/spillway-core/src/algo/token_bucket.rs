@@ -1,4 +1,6 @@
-use super::{Rate, Verdict, capacity_param, max_capacity, vsched};
+use std::num::NonZeroU64;
+
+use super::{Rate, Verdict, capacity_param, debt_or, max_capacity, vsched};
 use crate::error::Error;
 use crate::time::Nanos;
 
@@ -35,10 +37,28 @@ use crate::time::Nanos;
 /// assert!(tb.decide(s, Nanos::from_secs(101), 1).0.allowed);
 /// # Ok::<(), spillway_core::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucket {
     capacity: u64,
     refill: Rate,
+    /// The most a charge may leave owing, in ns past an empty bucket;
+    /// `None`: the time to refill the whole capacity.
+    max_debt: Option<NonZeroU64>,
+}
+
+impl std::fmt::Debug for TokenBucket {
+    /// As derived, without `max_debt` when it is the default: a rule's
+    /// fingerprint (which names its counters) is its limits' debug text,
+    /// and a limit's counters must not change when nothing of it did.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TokenBucket");
+        d.field("capacity", &self.capacity)
+            .field("refill", &self.refill);
+        if let Some(m) = self.max_debt {
+            d.field("max_debt", &m);
+        }
+        d.finish()
+    }
 }
 
 impl TokenBucket {
@@ -51,6 +71,7 @@ impl TokenBucket {
         Ok(TokenBucket {
             capacity: capacity_param("token_bucket capacity", capacity, &refill)?,
             refill,
+            max_debt: None,
         })
     }
 
@@ -62,6 +83,21 @@ impl TokenBucket {
     /// Refill rate.
     pub fn refill(&self) -> Rate {
         self.refill
+    }
+
+    /// The most a charge may leave owing: how long past an empty bucket
+    /// it may keep the key out (by default the time to refill the whole
+    /// capacity, see [`Limit::with_max_debt`](super::Limit::with_max_debt)).
+    pub fn max_debt(&self) -> Nanos {
+        Nanos(debt_or(self.max_debt, self.refill.span(self.capacity)))
+    }
+
+    pub(crate) fn own_debt(&self) -> Option<NonZeroU64> {
+        self.max_debt
+    }
+
+    pub(crate) fn with_max_debt(&self, max_debt: Option<NonZeroU64>) -> TokenBucket {
+        TokenBucket { max_debt, ..*self }
     }
 
     pub(crate) fn with_capacity(&self, capacity: u64) -> TokenBucket {
@@ -89,10 +125,14 @@ impl TokenBucket {
     /// was served): always counted, even past the capacity, which puts the
     /// key in debt: the state moves `cost` intervals further and checks are
     /// denied until it has drained back, at exactly the refill rate. The
-    /// verdict is a check of cost 0 on the state after the charge: denied
-    /// if the key is now over.
+    /// debt stops at [`TokenBucket::max_debt`]: whatever the cost, a check
+    /// is admitted again at most that long after the bucket would be
+    /// empty. The verdict is a check of cost 0 on the state after the
+    /// charge: denied if the key is now over.
     pub fn charge(&self, state: u64, now: Nanos, cost: u64) -> (Verdict, u64) {
-        let next = vsched::charge(state, now.0, self.refill.span(cost));
+        let horizon = self.refill.span(self.capacity);
+        let debt = debt_or(self.max_debt, horizon);
+        let next = vsched::charge(state, now.0, self.refill.span(cost), horizon, debt);
         (self.decide(next, now, 0).0, next)
     }
 }

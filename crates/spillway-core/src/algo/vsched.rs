@@ -46,11 +46,18 @@ pub(super) fn step(tat: u64, now: u64, inc: u64, horizon: u64) -> Step {
     }
 }
 
-/// Charges `inc` nanoseconds of work after the fact: always counted, past
-/// the horizon if need be (the limit is then in debt, and checks are
-/// denied until the backlog has drained back within the horizon).
-pub(super) fn charge(tat: u64, now: u64, inc: u64) -> u64 {
-    tat.max(now).saturating_add(inc)
+/// Charges `inc` nanoseconds of work after the fact: counted past the
+/// horizon if need be (the limit is then in debt, and checks are denied
+/// until the backlog has drained back within the horizon), but never
+/// further than `debt` past it: a backlog of at most `horizon + debt`
+/// after `now`. Without that bound one charge of 2^32 at one request per
+/// second kept the key out for 136 years. The bound never lowers a
+/// backlog already stored (a clock that stepped back): a charge never
+/// gives capacity back.
+pub(super) fn charge(tat: u64, now: u64, inc: u64, horizon: u64, debt: u64) -> u64 {
+    let start = tat.max(now);
+    let cap = now.saturating_add(horizon).saturating_add(debt);
+    start.saturating_add(inc).min(cap.max(start))
 }
 
 /// Renders a step as a verdict for a limit of `size` units of `interval` ns each.

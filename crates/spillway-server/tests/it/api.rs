@@ -778,3 +778,39 @@ async fn check_then_charge_serves_exactly_what_the_budget_pays_for() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+/// Issue 28: `POST /v1/charge` with `cost: 4294967296` for someone else's
+/// key put a GCRA key into debt for 527 years. Now the debt stops at the
+/// limit's `max_debt` (30 s here, from the rules file): the victim is
+/// refused for at most 30 s, whatever the cost, and a second such charge
+/// adds nothing.
+#[tokio::test]
+async fn a_huge_charge_keeps_a_key_out_at_most_its_max_debt() {
+    let dir = TempDir::new("debt");
+    let file = dir.write(
+        "rules.yaml",
+        "rules:\n  - name: tokens\n    by: user\n    limits:\n      - gcra: { rate: 1/s, burst: 10, max_debt: 30s }\n",
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    for _ in 0..2 {
+        let r = c
+            .post(s.url("/v1/charge"))
+            .json(&json!({"user": "victim", "cost": 4_294_967_296u64}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let j: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(j["over"], true, "{j}");
+    }
+    let (status, _, j) = check(&c, &s, json!({"user": "victim", "cost": 0})).await;
+    assert_eq!(status, 429, "{j}");
+    let retry = j["retry_after_ms"].as_u64().unwrap();
+    // 30 s past a spent burst, less what passed since the charge (a
+    // loaded machine may take seconds).
+    assert!((10_000..=30_000).contains(&retry), "{j}");
+    // Someone else is untouched.
+    let (status, _, j) = check(&c, &s, json!({"user": "other", "cost": 0})).await;
+    assert_eq!(status, 200, "{j}");
+}

@@ -969,3 +969,84 @@ fn elastic_rules_follow_the_health_on_every_algorithm() {
         assert_eq!(count(&run("late", 5), Outcome::Denied), 5, "{name}");
     }
 }
+
+/// Every algorithm (a shaper too), with its default max_debt (one
+/// period) and with one of its own, shorter than a period.
+fn every_algorithm_with_debts() -> Vec<Limit> {
+    use spillway_core::{LeakyBucket, Shaper, SlidingCounter};
+    let r = Rate::new(4, Nanos::from_secs(1)).unwrap();
+    let w = Nanos::from_secs(2);
+    let plain = vec![
+        Limit::TokenBucket(TokenBucket::new(5, r).unwrap()),
+        Limit::LeakyBucket(LeakyBucket::new(5, r).unwrap()),
+        Limit::Shaper(Shaper::new(5, r, Nanos::from_millis(600)).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(5, w).unwrap()),
+        log(5, 2),
+        Limit::SlidingCounter(SlidingCounter::new(5, w).unwrap()),
+        Limit::Gcra(Gcra::new(r, 3).unwrap()),
+    ];
+    let own: Vec<Limit> = plain
+        .iter()
+        .map(|l| l.with_max_debt(Nanos::from_millis(300)).unwrap())
+        .collect();
+    plain.into_iter().chain(own).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Costs never lock out in the memory store: after any requests and
+    /// charges after the fact of any cost (up to `u64::MAX`), a check of
+    /// any algorithm is refused for at most its max_debt longer than its
+    /// limit itself could refuse a check (nothing for a bucket or GCRA,
+    /// a shaper's queue, a window; a nanosecond of rounding more for the
+    /// sliding counter), and passes at its `retry_after`.
+    #[test]
+    fn a_charge_never_locks_a_key_out_past_max_debt(
+        which in 0usize..14,
+        ops in prop::collection::vec(
+            (
+                prop_oneof![3 => Just(0u64), 3 => 0u64..300_000_000, 1 => 0u64..3_000_000_000],
+                prop_oneof![
+                    3 => 0u64..10,
+                    1 => Just(u64::MAX),
+                    1 => Just(1u64 << 32),
+                    1 => 10u64..=u64::MAX,
+                ],
+                any::<bool>(),
+            ),
+            1..60,
+        ),
+    ) {
+        let limit = every_algorithm_with_debts().swap_remove(which);
+        let allowed = match limit {
+            Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Gcra(_) => 0,
+            Limit::SlidingCounter(_) => limit.window().as_u64() + 1,
+            _ => limit.window().as_u64(),
+        };
+        let bound = allowed + limit.max_debt().as_u64();
+        let r = rule("r", vec![limit], Mode::Hard);
+        let c = clock();
+        let store = MemoryStore::new(c.clone(), MemoryConfig::default());
+        let key = Key::from_parts(["victim"]);
+        let charges = [Charge { rule: &r, key: &key }];
+        for (gap, cost, after) in ops {
+            c.advance(Nanos(gap));
+            if after {
+                store.charge_now(&charges, cost);
+            } else {
+                store.decide_now(&charges, cost);
+            }
+            let d = store.decide_now(&charges, 0);
+            let v = d.rules[0].verdict;
+            if !v.allowed {
+                prop_assert!(
+                    v.retry_after.as_u64() <= bound,
+                    "{:?}: retry after {:?}, bound {}ns", r.limits()[0], v.retry_after, bound
+                );
+                let at = c.now_value().as_u64() + v.retry_after.as_u64();
+                prop_assert!(store.decide_at(&charges, 0, Nanos(at)).allowed);
+            }
+        }
+    }
+}

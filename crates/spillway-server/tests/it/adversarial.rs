@@ -14,13 +14,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use spillway_server::grpc::proto::{
-    Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT,
-};
 use spillway_testkit::attack::{self, Kind};
 use spillway_testkit::upstream::HttpUpstream;
 
-use crate::util::{Server, TempDir};
+use crate::util::{Server, TempDir, should_rate_limit, tls_endpoint};
 
 /// How long each attack runs.
 const ATTACK: Duration = Duration::from_secs(3);
@@ -109,35 +106,6 @@ async fn status(req: reqwest::RequestBuilder, ok: &[u16]) -> Result<(), String> 
     }
 }
 
-async fn grpc(
-    endpoint: tonic::transport::Endpoint,
-) -> Result<RateLimitResponse, Box<dyn std::error::Error>> {
-    let ch = endpoint.connect().await?;
-    let mut grpc = tonic::client::Grpc::new(ch);
-    grpc.ready().await?;
-    let req = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: "legit".into(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    };
-    let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
-    let r = grpc
-        .unary(
-            tonic::Request::new(req),
-            path,
-            tonic_prost::ProstCodec::default(),
-        )
-        .await?;
-    Ok(r.into_inner())
-}
-
 impl Probe {
     async fn ask(&self) -> Result<(), String> {
         let decided = &[200, 429];
@@ -152,7 +120,8 @@ impl Probe {
                 let ep = tonic::transport::Endpoint::from_shared(format!("http://{a}"))
                     .unwrap()
                     .timeout(Duration::from_secs(10));
-                grpc(ep).await.map(|_| ()).map_err(|e| e.to_string())
+                let r = should_rate_limit(ep, "legit").await;
+                r.map(|_| ()).map_err(|e| e.to_string())
             }
             Probe::Admin(a) => status(h1().get(format!("http://{a}/metrics")), &[200]).await,
             Probe::Proxied(a) => {
@@ -187,18 +156,8 @@ impl Probe {
                     &[200],
                 )
                 .await?;
-                let tls = tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                    .domain_name("localhost");
-                let ep = tonic::transport::Endpoint::from_shared(format!(
-                    "https://localhost:{}",
-                    port(g)
-                ))
-                .unwrap()
-                .timeout(Duration::from_secs(10))
-                .tls_config(tls)
-                .unwrap();
-                grpc(ep).await.map(|_| ()).map_err(|e| e.to_string())
+                let r = should_rate_limit(tls_endpoint(g, ca), "legit").await;
+                r.map(|_| ()).map_err(|e| e.to_string())
             }
         }
     }
@@ -306,16 +265,11 @@ async fn battery(server: &Server, targets: &[Target], probes: &[Probe], tls_only
     }
 }
 
-fn addr(a: &str) -> SocketAddr {
-    a.parse().unwrap()
-}
-
-/// The decision port (HTTP/1.1 and h2c), the gRPC port and the admin
-/// address of one `spillway serve`, attacked together.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answered() {
-    let dir = TempDir::new("adversarial");
-    let file = dir.write("rules.yaml", &format!("{SERVER}\n{RULES}"));
+/// `spillway serve` with `yaml` (the [`SERVER`] bounds and [`RULES`]
+/// besides), gRPC and admin listeners on free ports, under the lowered
+/// descriptor limit; and their addresses.
+fn start_service(dir: &TempDir, yaml: &str) -> (Server, String, String) {
+    let file = dir.write("rules.yaml", &format!("{SERVER}\n{yaml}\n{RULES}"));
     let s = Server::start_wrapped(
         &["prlimit", NOFILE, "--"],
         "serve",
@@ -328,8 +282,21 @@ async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answere
             "127.0.0.1:0",
         ],
     );
-    let grpc_at = s.listener("gRPC");
-    let admin_at = s.listener("admin API");
+    let grpc = s.listener("gRPC");
+    let admin = s.listener("admin API");
+    (s, grpc, admin)
+}
+
+fn addr(a: &str) -> SocketAddr {
+    a.parse().unwrap()
+}
+
+/// The decision port (HTTP/1.1 and h2c), the gRPC port and the admin
+/// address of one `spillway serve`, attacked together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answered() {
+    let dir = TempDir::new("adversarial");
+    let (s, grpc_at, admin_at) = start_service(&dir, "");
     let targets = [
         Target {
             addr: addr(&s.addr),
@@ -415,21 +382,7 @@ async fn connection_floods_on_tls_listeners_leave_legitimate_clients_answered() 
         cert_path.display(),
         key_path.display()
     );
-    let file = dir.write("rules.yaml", &format!("{SERVER}\n{tls}\n{RULES}"));
-    let s = Server::start_wrapped(
-        &["prlimit", NOFILE, "--"],
-        "serve",
-        &[
-            "--config",
-            file.to_str().unwrap(),
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ],
-    );
-    let grpc_at = s.listener("gRPC");
-    let admin_at = s.listener("admin API");
+    let (s, grpc_at, admin_at) = start_service(&dir, &tls);
     let targets: Vec<Target> = [&s.addr, &grpc_at, &admin_at]
         .into_iter()
         .map(|a| Target {

@@ -7,9 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use spillway_server::grpc::proto::{
-    Code, Entry, RateLimitDescriptor, RateLimitRequest, RateLimitResponse, SHOULD_RATE_LIMIT,
-};
+use spillway_server::grpc::proto::{Code, RateLimitResponse};
 use spillway_testkit::upstream::HttpUpstream;
 
 use crate::util::{Server, TempDir, spillway};
@@ -137,37 +135,7 @@ async fn grpc_call(
     ca: &Pair,
     user: &str,
 ) -> Result<RateLimitResponse, Box<dyn std::error::Error>> {
-    let tls = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(&ca.cert))
-        .domain_name("localhost");
-    let port = addr.rsplit(':').next().unwrap();
-    let ch = tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))?
-        .tls_config(tls)?
-        .connect()
-        .await?;
-    let mut grpc = tonic::client::Grpc::new(ch);
-    grpc.ready().await?;
-    let req = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: user.into(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    };
-    let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
-    let r = grpc
-        .unary(
-            tonic::Request::new(req),
-            path,
-            tonic_prost::ProstCodec::default(),
-        )
-        .await?;
-    Ok(r.into_inner())
+    crate::util::should_rate_limit(crate::util::tls_endpoint(addr, &ca.cert), user).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

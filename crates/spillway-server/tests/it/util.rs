@@ -290,3 +290,52 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One `ShouldRateLimit` call for `user` in domain `edge` on `endpoint`
+/// (plain or TLS), on a new connection.
+pub async fn should_rate_limit(
+    endpoint: tonic::transport::Endpoint,
+    user: &str,
+) -> Result<spillway_server::grpc::proto::RateLimitResponse, Box<dyn std::error::Error>> {
+    use spillway_server::grpc::proto::{
+        Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT,
+    };
+    let ch = endpoint.connect().await?;
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await?;
+    let req = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: user.into(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    };
+    let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
+    let r = grpc
+        .unary(
+            tonic::Request::new(req),
+            path,
+            tonic_prost::ProstCodec::default(),
+        )
+        .await?;
+    Ok(r.into_inner())
+}
+
+/// A gRPC endpoint on `addr` over TLS, trusting the PEM certificate `ca`
+/// for the name localhost.
+pub fn tls_endpoint(addr: &str, ca: &str) -> tonic::transport::Endpoint {
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+        .domain_name("localhost");
+    let port = addr.rsplit(':').next().unwrap();
+    tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .timeout(Duration::from_secs(10))
+        .tls_config(tls)
+        .unwrap()
+}

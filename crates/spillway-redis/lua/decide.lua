@@ -456,10 +456,10 @@ end
 -- bucket's level) past now, in microseconds, whatever its horizon and
 -- max_debt: 2^51, about 71 years. A charge whose cost times the period
 -- would reach further is capped there, so every number stays an exact
--- integer (now + 1.5 x this, the
--- bucket's life, is below 2^53 until the year 2148) and every TTL a
--- valid PEXPIRE; without it a cost of 2^53 made PEXPIRE fail the call,
--- and the charge was lost. A count (fixed window) stops at 2^53 - 1.
+-- integer (now + 1.5 x this, the bucket's life, is below 2^53 until the
+-- year 2148) and every TTL a valid PEXPIRE; without it a cost of 2^53
+-- made PEXPIRE fail the call, and the charge was lost. A count (fixed
+-- window) stops at 2^53 - 1.
 local DEBT = 2251799813685248
 local MAX_COUNT = 9007199254740991
 

@@ -57,7 +57,7 @@ pub(crate) struct Entry {
     pub asking: Option<Arc<tokio::sync::Notify>>,
     /// Eventual mode: the exchange round from which the key is no longer
     /// new here (0: it is not). Until then this instance admits at most
-    /// its share of it (see `store.rs`, `Inner::gate`).
+    /// its share of it (see `gate` in `store.rs`).
     pub gate: u64,
     /// Eventual mode: cost admitted (or charged) here while the key was
     /// new, in the current epoch.

@@ -60,7 +60,7 @@ pub(crate) struct Inner {
     /// [`SyncStore::exchange_now`] waits for the loop's).
     pub(crate) turn: tokio::sync::Mutex<()>,
     /// Exchanges started (not pulls): a key new here is gated until two
-    /// more have (see [`Inner::gate`]).
+    /// more have (see [`gate`]).
     pub(crate) rounds: AtomicU64,
 }
 

@@ -278,6 +278,54 @@ async fn a_huge_hits_addend_is_over_limit_on_both_stores() {
     }
 }
 
+/// Issue 28: a descriptor's huge `hits_addend` (a charge when the stream
+/// ends) put the key into debt for decades. Now it owes at most its
+/// limit's `max_debt` (30 s here): a check after it is OVER_LIMIT with
+/// the key back to full within the burst's 10 s and the debt's 30 s, on
+/// both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_hits_addend_owes_at_most_max_debt_on_both_stores() {
+    let redis = spillway_testkit::RedisServer::start();
+    let rules = "rules: []
+domains:
+  - domain: llm
+    descriptors:
+      - key: user
+        limit: { gcra: { rate: 1/s, burst: 10, max_debt: 30s } }
+";
+    for store in [
+        String::new(),
+        format!(
+            "store: {{ redis: {{ url: {}, timeout: 5s }} }}\n",
+            redis.url()
+        ),
+    ] {
+        let (_s, ch, _d) = start(&[], &format!("{store}on_store_error: deny\n{rules}")).await;
+        let victim = with_hits(desc(&[("user", "victim")]), u64::MAX);
+        // Redis connects in the background: wait until the charge lands
+        // (the store's error would be OVER_LIMIT too, so ask a check).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let _ = call(&ch, req("llm", vec![victim.clone()])).await.unwrap();
+            let probe = with_hits(desc(&[("user", "probe")]), 1);
+            if ok(&call(&ch, req("llm", vec![probe])).await.unwrap()) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{store}: no store");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = call(&ch, req("llm", vec![victim.clone()])).await.unwrap();
+        let check = with_hits(desc(&[("user", "victim")]), 0);
+        let a = call(&ch, req("llm", vec![check])).await.unwrap();
+        assert_eq!(a.overall_code, Code::OverLimit as i32, "{store}: {a:?}");
+        let reset = a.statuses[0].duration_until_reset.as_ref().unwrap();
+        assert!(
+            (20..=40).contains(&reset.seconds),
+            "{store}: back to full in {reset:?}"
+        );
+    }
+}
+
 /// Only a call without a domain or without descriptors is an error (as in
 /// envoyproxy/ratelimit; Envoy sends neither). Anything else is decided:
 /// an empty key or an entry-less descriptor is OK for that descriptor

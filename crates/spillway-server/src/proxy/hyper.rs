@@ -171,7 +171,31 @@ impl HyperProxy {
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;
         let timeout = self.proxy.timeout();
-        let failure = match tokio::time::timeout(timeout, self.client.request(req)).await {
+        let called = match settle {
+            None => tokio::time::timeout(timeout, self.client.request(req))
+                .await
+                .map(|r| r.map(|resp| resp.map(|b| Body::new(IdleTimeout::new(b, timeout))))),
+            // A cost from the answer must be read even if the client leaves
+            // (an HTTP/1.1 close or an HTTP/2 reset drops this future): the
+            // call runs in a task of its own, which charges what the head
+            // says and hands back a body that reads on to the trailer.
+            Some(settle) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let call = call_settled(self.client.clone(), req, timeout, settle, tx);
+                tokio::spawn(call);
+                match rx.await {
+                    Ok(called) => called,
+                    // The task ended without an answer (it panicked).
+                    Err(_) => {
+                        let head = turn.mark();
+                        self.proxy.answered(turn, false, head);
+                        let f = Failure::Bad("the upstream call was lost".into());
+                        return problem(&self.proxy.failure(f), Some(&checked));
+                    }
+                }
+            }
+        };
+        let failure = match called {
             Ok(Ok(mut resp)) => {
                 // In flight until the answer's head (a body streams on
                 // its own time; an upgraded connection is no call).
@@ -201,18 +225,6 @@ impl HyperProxy {
                     return Response::from_parts(parts, Body::empty());
                 }
                 let (mut parts, body) = resp.into_parts();
-                let body = IdleTimeout::new(body, timeout);
-                let body = match settle {
-                    // Costs in the head are charged before the answer goes
-                    // on (a client cannot dodge them by leaving early);
-                    // costs in trailers, when the body ends.
-                    Some(settle) => {
-                        let head = parts.headers.clone();
-                        settle.run(&|name| value(&head, name)).await;
-                        Body::new(Settling::new(body, settle, head))
-                    }
-                    None => Body::new(body),
-                };
                 strip_hop_by_hop(&mut parts.headers);
                 if super::ours(&checked) {
                     // Set only above a plain limit: never the upstream's.
@@ -358,36 +370,102 @@ fn value(h: &HeaderMap, name: &str) -> Option<String> {
     v.to_str().ok().map(str::to_string)
 }
 
+/// How the upstream call ended: its answer (the body ready for the
+/// client), a failure, or no head within the timeout.
+type Called =
+    Result<Result<Response<Body>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
+
+/// Most bytes of an answer read after its client left, looking for the
+/// trailer that says what it cost: past them the reading stops and the
+/// estimate charged at admission stands.
+const READ_AFTER_LEAVING: usize = 8 * 1024 * 1024;
+
+/// The upstream call of a request whose cost comes from the answer, in a
+/// task of its own so that the client leaving does not stop it: the cost
+/// in the answer's head is charged before the head goes on; the body is
+/// wrapped to charge a trailer's cost, even if the client goes (see
+/// [`Settling`]). Sent on `tx`; a client already gone drops it there,
+/// which reads on for the trailer.
+async fn call_settled(
+    client: Client<HttpConnector, Body>,
+    req: Request<Body>,
+    timeout: Duration,
+    settle: Arc<Settle>,
+    tx: tokio::sync::oneshot::Sender<Called>,
+) {
+    let called = match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            Ok(Ok(resp.map(Body::new)))
+        }
+        Ok(Ok(resp)) => {
+            let (parts, body) = resp.into_parts();
+            let head = parts.headers.clone();
+            settle.run(&|name| value(&head, name)).await;
+            let body = Settling::new(IdleTimeout::new(body, timeout), settle, head, timeout);
+            Ok(Ok(Response::from_parts(parts, Body::new(body))))
+        }
+        other => other.map(|r| r.map(|resp| resp.map(Body::new))),
+    };
+    // A client gone: what it would have read is dropped, and a
+    // `Settling` body reads on for its trailer.
+    let _ = tx.send(called);
+}
+
 /// A response body whose trailers may carry a rule's cost: when they
 /// arrive, the cost of every rule whose field was not in the head is
-/// charged before the trailers go on to the client.
-struct Settling<B> {
-    inner: B,
+/// charged before the trailers go on to the client. Dropped before them
+/// (the client left: an HTTP/1.1 close, an HTTP/2 reset), it reads the
+/// rest of the answer in a task of its own, within the proxy's timeout and
+/// [`READ_AFTER_LEAVING`] bytes, and charges the trailer's cost if one
+/// comes (if none does, the estimate charged at admission stands).
+struct Settling {
+    /// The upstream's body (`None` once handed to the reading task).
+    inner: Option<IdleTimeout<hyper::body::Incoming>>,
+    /// Until the trailer's cost is charged (or the body ends without one).
     settle: Option<Arc<Settle>>,
     /// The answer's head: fields found there were charged already.
     head: HeaderMap,
     /// A charge under way, and the trailers frame held back until it ends.
     pending: Option<(Charging, hyper::body::Frame<Bytes>)>,
+    /// How long the answer is read for once the client left.
+    timeout: Duration,
 }
 
 /// A charge of a trailer's cost, under way.
 type Charging = Pin<Box<dyn Future<Output = bool> + Send>>;
 
-impl<B> Settling<B> {
-    fn new(inner: B, settle: Arc<Settle>, head: HeaderMap) -> Settling<B> {
+impl Settling {
+    fn new(
+        inner: IdleTimeout<hyper::body::Incoming>,
+        settle: Arc<Settle>,
+        head: HeaderMap,
+        timeout: Duration,
+    ) -> Settling {
         Settling {
-            inner,
+            inner: Some(inner),
             settle: Some(settle),
             head,
             pending: None,
+            timeout,
         }
+    }
+
+    /// The charge of the cost in `trailers` (fields not in `head`).
+    fn charge(settle: Arc<Settle>, head: HeaderMap, trailers: HeaderMap) -> Charging {
+        Box::pin(async move {
+            let read = |name: &str| {
+                if head.contains_key(name) {
+                    None
+                } else {
+                    value(&trailers, name)
+                }
+            };
+            settle.run(&read).await
+        })
     }
 }
 
-impl<B> hyper::body::Body for Settling<B>
-where
-    B: hyper::body::Body<Data = Bytes, Error = axum::BoxError> + Unpin,
-{
+impl hyper::body::Body for Settling {
     type Data = Bytes;
     type Error = axum::BoxError;
 
@@ -403,9 +481,17 @@ where
             }
             return Poll::Ready(Some(Ok(frame)));
         }
-        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
-            other => return other,
+            Poll::Pending => return Poll::Pending,
+            other => {
+                // The end, or an error: no trailer will come.
+                this.settle = None;
+                return other;
+            }
         };
         let Some(trailers) = frame.trailers_ref() else {
             return Poll::Ready(Some(Ok(frame)));
@@ -413,28 +499,72 @@ where
         let Some(settle) = this.settle.take() else {
             return Poll::Ready(Some(Ok(frame)));
         };
-        let trailers = trailers.clone();
-        let head = std::mem::take(&mut this.head);
-        let charge = async move {
-            let read = |name: &str| {
-                if head.contains_key(name) {
-                    None
-                } else {
-                    value(&trailers, name)
-                }
-            };
-            settle.run(&read).await
-        };
-        this.pending = Some((Box::pin(charge), frame));
+        let charge = Self::charge(settle, std::mem::take(&mut this.head), trailers.clone());
+        this.pending = Some((charge, frame));
         self.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.pending.is_none() && self.inner.is_end_stream()
+        self.pending.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(hyper::body::SizeHint::default, |b| b.size_hint())
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        let pending = self.pending.take();
+        let settle = self.settle.take();
+        let inner = self.inner.take();
+        if pending.is_none() && settle.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let head = std::mem::take(&mut self.head);
+        let timeout = self.timeout;
+        runtime.spawn(async move {
+            if let Some((charge, _)) = pending {
+                charge.await;
+                return;
+            }
+            let (Some(settle), Some(body)) = (settle, inner) else {
+                return;
+            };
+            let read = tokio::time::timeout(timeout, trailers_of(body, READ_AFTER_LEAVING));
+            if let Ok(Some(trailers)) = read.await {
+                Self::charge(settle, head, trailers).await;
+            }
+        });
+    }
+}
+
+/// The trailers at the end of `body`, read and dropped up to `cap` bytes;
+/// `None` if it ends without them, breaks, or is longer.
+async fn trailers_of(
+    mut body: IdleTimeout<hyper::body::Incoming>,
+    cap: usize,
+) -> Option<HeaderMap> {
+    use hyper::body::Body as _;
+    let mut read = 0usize;
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await?
+            .ok()?;
+        match frame.into_data() {
+            Ok(data) => {
+                read = read.saturating_add(data.len());
+                if read > cap {
+                    return None;
+                }
+            }
+            Err(frame) => return frame.into_trailers().ok(),
+        }
     }
 }
 

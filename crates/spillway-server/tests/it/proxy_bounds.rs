@@ -1,0 +1,125 @@
+//! Issue 28, the proxy's part: what a client cannot escape or take from
+//! the others by the way it talks (leaving before a trailer, many
+//! requests at once, a garbage answer retried, an absolute-form target),
+//! against the real binary and a real upstream.
+
+use std::time::Duration;
+
+use spillway_testkit::upstream::HttpUpstream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::util::{Server, TempDir, client, eventually};
+
+/// `spillway proxy --config FILE --threads 1` where FILE holds `yaml`.
+fn proxy(yaml: &str) -> (Server, TempDir) {
+    let dir = TempDir::new("proxy-bounds");
+    let file = dir.write("rules.yaml", yaml);
+    let s = Server::start_cmd(
+        "proxy",
+        &["--config", file.to_str().unwrap(), "--threads", "1"],
+    );
+    (s, dir)
+}
+
+/// 100 tokens an hour per user, each answer charged what its
+/// `x-tokens-used` (header or trailer) says, beyond `estimate`.
+fn budget(upstream: &str, estimate: u64) -> String {
+    format!(
+        r#"
+proxy:
+  upstream: {upstream}
+  user: header:X-Api-Key
+  timeout: 5s
+rules:
+  - name: tokens
+    by: user
+    cost: {{ response_header: X-Tokens-Used, estimate: {estimate} }}
+    limits:
+      - token_bucket: {{ capacity: 100, refill: 100/1h }}
+"#
+    )
+}
+
+/// Whether `user` is refused now (a probe that costs nothing).
+async fn refused(s: &Server, user: &str) -> bool {
+    let r = client()
+        .get(s.url("/tokens/0"))
+        .header("x-api-key", user)
+        .send()
+        .await
+        .unwrap();
+    r.status() == 429
+}
+
+/// Issue 28: five requests of 50 tokens on a 100-token budget, each
+/// client closing its HTTP/1.1 connection once the body is in and before
+/// the trailer (sent `upstream::LATE` after it) that says what it cost: the proxy
+/// reads on to the trailer and charges it, so the key ends in debt (it was
+/// charged 0 before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_trailer_cost_is_charged_when_an_http1_client_leaves_first() {
+    let up = HttpUpstream::start().await;
+    let (s, _dir) = proxy(&budget(&up.url(), 0));
+    let addr = s.url("").trim_start_matches("http://").to_string();
+    for i in 0..5 {
+        let mut conn = TcpStream::connect(&addr).await.unwrap();
+        conn.write_all(
+            b"GET /late-trailer-tokens/50 HTTP/1.1\r\nhost: x\r\nx-api-key: leaver\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&got).contains("streamed tokens") {
+            let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+                .await
+                .expect("the body within 10 s")
+                .unwrap();
+            assert!(
+                n > 0,
+                "{i}: closed early: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200"), "{i}");
+        // Gone before the trailer.
+        drop(conn);
+    }
+    assert_eq!(up.count("/late-trailer-tokens/50"), 5);
+    eventually("the trailers' 250 tokens charged", || refused(&s, "leaver")).await;
+    assert!(
+        !refused(&s, "stayer").await,
+        "a charge is its own key's only"
+    );
+}
+
+/// The same over HTTP/2: each client resets its stream (RST_STREAM) once
+/// the body is in, before the trailer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_trailer_cost_is_charged_when_an_h2_client_resets_first() {
+    let up = HttpUpstream::start().await;
+    let (s, _dir) = proxy(&budget(&up.url(), 0));
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for i in 0..5 {
+        let mut r = h2
+            .get(s.url("/late-trailer-tokens/50"))
+            .header("x-api-key", "leaver")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{i}");
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        let first = r.chunk().await.unwrap().unwrap_or_default();
+        assert_eq!(&first[..], b"streamed tokens", "{i}");
+        // Dropped before its end: the stream is reset.
+        drop(r);
+    }
+    assert_eq!(up.count("/late-trailer-tokens/50"), 5);
+    eventually("the trailers' 250 tokens charged", || refused(&s, "leaver")).await;
+}

@@ -123,3 +123,32 @@ async fn regression_a_trailer_cost_is_charged_when_an_h2_client_resets_first() {
     assert_eq!(up.count("/late-trailer-tokens/50"), 5);
     eventually("the trailers' 250 tokens charged", || refused(&s, "leaver")).await;
 }
+
+/// Issue 28: 20 requests of a fresh key at once, each answer costing 50
+/// tokens on a budget of 100. With the estimate (50) charged at
+/// admission, at most two pass, however the requests interleave; with
+/// none (estimate 0: only checked), all 20 pass before the first charge
+/// lands, which is why the estimate exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_pass_no_more_than_the_budget_with_an_estimate() {
+    let up = HttpUpstream::start().await;
+    let (s, _dir) = proxy(&budget(&up.url(), 50));
+    let c = client();
+    let sends = (0..20).map(|_| {
+        c.get(s.url("/late-trailer-tokens/50"))
+            .header("x-api-key", "fresh")
+            .send()
+    });
+    let answers = futures_util::future::join_all(sends).await;
+    let mut served = 0;
+    for r in answers {
+        let r = r.unwrap();
+        match r.status().as_u16() {
+            200 => served += 1,
+            429 => {}
+            other => panic!("{other}: {}", r.text().await.unwrap()),
+        }
+    }
+    assert_eq!(served, 2, "the budget holds two answers of 50");
+    assert_eq!(up.count("/late-trailer-tokens/50"), 2);
+}

@@ -47,6 +47,36 @@ pub enum Failure {
     Timeout,
 }
 
+/// How an exchange on one connection failed: whether the upstream can
+/// have seen the request decides whether it may be sent again.
+#[derive(Debug)]
+enum Exchange {
+    /// The connection closed or broke before any byte of the answer: an
+    /// idle connection the upstream closed as the request went out.
+    Unanswered(String),
+    /// The answer began (malformed, cut, too large) or never came in
+    /// time: the upstream saw the request.
+    Failed(Failure),
+}
+
+impl Exchange {
+    fn failure(self) -> Failure {
+        match self {
+            Exchange::Unanswered(e) => Failure::Bad(e),
+            Exchange::Failed(f) => f,
+        }
+    }
+}
+
+/// Whether a method may be sent twice with the effect of once (RFC 9110
+/// §9.2.2).
+fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
+    )
+}
+
 /// The parts of a client request the upstream request is built from.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
@@ -103,25 +133,27 @@ impl Upstream {
     }
 
     /// Sends `req` and reads the response head. Idle connections the
-    /// upstream has closed are skipped; one that fails anyway (closed in
-    /// between) is retried once on a new connection for idempotent methods.
+    /// upstream has closed are skipped; one that fails anyway is retried
+    /// once on a new connection only when the upstream cannot have acted on
+    /// the request: the connection closed (or broke) before any byte of
+    /// the answer arrived, and the method is idempotent. An answer that
+    /// began, even malformed, or a timeout, is never retried: the upstream
+    /// saw the request.
     ///
     /// # Errors
     /// See [`Failure`].
     pub async fn send(&self, req: &Outgoing<'_>) -> Result<Response, Failure> {
         let head = self.request_head(req);
-        let idempotent = matches!(
-            req.method,
-            "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
-        );
         if let Some(conn) = self.take_idle() {
             match self.exchange(conn, &head, req).await {
-                Err(Failure::Bad(_)) if idempotent => {}
-                other => return other,
+                Err(Exchange::Unanswered(_)) if idempotent(req.method) => {}
+                other => return other.map_err(Exchange::failure),
             }
         }
         let conn = self.connect().await?;
-        self.exchange(conn, &head, req).await
+        self.exchange(conn, &head, req)
+            .await
+            .map_err(Exchange::failure)
     }
 
     /// An idle connection that still looks open: one with data or an end
@@ -161,8 +193,10 @@ impl Upstream {
         mut conn: TcpStream,
         head: &[u8],
         req: &Outgoing<'_>,
-    ) -> Result<Response, Failure> {
-        let broken = |e: io::Error| Failure::Bad(e.to_string());
+    ) -> Result<Response, Exchange> {
+        // Before any byte of the answer, a broken connection is one the
+        // upstream may have closed before reading the request.
+        let broken = |e: io::Error| Exchange::Unanswered(e.to_string());
         // Most requests fit the socket's buffer at once: only a write that
         // has to wait runs under a timer.
         let mut written = 0;
@@ -193,22 +227,35 @@ impl Upstream {
             };
             match tokio::time::timeout(self.timeout, write).await {
                 Ok(r) => r.map_err(broken)?,
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Exchange::Failed(Failure::Timeout)),
             }
         }
+        let bad = |e: String| Exchange::Failed(Failure::Bad(e));
         let read_head = async {
             let mut buf = Vec::with_capacity(4096);
+            // Whether any byte of the answer came (an interim one too).
+            let mut answered = false;
             // Read only when what is buffered is not a whole head: an
             // interim answer may arrive together with the final one.
             let mut need_more = true;
             loop {
                 if buf.len() >= MAX_RESPONSE_HEAD {
-                    return Err(Failure::Bad("response head too large".into()));
+                    return Err(bad("response head too large".into()));
                 }
                 if need_more {
-                    let n = read_some(&mut conn, &mut buf).await.map_err(broken)?;
+                    let answered = answered || !buf.is_empty();
+                    let n = match read_some(&mut conn, &mut buf).await {
+                        Ok(n) => n,
+                        Err(e) if answered => return Err(bad(e.to_string())),
+                        Err(e) => return Err(broken(e)),
+                    };
                     if n == 0 {
-                        return Err(Failure::Bad("connection closed before a response".into()));
+                        let e = "connection closed before a response".to_string();
+                        return Err(if answered {
+                            bad(e)
+                        } else {
+                            Exchange::Unanswered(e)
+                        });
                     }
                 }
                 need_more = true;
@@ -219,28 +266,29 @@ impl Upstream {
                         let code = resp.code.unwrap_or(0);
                         if code == 101 {
                             // Nothing was asked to upgrade on this path.
-                            return Err(Failure::Bad("101 to a request without Upgrade".into()));
+                            return Err(bad("101 to a request without Upgrade".into()));
                         }
                         if (100..200).contains(&code) {
                             // An interim answer (100 Continue, 103): skip it.
+                            answered = true;
                             buf.drain(..len);
                             need_more = buf.is_empty();
                             continue;
                         }
                         let parsed = response_head(&resp, req.method == "HEAD", req.drop_response)
-                            .map_err(|e| Failure::Bad(format!("bad response: {e}")))?;
+                            .map_err(|e| bad(format!("bad response: {e}")))?;
                         buf.drain(..len);
                         return Ok((parsed, buf));
                     }
                     Ok(httparse::Status::Partial) => {}
-                    Err(e) => return Err(Failure::Bad(format!("bad response: {e}"))),
+                    Err(e) => return Err(bad(format!("bad response: {e}"))),
                 }
             }
         };
         let (parsed, rest): (ResponseHead, Vec<u8>) =
             match tokio::time::timeout(self.timeout, read_head).await {
                 Ok(r) => r?,
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Exchange::Failed(Failure::Timeout)),
             };
         Ok(Response {
             conn,

@@ -152,3 +152,76 @@ async fn concurrent_requests_pass_no_more_than_the_budget_with_an_estimate() {
     assert_eq!(served, 2, "the budget holds two answers of 50");
     assert_eq!(up.count("/late-trailer-tokens/50"), 2);
 }
+
+/// An upstream written by hand that counts the request heads it reads
+/// (by request line) and answers `/garbage` with bytes that are not HTTP
+/// (then closes), anything else `ok` on a kept connection.
+async fn garbage_upstream() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let line = head.lines().next().unwrap_or("").to_string();
+                    let garbage = line.contains("/garbage");
+                    log.lock().unwrap().push(line);
+                    if garbage {
+                        let _ = conn.write_all(b"NOT HTTP AT ALL\r\n\r\n").await;
+                        return;
+                    }
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if conn.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// Issue 28: an idempotent PUT answered with garbage on a kept upstream
+/// connection was sent a second time on a new one (the upstream acted on
+/// it twice). It is retried only when the connection closed before any
+/// byte of the answer; here the upstream receives it exactly once, and
+/// the client gets 502. On both transports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_request_answered_with_garbage_is_sent_upstream_once() {
+    for server in ["", "server: { direct_path: false }\n"] {
+        let (addr, seen) = garbage_upstream().await;
+        let (s, _dir) = proxy(&format!(
+            "{server}proxy:\n  upstream: http://{addr}\n  timeout: 5s\nrules: []\n"
+        ));
+        let c = client();
+        // A kept connection in the proxy's pool first.
+        let r = c.get(s.url("/warm")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{server}");
+        let r = c.put(s.url("/garbage")).body("x").send().await.unwrap();
+        assert_eq!(r.status(), 502, "{server}");
+        let puts = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("PUT /garbage"))
+            .count();
+        assert_eq!(puts, 1, "{server:?}: {:?}", seen.lock().unwrap());
+    }
+}

@@ -88,17 +88,38 @@ impl HyperProxy {
         {
             req.headers_mut().insert(header::HOST, a);
         }
-        // Absolute-form and authority-form on HTTP/1 (`GET x:80`, whose
-        // path is empty): a reverse proxy takes paths only. The target
-        // checked is the path the rules will see, never a default.
-        let uri = req.uri();
-        let target = if req.version() != http::Version::HTTP_2
-            && (uri.scheme().is_some() || uri.authority().is_some())
+        // Absolute-form on HTTP/1 (`GET http://x/a`): served as the
+        // origin-form request it stands for, its authority in place of a
+        // `Host` that is sent once and valid (else `check` refuses the
+        // client's), so it is counted as `GET /a` with `Host: x`. Anything
+        // else with no path (authority-form `GET x:80`, an odd scheme,
+        // userinfo) is 400: the target checked is the path the rules will
+        // see, never a default.
+        if req.version() != http::Version::HTTP_2
+            && (req.uri().scheme().is_some() || req.uri().authority().is_some())
         {
-            ""
-        } else {
-            uri.path_and_query().map_or("", |p| p.as_str())
-        };
+            let uri = req.uri();
+            let (authority, origin) = match super::absolute_form(
+                uri.scheme_str(),
+                uri.authority().map(http::uri::Authority::as_str),
+                uri.path_and_query().map(http::uri::PathAndQuery::as_str),
+            ) {
+                Ok((a, o)) => (HeaderValue::from_str(a), o.parse::<Uri>()),
+                Err(detail) => return problem(&self.proxy.bad_target(detail), None),
+            };
+            let (Ok(authority), Ok(origin)) = (authority, origin) else {
+                let detail = "the absolute-form target is not a valid URL";
+                return problem(&self.proxy.bad_target(detail), None);
+            };
+            let mut hosts = req.headers().get_all(header::HOST).iter();
+            if let (Some(host), None) = (hosts.next(), hosts.next())
+                && super::valid_host(host.as_bytes())
+            {
+                req.headers_mut().insert(header::HOST, authority);
+            }
+            *req.uri_mut() = origin;
+        }
+        let target = req.uri().path_and_query().map_or("", |p| p.as_str());
         let who = match self
             .proxy
             .check(req.method().as_str(), target, req.headers(), peer)

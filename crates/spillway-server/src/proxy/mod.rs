@@ -6,7 +6,8 @@
 //!
 //! 1. [`Proxy::check`]: requests a reverse proxy refuses (CONNECT, a
 //!    missing, repeated or invalid `Host`, a target that is not a path, a
-//!    user field sent twice) get 400 / 405;
+//!    user field sent twice) get 400 / 405; an absolute-form target is
+//!    first made the origin-form one it stands for ([`absolute_form`]);
 //! 2. [`Proxy::admit`]: decide (spillway-tower's transport-neutral
 //!    [`admit`](spillway_tower::admit): deny, or wait a shaper's turn);
 //! 3. [`Proxy::forwarding`]: the forwarding headers sent upstream, and the
@@ -633,6 +634,13 @@ impl Proxy {
         }
     }
 
+    /// A request target the proxy does not serve (see [`absolute_form`]):
+    /// the client's fault, 400, counted as a bad request.
+    pub fn bad_target(&self, detail: &'static str) -> Problem<'static> {
+        self.shared.events.bad_request();
+        Problem::new(StatusCode::BAD_REQUEST, detail)
+    }
+
     /// The client sent a body the proxy could not read (cut short, or
     /// malformed chunked coding): its own fault, 400, not an upstream one.
     pub fn bad_body(&self) -> Problem<'static> {
@@ -642,6 +650,49 @@ impl Proxy {
             "the request body was malformed or cut short",
         )
     }
+}
+
+/// An absolute-form target (`http://host[:port]/path?query`, RFC 9112
+/// §3.2.2), which a server must accept: the authority it names and the
+/// origin-form target it stands for (`/` for an empty path). The request
+/// is then served exactly as that origin-form one, its `Host` replaced by
+/// the authority, so it is counted under the same route and keys.
+///
+/// # Errors
+/// What a reverse proxy must not guess at, as the 400's detail: a scheme
+/// other than `http` / `https`, no authority or an invalid one, userinfo
+/// (`http://user@host/`: RFC 9110 §4.2.4 says to treat it as an error; it
+/// is also how a target names one host to a reader and another to the
+/// next), a path that is not RFC 3986 characters.
+pub fn absolute_form<'a>(
+    scheme: Option<&str>,
+    authority: Option<&'a str>,
+    path_and_query: Option<&'a str>,
+) -> Result<(&'a str, &'a str), &'static str> {
+    let scheme_ok =
+        scheme.is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    if !scheme_ok {
+        return Err("the request target must be a path, or an http(s) URL (absolute-form)");
+    }
+    let Some(authority) = authority.filter(|a| !a.is_empty()) else {
+        return Err("an absolute-form target must name a host");
+    };
+    if authority.contains('@') {
+        return Err("an absolute-form target must not carry userinfo");
+    }
+    if !valid_host(authority.as_bytes()) {
+        return Err("the absolute-form target's host is not a valid host");
+    }
+    let origin = match path_and_query {
+        None | Some("") => "/",
+        Some(p) if p.starts_with('/') => p,
+        // `http://x?q` (a query on an empty path) and anything else.
+        Some(_) => return Err("the absolute-form target's path is not a path"),
+    };
+    if !spillway_wire::head::strict_origin_form(origin) {
+        return Err("the absolute-form target's path is not RFC 3986 characters");
+    }
+    Ok((authority, origin))
 }
 
 /// How often the proxy's measured health is brought up to date.
@@ -797,6 +848,38 @@ mod tests {
             "", "a b", "a/b", "[::1", "[zz]", "a:b", "a:123456", "a@b", "[::1]x",
         ] {
             assert!(!valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn absolute_form_targets_are_their_origin_form_or_refused() {
+        let http = Some("http");
+        for (scheme, authority, pq, want) in [
+            (http, Some("x"), Some("/a?b=c"), ("x", "/a?b=c")),
+            (Some("HTTPS"), Some("x:8080"), Some("/a"), ("x:8080", "/a")),
+            (http, Some("[::1]:80"), None, ("[::1]:80", "/")),
+            (http, Some("x"), Some(""), ("x", "/")),
+        ] {
+            assert_eq!(absolute_form(scheme, authority, pq), Ok(want), "{want:?}");
+        }
+        for (scheme, authority, pq) in [
+            (None, Some("x"), Some("/a")),
+            (Some("ftp"), Some("x"), Some("/a")),
+            (Some("ws"), Some("x"), Some("/a")),
+            (Some("file"), None, Some("/etc/passwd")),
+            (http, None, Some("/a")),
+            (http, Some(""), Some("/a")),
+            (http, Some("u:p@x"), Some("/a")),
+            (http, Some("x@evil"), Some("/a")),
+            (http, Some("x:99999999"), Some("/a")),
+            (http, Some("x y"), Some("/a")),
+            (http, Some("x"), Some("?q")),
+            (http, Some("x"), Some("/a|b")),
+        ] {
+            assert!(
+                absolute_form(scheme, authority, pq).is_err(),
+                "{scheme:?} {authority:?} {pq:?}"
+            );
         }
     }
 

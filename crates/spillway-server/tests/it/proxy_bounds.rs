@@ -225,3 +225,76 @@ async fn regression_a_request_answered_with_garbage_is_sent_upstream_once() {
         assert_eq!(puts, 1, "{server:?}: {:?}", seen.lock().unwrap());
     }
 }
+
+/// Sends `request` (which asks to close) on a fresh connection and
+/// returns the answer's status code.
+async fn status_of(s: &Server, request: &str) -> u16 {
+    let addr = s.url("").trim_start_matches("http://").to_string();
+    let mut conn = TcpStream::connect(&addr).await.unwrap();
+    conn.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut got))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&got);
+    text.get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{request:?}: {text}"))
+}
+
+/// Issue 28: an absolute-form target (`GET http://x/a`, which RFC 9112
+/// §3.2.2 says a server MUST accept) was refused. It is now served as
+/// the origin-form request it stands for, its authority in place of
+/// `Host`, and counted as that request: under the same route, and under
+/// the authority's key for a rule keyed by `Host`, on both transports.
+/// What a reverse proxy must not guess at is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absolute_form_target_is_counted_as_its_origin_form() {
+    for server in ["", "server: { direct_path: false }\n"] {
+        let up = HttpUpstream::start().await;
+        let url = up.url();
+        let (s, _dir) = proxy(&format!(
+            "{server}proxy:\n  upstream: {url}\nrules:\n  - name: per-host\n    api: GET /a\n    \
+             by: header:Host\n    limits:\n      - fixed_window: {{ limit: 2, window: 1h }}\n"
+        ));
+        let get = |target: &str, host: &str| {
+            format!("GET {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+        };
+        assert_eq!(status_of(&s, &get("/a", "x")).await, 200, "{server}");
+        // Counted under `x` (the authority), not the `Host` sent.
+        assert_eq!(
+            status_of(&s, &get("http://x/a", "y")).await,
+            200,
+            "{server}"
+        );
+        assert_eq!(status_of(&s, &get("/a", "x")).await, 429, "{server}");
+        assert_eq!(
+            status_of(&s, &get("HTTP://x/b/../a", "x")).await,
+            429,
+            "{server}"
+        );
+        assert_eq!(
+            status_of(&s, &get("http://y/a?q", "x")).await,
+            200,
+            "{server}"
+        );
+        let seen = up.requests_to("/a");
+        assert_eq!(seen.len(), 3, "{server}: {seen:#?}");
+        assert_eq!(seen[1].header("x-forwarded-host"), Some("x"), "{server}");
+        assert_eq!(seen[2].target, "/a?q", "{server}");
+        for refused in [
+            get("http://u:p@x/a", "x"),
+            get("http://x@evil/a", "x"),
+            get("ftp://x/a", "x"),
+            get("http:///a", "x"),
+            get("x:80", "x"),
+            get("*", "x"),
+            "GET http://x/a HTTP/1.1\r\nConnection: close\r\n\r\n".to_string(),
+            "GET http://x/a HTTP/1.1\r\nHost: x\r\nHost: y\r\nConnection: close\r\n\r\n".into(),
+        ] {
+            assert_eq!(status_of(&s, &refused).await, 400, "{server}{refused:?}");
+        }
+        assert_eq!(up.requests().len(), 3, "{server}: nothing refused went up");
+    }
+}

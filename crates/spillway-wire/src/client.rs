@@ -4,13 +4,23 @@
 //! `Connection` cannot remove them), the response head is read strictly
 //! ([`crate::framing`]) and the body relayed as it arrives, without
 //! decoding it.
+//!
+//! Every connection to the upstream holds one of the upstream's
+//! `max_connections` permits for its life, idle ones in the pool too, and
+//! [`Upstream::connection`] hands connections to another client (the
+//! proxy's hyper transport) under the same bound, so the proxy never
+//! opens more than that many, whatever its clients do.
 
 use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::framing::{Chunks, Framing, ResponseHead, response_head};
 use crate::headers::{FRAMING, HOP_BY_HOP, connection_tokens, named};
@@ -34,7 +44,58 @@ pub struct Upstream {
     /// request's target.
     base: String,
     timeout: Duration,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Conn>>,
+    /// One permit per connection open to the upstream.
+    permits: Arc<Semaphore>,
+    /// The bound on connections (the permits at the start).
+    max_connections: usize,
+}
+
+/// A connection to the upstream, holding its permit until it closes.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// A failure before any of the response reached the client.
@@ -45,6 +106,9 @@ pub enum Failure {
     Bad(String),
     /// No response head within the timeout (504).
     Timeout,
+    /// Every one of the upstream's `max_connections` was in use for the
+    /// whole timeout (503: the proxy would have had to open more).
+    Busy,
 }
 
 /// How an exchange on one connection failed: whether the upstream can
@@ -100,7 +164,7 @@ pub struct Outgoing<'a> {
 /// A response head from the upstream, ready for the client.
 #[derive(Debug)]
 pub struct Response {
-    conn: TcpStream,
+    conn: Conn,
     /// Bytes read past the head (the start of the body).
     rest: Vec<u8>,
     framing: Framing,
@@ -117,13 +181,48 @@ pub struct Response {
 
 impl Upstream {
     /// An upstream at `authority` (`host:port`), every target prefixed
-    /// with `base` (a path without a trailing `/`, or empty).
-    pub fn new(authority: String, base: String, timeout: Duration) -> Upstream {
+    /// with `base` (a path without a trailing `/`, or empty), with at most
+    /// `max_connections` connections open to it (at least 1).
+    pub fn new(
+        authority: String,
+        base: String,
+        timeout: Duration,
+        max_connections: usize,
+    ) -> Upstream {
+        let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
         Upstream {
             authority,
             base,
             timeout,
             idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+        }
+    }
+
+    /// The bound on connections open to the upstream.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// Connections open to the upstream now (idle ones included).
+    pub fn open_connections(&self) -> usize {
+        self.max_connections - self.permits.available_permits()
+    }
+
+    /// A connection for another HTTP/1.1 client of the same upstream (the
+    /// proxy's hyper transport), under the same bound: an idle one of the
+    /// pool, else a new one once fewer than `max_connections` are open,
+    /// waiting at most the timeout. The caller hands it back by dropping
+    /// it (it is not returned to this pool).
+    ///
+    /// # Errors
+    /// [`Failure::Busy`] after waiting the timeout; [`Failure::Bad`] if
+    /// the connection cannot be made.
+    pub async fn connection(&self) -> Result<Conn, Failure> {
+        match self.take_idle() {
+            Some(c) => Ok(c),
+            None => self.connect().await,
         }
     }
 
@@ -159,11 +258,11 @@ impl Upstream {
     /// An idle connection that still looks open: one with data or an end
     /// of stream waiting (the upstream closed it, or is misbehaving) is
     /// dropped.
-    fn take_idle(&self) -> Option<TcpStream> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock();
         while let Some(conn) = idle.pop() {
             let mut probe = [0u8; 1];
-            if let Err(e) = conn.try_read(&mut probe)
+            if let Err(e) = conn.stream.try_read(&mut probe)
                 && e.kind() == io::ErrorKind::WouldBlock
             {
                 return Some(conn);
@@ -172,12 +271,27 @@ impl Upstream {
         None
     }
 
-    async fn connect(&self) -> Result<TcpStream, Failure> {
+    /// A new connection, once fewer than `max_connections` are open
+    /// (waiting at most the timeout for one to close).
+    async fn connect(&self) -> Result<Conn, Failure> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let wait = self.permits.clone().acquire_owned();
+                match tokio::time::timeout(self.timeout, wait).await {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(Failure::Busy),
+                }
+            }
+        };
         let connect = TcpStream::connect(self.authority.as_str());
         match tokio::time::timeout(self.timeout.min(Duration::from_secs(10)), connect).await {
             Ok(Ok(c)) => {
                 let _ = c.set_nodelay(true);
-                Ok(c)
+                Ok(Conn {
+                    stream: c,
+                    _permit: permit,
+                })
             }
             Ok(Err(e)) => Err(Failure::Bad(format!("connect {}: {e}", self.authority))),
             Err(_) => Err(Failure::Bad(format!(
@@ -190,7 +304,7 @@ impl Upstream {
     /// Writes the request and reads the response head on `conn`.
     async fn exchange(
         &self,
-        mut conn: TcpStream,
+        mut conn: Conn,
         head: &[u8],
         req: &Outgoing<'_>,
     ) -> Result<Response, Exchange> {
@@ -201,7 +315,7 @@ impl Upstream {
         // has to wait runs under a timer.
         let mut written = 0;
         if req.body.is_empty() {
-            match conn.try_write(head) {
+            match conn.stream.try_write(head) {
                 Ok(n) => written = n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(broken(e)),
@@ -413,7 +527,7 @@ impl Upstream {
     }
 }
 
-async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+async fn read_some(conn: &mut Conn, buf: &mut Vec<u8>) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 2048 {
         buf.reserve(RELAY.max(buf.capacity()));
     }
@@ -425,7 +539,7 @@ mod tests {
     use super::*;
 
     fn head_for(headers: &[httparse::Header<'_>], body: &[u8]) -> String {
-        let up = Upstream::new("up:1".into(), "/base".into(), Duration::from_secs(1));
+        let up = Upstream::new("up:1".into(), "/base".into(), Duration::from_secs(1), 1);
         let req = Outgoing {
             method: "POST",
             target: "/x?y",

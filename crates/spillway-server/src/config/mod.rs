@@ -921,9 +921,26 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
     let raw = &p.value;
     let mut cfg = crate::proxy::Settings::default();
     if let Some(u) = &raw.upstream {
-        match UpstreamUrl::parse(&u.value) {
-            Ok(url) => cfg.upstream = Some(url),
-            Err(e) => errs.at(u, format!("proxy.upstream: {e}")),
+        let mut url =
+            |errs: &mut Collector<'_>, at: &dyn Fn(&mut Collector<'_>, String), s: &str| {
+                match UpstreamUrl::parse(s) {
+                    Ok(url) => cfg.upstream = Some(url),
+                    Err(e) => at(errs, format!("proxy.upstream: {e}")),
+                }
+            };
+        match &u.value {
+            raw::RawUpstream::Url(s) => url(errs, &|errs, m| errs.at(u, m), s),
+            raw::RawUpstream::Map(m) => {
+                match &m.url {
+                    Some(s) => url(errs, &|errs, msg| errs.at(s, msg), &s.value),
+                    None => errs.at(u, "proxy.upstream: a map needs `url:`"),
+                }
+                if let Some(n) = &m.max_connections
+                    && let Some(n) = count(errs, n, "proxy.upstream.max_connections")
+                {
+                    cfg.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
+                }
+            }
         }
     }
     if let Some(u) = &raw.user {
@@ -1148,6 +1165,43 @@ mod tests {
 
     use super::*;
     use spillway_core::Nanos;
+
+    /// `proxy.upstream` as a URL (as before) or a map with `url` and
+    /// `max_connections`; a bad bound or a map without a URL is a located
+    /// error.
+    #[test]
+    fn the_upstream_is_a_url_or_a_map_with_its_connection_bound() {
+        let proxy = |upstream: &str| {
+            parse(
+                "r.yaml",
+                &format!("proxy:\n  upstream: {upstream}\nrules: []\n"),
+            )
+            .map(|c| c.proxy.expect("a proxy section"))
+        };
+        let p = proxy("http://127.0.0.1:9").unwrap();
+        assert_eq!(p.upstream.unwrap().authority(), "127.0.0.1:9");
+        assert_eq!(p.max_connections, None);
+        let p = proxy("{ url: http://127.0.0.1:9/api, max_connections: 50 }").unwrap();
+        assert_eq!(p.upstream.unwrap().base(), "/api");
+        assert_eq!(p.max_connections, Some(50));
+        let p = proxy("\n    url: http://x:1\n").unwrap();
+        assert_eq!(
+            (p.upstream.unwrap().authority(), p.max_connections),
+            ("x:1", None)
+        );
+        for (bad, says) in [
+            ("{ url: http://x, max_connections: 0 }", "r.yaml:2:"),
+            ("{ url: ftp://x }", "r.yaml:2:"),
+            ("{ max_connections: 3 }", "needs `url:`"),
+            ("{ url: http://x, max_conections: 3 }", "unknown field"),
+            ("[http://x]", "r.yaml:2:"),
+        ] {
+            let e = proxy(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert_eq!(crate::proxy::default_upstream_connections(1000), 250);
+        assert_eq!(crate::proxy::default_upstream_connections(10), 8);
+    }
 
     proptest::proptest! {
         /// The example rules with a few edits anywhere (numbers, units,

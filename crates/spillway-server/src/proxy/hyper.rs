@@ -16,20 +16,24 @@ use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::{Connected, Connection, capture_connection};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use spillway_store::Checked;
 use spillway_tower::{Admission, PROBLEM_JSON, Problem, insert_rate_limit_headers};
 use spillway_wire::HOP_BY_HOP;
+use spillway_wire::client::{Conn, Upstream};
 use spillway_wire::headers::{FRAMING, connection_tokens, named};
 
 use super::{Failure, Proxy, Refused};
+
+/// How long the hyper client keeps an idle upstream connection.
+const HYPER_IDLE: Duration = Duration::from_secs(5);
 
 /// The hyper transport, as a tower service for axum's fallback.
 #[derive(Clone)]
 pub struct HyperProxy {
     proxy: Arc<Proxy>,
-    client: Client<HttpConnector, Body>,
+    client: Client<Bounded, Body>,
 }
 
 impl std::fmt::Debug for HyperProxy {
@@ -41,11 +45,15 @@ impl std::fmt::Debug for HyperProxy {
 impl HyperProxy {
     /// The hyper transport of `proxy`.
     pub fn new(proxy: Arc<Proxy>) -> HyperProxy {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(proxy.timeout().min(Duration::from_secs(10))));
+        // Connections come from the direct transport's bounded pool: the
+        // two transports together open at most
+        // `proxy.upstream.max_connections`. hyper's own idle connections
+        // hold their permits too, and the direct transport cannot take
+        // them: they close after a short idle time, so that a burst on
+        // this transport does not keep the other waiting for long.
+        let connector = Bounded(proxy.connections().clone());
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(HYPER_IDLE)
             .build(connector);
         HyperProxy { proxy, client }
     }
@@ -96,6 +104,7 @@ impl HyperProxy {
         // userinfo) is 400: the target checked is the path the rules will
         // see, never a default.
         if req.version() != http::Version::HTTP_2
+            && req.method() != http::Method::CONNECT
             && (req.uri().scheme().is_some() || req.uri().authority().is_some())
         {
             let uri = req.uri();
@@ -119,6 +128,7 @@ impl HyperProxy {
             }
             *req.uri_mut() = origin;
         }
+        // CONNECT's authority-form has no path: `check` refuses it (405).
         let target = req.uri().path_and_query().map_or("", |p| p.as_str());
         let who = match self
             .proxy
@@ -192,6 +202,9 @@ impl HyperProxy {
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;
         let timeout = self.proxy.timeout();
+        // Whether the request got a connection: one that timed out
+        // without one waited for the bounded connections (503, not 504).
+        let captured = capture_connection(&mut req);
         let called = match settle {
             None => tokio::time::timeout(timeout, self.client.request(req))
                 .await
@@ -262,10 +275,18 @@ impl HyperProxy {
                 drop(turn);
                 return problem(&self.proxy.bad_body(), Some(&checked));
             }
+            Ok(Err(e)) if at_capacity(&e) => {
+                drop(turn);
+                Failure::Busy
+            }
             Ok(Err(e)) => {
                 let head = turn.mark();
                 self.proxy.answered(turn, false, head);
                 Failure::Bad(e.to_string())
+            }
+            Err(_) if captured.connection_metadata().is_none() => {
+                drop(turn);
+                Failure::Busy
             }
             Err(_) => {
                 let head = turn.mark();
@@ -273,7 +294,114 @@ impl HyperProxy {
                 Failure::Timeout
             }
         };
-        problem(&self.proxy.failure(failure), Some(&checked))
+        let busy = matches!(failure, Failure::Busy);
+        let mut resp = problem(&self.proxy.failure(failure), Some(&checked));
+        if busy {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// The hyper client's connector: connections from the upstream's bounded
+/// pool ([`Upstream::connection`]), never more than
+/// `proxy.upstream.max_connections` with the direct transport's.
+#[derive(Clone)]
+struct Bounded(Arc<Upstream>);
+
+/// Every upstream connection stayed in use for the timeout.
+#[derive(Debug)]
+struct AtCapacity;
+
+impl std::fmt::Display for AtCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("every upstream connection is in use")
+    }
+}
+
+impl std::error::Error for AtCapacity {}
+
+impl tower::Service<Uri> for Bounded {
+    type Response = UpstreamConn;
+    type Error = axum::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamConn, axum::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), axum::BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let up = self.0.clone();
+        Box::pin(async move {
+            match up.connection().await {
+                Ok(c) => Ok(UpstreamConn(TokioIo::new(c))),
+                Err(spillway_wire::client::Failure::Busy) => Err(AtCapacity.into()),
+                Err(spillway_wire::client::Failure::Bad(e)) => Err(e.into()),
+                Err(spillway_wire::client::Failure::Timeout) => Err("connect timed out".into()),
+            }
+        })
+    }
+}
+
+/// Whether the upstream request failed for want of a connection.
+fn at_capacity(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if err.is::<AtCapacity>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// A bounded upstream connection, as hyper's client reads and writes it.
+struct UpstreamConn(TokioIo<Conn>);
+
+impl hyper::rt::Read for UpstreamConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for UpstreamConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl Connection for UpstreamConn {
+    fn connected(&self) -> Connected {
+        Connected::new()
     }
 }
 
@@ -408,7 +536,7 @@ const READ_AFTER_LEAVING: usize = 8 * 1024 * 1024;
 /// [`Settling`]). Sent on `tx`; a client already gone drops it there,
 /// which reads on for the trailer.
 async fn call_settled(
-    client: Client<HttpConnector, Body>,
+    client: Client<Bounded, Body>,
     req: Request<Body>,
     timeout: Duration,
     settle: Arc<Settle>,

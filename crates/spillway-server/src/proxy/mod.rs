@@ -47,6 +47,10 @@ use crate::Shared;
 pub struct Settings {
     /// Where admitted requests go.
     pub upstream: Option<UpstreamUrl>,
+    /// Connections open to the upstream at most
+    /// (`proxy.upstream.max_connections`); `None`: derived from the
+    /// connection budget ([`default_upstream_connections`]).
+    pub max_connections: Option<usize>,
     /// Where the user identity comes from.
     pub user: Option<UserSource>,
     /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
@@ -111,6 +115,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             upstream: None,
+            max_connections: None,
             user: None,
             trusted_proxies: Vec::new(),
             timeout: Duration::from_secs(30),
@@ -210,6 +215,8 @@ pub struct Proxy {
     timeout: Duration,
     upgrades: Vec<String>,
     failures: FailureLog,
+    /// The upstream's connections, bounded, shared by both transports.
+    connections: Arc<spillway_wire::client::Upstream>,
     /// The in-flight limit to the upstream, if set.
     concurrency: Option<Arc<concurrency::Concurrency>>,
     /// Latency and errors of upstream calls, over `measure.window`.
@@ -246,6 +253,9 @@ pub enum Failure {
     Bad(String),
     /// No answer within the timeout (504).
     Timeout,
+    /// Every one of the upstream's `max_connections` stayed in use for the
+    /// timeout (503).
+    Busy,
 }
 
 impl From<spillway_wire::client::Failure> for Failure {
@@ -253,8 +263,18 @@ impl From<spillway_wire::client::Failure> for Failure {
         match f {
             spillway_wire::client::Failure::Bad(e) => Failure::Bad(e),
             spillway_wire::client::Failure::Timeout => Failure::Timeout,
+            spillway_wire::client::Failure::Busy => Failure::Busy,
         }
     }
+}
+
+/// `proxy.upstream.max_connections` when the file sets none: a quarter of
+/// the connection budget (`server.max_connections`, itself derived from
+/// the descriptor limit), at least 8: each proxied request may hold an
+/// upstream connection, and the rest of the descriptors serve clients,
+/// Redis and the other listeners.
+pub fn default_upstream_connections(server_max_connections: usize) -> usize {
+    (server_max_connections / 4).max(8)
 }
 
 impl Proxy {
@@ -284,7 +304,16 @@ impl Proxy {
                 target,
             )
         });
+        let connections = Arc::new(spillway_wire::client::Upstream::new(
+            upstream.authority().to_string(),
+            upstream.base().to_string(),
+            settings.timeout,
+            settings.max_connections.unwrap_or_else(|| {
+                default_upstream_connections(spillway_wire::Limits::default().max_connections)
+            }),
+        ));
         Proxy {
+            connections,
             measuring: concurrency.is_some()
                 || measure.target.is_some()
                 || measure.errors_max.is_some(),
@@ -316,6 +345,12 @@ impl Proxy {
     /// The upstream timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The upstream's connections, bounded (`proxy.upstream.max_connections`),
+    /// for both transports.
+    pub fn connections(&self) -> &Arc<spillway_wire::client::Upstream> {
+        &self.connections
     }
 
     /// Phase 1: what a reverse proxy refuses, and who the client is.
@@ -629,6 +664,18 @@ impl Proxy {
                 Problem::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "the upstream did not answer in time",
+                )
+            }
+            Failure::Busy => {
+                self.failures.warn(format_args!(
+                    "upstream {}: all {} connections stayed in use for {:?}",
+                    self.upstream,
+                    self.connections.max_connections(),
+                    self.timeout
+                ));
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the upstream is at capacity: retry later",
                 )
             }
         }

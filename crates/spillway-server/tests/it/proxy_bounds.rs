@@ -298,3 +298,107 @@ async fn an_absolute_form_target_is_counted_as_its_origin_form() {
         assert_eq!(up.requests().len(), 3, "{server}: nothing refused went up");
     }
 }
+
+/// The most connections a [`counting_upstream`] had open at once.
+#[derive(Debug, Default)]
+struct Connections {
+    most: std::sync::atomic::AtomicUsize,
+}
+
+/// An upstream written by hand that answers every request `ok` after
+/// `delay`, on kept connections, and records the most connections it had
+/// open at once. Counted when one is accepted: of the ones before, those
+/// whose peer has closed (a non-blocking peek on a duplicate of the socket
+/// reads its end) no longer count, so a proxy that closed a connection
+/// before opening the next is not charged for both, whichever task runs
+/// first here.
+async fn counting_upstream(delay: Duration) -> (std::net::SocketAddr, std::sync::Arc<Connections>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = std::sync::Arc::new(Connections::default());
+    let counted = count.clone();
+    tokio::spawn(async move {
+        let mut live: Vec<std::net::TcpStream> = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            let std_conn = conn.into_std().unwrap();
+            live.retain(|c| {
+                let mut probe = [0u8; 1];
+                match c.peek(&mut probe) {
+                    Ok(0) => false,
+                    Ok(_) => true,
+                    Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                }
+            });
+            live.push(std_conn.try_clone().unwrap());
+            counted
+                .most
+                .fetch_max(live.len(), std::sync::atomic::Ordering::SeqCst);
+            let mut conn = tokio::net::TcpStream::from_std(std_conn).unwrap();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        tokio::time::sleep(delay).await;
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if conn.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// Issue 28: 100 h2c connections with slow requests made the proxy open
+/// 19,888 upstream connections. With `proxy.upstream.max_connections: 2`,
+/// twelve concurrent slow requests (over HTTP/1.1 on the direct path, and
+/// over HTTP/2 on the hyper one) never hold more than two upstream
+/// connections: the rest wait for one within `proxy.timeout`, then get
+/// 503 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
+    for h2 in [false, true] {
+        let (addr, count) = counting_upstream(Duration::from_millis(700)).await;
+        let (s, _dir) = proxy(&format!(
+            "proxy:\n  upstream: {{ url: http://{addr}, max_connections: 2 }}\n  \
+             timeout: 2s\nrules: []\n"
+        ));
+        let c = if h2 {
+            reqwest::Client::builder()
+                .http2_prior_knowledge()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap()
+        } else {
+            client()
+        };
+        let sends = (0..12).map(|_| c.get(s.url("/slow")).send());
+        let answers = futures_util::future::join_all(sends).await;
+        let (mut served, mut busy) = (0, 0);
+        for r in answers {
+            let r = r.unwrap();
+            match r.status().as_u16() {
+                200 => served += 1,
+                503 => {
+                    assert_eq!(r.headers()["retry-after"], "1", "h2 {h2}");
+                    busy += 1;
+                }
+                // Got a connection late, then waited its head too long.
+                504 => {}
+                other => panic!("h2 {h2}: {other} {}", r.text().await.unwrap()),
+            }
+        }
+        let most = count.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(most <= 2, "h2 {h2}: {most} upstream connections at once");
+        assert!(served >= 2, "h2 {h2}: {served} served");
+        assert!(busy >= 1, "h2 {h2}: none waited past the timeout");
+    }
+}

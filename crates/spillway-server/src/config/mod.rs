@@ -981,6 +981,19 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
     if let Some(c) = &raw.concurrency {
         cfg.concurrency = concurrency(errs, c);
     }
+    if let Some(b) = &raw.buffer_body {
+        match size(&b.value) {
+            Ok(n) if n <= crate::proxy::MOST_BUFFERED => cfg.buffer_body = n,
+            Ok(n) => errs.at(
+                b,
+                format!(
+                    "proxy.buffer_body: at most {} bytes (16 MiB), not {n}",
+                    crate::proxy::MOST_BUFFERED
+                ),
+            ),
+            Err(e) => errs.at(b, format!("proxy.buffer_body: {e}")),
+        }
+    }
     cfg.listen = raw
         .listen
         .as_ref()
@@ -990,6 +1003,32 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
         .as_ref()
         .and_then(|l| address(errs, l, "proxy.admin_listen", 9090));
     cfg
+}
+
+/// A size in bytes: a whole number, or one with a unit (`B`, `KiB`, `MiB`;
+/// `kB` and `MB` are 1,000 and 1,000,000).
+fn size(s: &raw::RawSize) -> Result<usize, String> {
+    let text = match s {
+        raw::RawSize::Bytes(n) => {
+            return usize::try_from(*n).map_err(|_| format!("{n} is not a size"));
+        }
+        raw::RawSize::Text(t) => t.trim(),
+    };
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = text[..digits]
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 64KiB"))?;
+    let unit: u64 = match text[digits..].trim() {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        "kB" | "KB" => 1000,
+        "MB" => 1_000_000,
+        other => return Err(format!("{other:?} is not a unit: B, KiB or MiB")),
+    };
+    n.checked_mul(unit)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// `proxy.concurrency`: exactly one of `adaptive: { min, max }` and
@@ -1200,6 +1239,35 @@ mod tests {
             assert!(e.contains(says), "{bad}: {e}");
         }
         assert_eq!(crate::proxy::default_upstream_connections(1000), 250);
+    }
+
+    /// `proxy.buffer_body`: bytes, or a number with a unit; 0 turns it
+    /// off; past 16 MiB, a negative number or an unknown unit is a
+    /// located error.
+    #[test]
+    fn the_buffered_body_size_is_read_with_its_unit() {
+        let buffered = |v: &str| {
+            parse(
+                "r.yaml",
+                &format!("proxy:\n  buffer_body: {v}\nrules: []\n"),
+            )
+            .map(|c| c.proxy.expect("a proxy section").buffer_body)
+        };
+        assert_eq!(crate::proxy::Settings::default().buffer_body, 64 * 1024);
+        for (v, want) in [
+            ("0", 0),
+            ("1000", 1000),
+            ("64KiB", 65536),
+            ("\"1 MiB\"", 1 << 20),
+            ("2kB", 2000),
+            ("16MiB", 16 << 20),
+        ] {
+            assert_eq!(buffered(v).unwrap(), want, "{v}");
+        }
+        for bad in ["-1", "17MiB", "64 KB x", "lots", "1.5MiB", "[1]"] {
+            let e = buffered(bad).unwrap_err().to_string();
+            assert!(e.contains("r.yaml:2:"), "{bad}: {e}");
+        }
         assert_eq!(crate::proxy::default_upstream_connections(10), 8);
     }
 

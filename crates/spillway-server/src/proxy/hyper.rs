@@ -137,6 +137,18 @@ impl HyperProxy {
             Ok(w) => w,
             Err(Refused::Invalid(p)) => return problem(&p, None),
         };
+        // A body up to `proxy.buffer_body` is read whole first (as nginx's
+        // request buffering does, and as the direct transport reads its
+        // bodies): a client that trickles it holds no in-flight slot and
+        // no upstream connection meanwhile, and one that never finishes
+        // it is not counted.
+        let (parts, body) = req.into_parts();
+        let body = match buffer(body, self.proxy.buffer_body(), self.proxy.timeout()).await {
+            Ok(b) => b,
+            Err(BodyFailed::Broken) => return problem(&self.proxy.bad_body(), None),
+            Err(BodyFailed::Slow) => return problem(&self.proxy.slow_body(), None),
+        };
+        let mut req = Request::from_parts(parts, body);
         let checked = match self
             .proxy
             .admit(req.method().as_str(), req.uri().path(), &who, req.headers())
@@ -402,6 +414,114 @@ impl hyper::rt::Write for UpstreamConn {
 impl Connection for UpstreamConn {
     fn connected(&self) -> Connected {
         Connected::new()
+    }
+}
+
+/// Why a request body could not be buffered.
+enum BodyFailed {
+    /// The client broke it (cut short, bad chunked coding): 400.
+    Broken,
+    /// It did not arrive within the timeout: 408.
+    Slow,
+}
+
+/// Reads `body` whole if it is at most `cap` bytes (within `timeout`),
+/// else the first `cap` and more bytes of it, the rest streaming after
+/// them. An empty body, or one whose length says it is larger, is left as
+/// it is.
+async fn buffer(body: Body, cap: usize, timeout: Duration) -> Result<Body, BodyFailed> {
+    use hyper::body::Body as _;
+    let cap64 = u64::try_from(cap).unwrap_or(u64::MAX);
+    if cap == 0 || body.is_end_stream() || body.size_hint().lower() > cap64 {
+        return Ok(body);
+    }
+    let mut body = body;
+    let mut read = std::collections::VecDeque::new();
+    let mut trailers = None;
+    let mut len = 0usize;
+    let fill = async {
+        loop {
+            let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+            else {
+                return Ok(true);
+            };
+            let frame = frame.map_err(|_| BodyFailed::Broken)?;
+            match frame.into_data() {
+                Ok(data) => {
+                    len = len.saturating_add(data.len());
+                    read.push_back(data);
+                    if len > cap {
+                        return Ok(false);
+                    }
+                }
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    return Ok(true);
+                }
+            }
+        }
+    };
+    let ended = match tokio::time::timeout(timeout, fill).await {
+        Ok(r) => r?,
+        Err(_) => return Err(BodyFailed::Slow),
+    };
+    Ok(Body::new(Buffered {
+        read,
+        len: ended.then_some(len as u64),
+        trailers,
+        rest: (!ended).then_some(body),
+    }))
+}
+
+/// A request body read before the upstream call: the chunks read, then
+/// the trailers, or the rest as it comes.
+struct Buffered {
+    read: std::collections::VecDeque<Bytes>,
+    /// The length still to send, when all of it was read.
+    len: Option<u64>,
+    trailers: Option<HeaderMap>,
+    rest: Option<Body>,
+}
+
+impl hyper::body::Body for Buffered {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        if let Some(data) = this.read.pop_front() {
+            if let Some(n) = this.len.as_mut() {
+                *n = n.saturating_sub(data.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(data))));
+        }
+        if let Some(rest) = this.rest.as_mut() {
+            return Pin::new(rest).poll_frame(cx);
+        }
+        Poll::Ready(
+            this.trailers
+                .take()
+                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty()
+            && self.trailers.is_none()
+            && self
+                .rest
+                .as_ref()
+                .is_none_or(hyper::body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.len {
+            Some(n) => hyper::body::SizeHint::with_exact(n),
+            None => hyper::body::SizeHint::default(),
+        }
     }
 }
 

@@ -68,7 +68,15 @@ pub struct Settings {
     pub upgrades: Vec<String>,
     /// The in-flight limit to the upstream (`proxy.concurrency`), if any.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// Request bodies up to this many bytes are read whole before the
+    /// request takes an in-flight slot or an upstream connection
+    /// (`proxy.buffer_body`; 0: never).
+    pub buffer_body: usize,
 }
+
+/// The most `proxy.buffer_body` may be: each buffered request holds that
+/// much memory while its body arrives.
+pub const MOST_BUFFERED: usize = 16 * 1024 * 1024;
 
 /// `proxy.concurrency`: how many requests may be in flight to the
 /// upstream, and how long the rest wait.
@@ -123,6 +131,7 @@ impl Default for Settings {
             admin_listen: None,
             upgrades: vec!["websocket".to_string()],
             concurrency: None,
+            buffer_body: 64 * 1024,
         }
     }
 }
@@ -213,6 +222,8 @@ pub struct Proxy {
     identify: identity::Identify,
     upstream: UpstreamUrl,
     timeout: Duration,
+    /// `proxy.buffer_body`.
+    buffer_body: usize,
     upgrades: Vec<String>,
     failures: FailureLog,
     /// The upstream's connections, bounded, shared by both transports.
@@ -327,6 +338,7 @@ impl Proxy {
             },
             upstream,
             timeout: settings.timeout,
+            buffer_body: settings.buffer_body,
             upgrades: settings
                 .upgrades
                 .iter()
@@ -345,6 +357,22 @@ impl Proxy {
     /// The upstream timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Request bodies up to this many bytes are read whole before the
+    /// request's turn at the upstream (`proxy.buffer_body`).
+    pub fn buffer_body(&self) -> usize {
+        self.buffer_body
+    }
+
+    /// A request body that did not arrive within the timeout while the
+    /// proxy read it: 408, the client's slowness.
+    pub fn slow_body(&self) -> Problem<'static> {
+        self.shared.events.bad_request();
+        Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        )
     }
 
     /// The upstream's connections, bounded (`proxy.upstream.max_connections`),

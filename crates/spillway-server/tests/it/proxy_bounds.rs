@@ -402,3 +402,85 @@ async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
         assert!(busy >= 1, "h2 {h2}: none waited past the timeout");
     }
 }
+
+/// A request body that sends its first piece, then nothing until the
+/// test ends (a slow-body client).
+struct Trickle(Option<bytes::Bytes>, tokio::sync::oneshot::Receiver<()>);
+
+impl hyper::body::Body for Trickle {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        if let Some(b) = self.0.take() {
+            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(b))));
+        }
+        std::pin::Pin::new(&mut self.1).poll(cx).map(|_| None)
+    }
+}
+
+/// Issue 28: slow-body clients (an HTTP/1.1 chunked body, HTTP/2 streams,
+/// an HTTP/1.1 body shorter than its length) held the only in-flight
+/// slot and the only upstream connection while they trickled, so a
+/// legitimate client got 503. Bodies up to `proxy.buffer_body` are now
+/// read whole first: the legitimate client is answered. With
+/// `buffer_body: 0` (no buffering) the same attack still wins, which shows
+/// the test can fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_hold_no_slot_and_no_upstream_connection() {
+    for (buffer, want) in [("", 200), ("\n  buffer_body: 0", 503)] {
+        let up = HttpUpstream::start().await;
+        let (s, _dir) = proxy(&format!(
+            "proxy:\n  upstream: {{ url: {}, max_connections: 1 }}\n  timeout: 10s\n  \
+             concurrency: {{ limit: 1, queue: {{ max_wait: 500ms }} }}{buffer}\nrules: []\n",
+            up.url()
+        ));
+        let addr = s.url("").trim_start_matches("http://").to_string();
+        let mut held = Vec::new();
+        // HTTP/1.1, chunked (the hyper transport), one chunk then nothing.
+        let mut chunked = TcpStream::connect(&addr).await.unwrap();
+        chunked
+            .write_all(
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+            )
+            .await
+            .unwrap();
+        // HTTP/1.1 with a length (the direct transport), cut short.
+        let mut short = TcpStream::connect(&addr).await.unwrap();
+        short
+            .write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhello")
+            .await
+            .unwrap();
+        // HTTP/2: two streams of one connection, one piece each.
+        let h2 = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http::<Trickle>();
+        for _ in 0..2 {
+            let (stop, hold) = tokio::sync::oneshot::channel();
+            let req = hyper::Request::post(s.url("/echo"))
+                .body(Trickle(Some(bytes::Bytes::from_static(b"hello")), hold))
+                .unwrap();
+            let sent = h2.request(req);
+            held.push((stop, tokio::spawn(sent)));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let c = client();
+        let r = c.get(s.url("/hello")).send().await.unwrap();
+        assert_eq!(r.status(), want, "buffer_body {buffer:?}: HTTP/1.1");
+        let h2c = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .unwrap();
+        let r = h2c.post(s.url("/echo")).body("hi").send().await.unwrap();
+        assert_eq!(r.status(), want, "buffer_body {buffer:?}: HTTP/2");
+        if want == 200 {
+            assert_eq!(r.text().await.unwrap(), "hi");
+            // The slow bodies never reached the upstream.
+            assert_eq!(up.count("/echo"), 1);
+        }
+        drop((chunked, short, held));
+    }
+}

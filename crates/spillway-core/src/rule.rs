@@ -405,7 +405,11 @@ pub struct ResponseCost {
     pub header: String,
     /// What the request is charged before it is served (0: only checked).
     /// The answer's cost beyond it is charged afterwards; an answer that
-    /// cost less is not refunded.
+    /// cost less is not refunded (a refund has no inverse in a window that
+    /// turned over, and could race a concurrent admission). Charged with
+    /// the check, atomically, it is what bounds a key's requests in flight
+    /// at once: with 0, every concurrent request passes before the first
+    /// answer's charge lands.
     pub estimate: u64,
 }
 

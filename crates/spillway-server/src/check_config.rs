@@ -278,6 +278,10 @@ fn print_proxy(p: &crate::proxy::Settings) {
         outln!("  trusted proxies {}", nets.join(", "));
     }
     outln!("  upstream timeout {:?}", p.timeout);
+    match p.max_connections {
+        Some(n) => outln!("  upstream connections at most {n}"),
+        None => outln!("  upstream connections at most a quarter of server.max_connections"),
+    }
     outln!("  upgrades passed through: {}", p.upgrades.join(", "));
 }
 

@@ -564,6 +564,9 @@ pub async fn run_proxy(
     // `admin.listen` (or `admin_listen`) names the proxy's admin
     // listener too when `proxy.admin_listen` does not.
     settings.admin_listen = settings.admin_listen.or(opts.config.admin_listen);
+    // Upstream connections: a share of the process's connection budget.
+    let server_max = opts.config.server.max_connections;
+    (settings.max_connections).get_or_insert(proxy::default_upstream_connections(server_max));
     let upstream = settings.upstream.clone().ok_or_else(|| {
         std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
     })?;

@@ -17,6 +17,7 @@
 //! | `stall` | the head and `first,`, then nothing while the connection lasts |
 //! | a number under `/tokens/` | `tokens`, with `x-tokens-used: N` (what the answer cost) |
 //! | a number under `/trailer-tokens/` | `streamed tokens`, chunked, then `x-tokens-used: N` as a trailer |
+//! | a number under `/late-trailer-tokens/` | the same, the trailer [`LATE`] after the body (a client may leave in between) |
 //! | `ratelimit-headers` | `own`, with the upstream's own `x-ratelimit-limit: 999` and `ratelimit: "upstream";r=5;t=9` |
 //! | anything else | `ok` |
 //!
@@ -42,6 +43,10 @@ use tokio::sync::{Semaphore, mpsc};
 
 /// How long a `slow` answer takes.
 pub const SLOW: Duration = Duration::from_secs(3);
+
+/// How long after its body a `/late-trailer-tokens/N` answer sends its
+/// trailer.
+pub const LATE: Duration = Duration::from_millis(300);
 
 /// One request head as the upstream received it.
 #[derive(Debug, Clone)]
@@ -266,6 +271,21 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
                 .insert("trailer", "x-tokens-used".parse().expect("valid"));
             r
         }
+        n if req.uri().path().starts_with("/late-trailer-tokens/") => {
+            let mut trailers = hyper::HeaderMap::new();
+            trailers.insert(
+                "x-tokens-used",
+                n.parse().expect("a path segment is a value"),
+            );
+            let mut r = Response::new(Reply::Late(
+                Some(Bytes::from_static(b"streamed tokens")),
+                Box::pin(tokio::time::sleep(LATE)),
+                Some(trailers),
+            ));
+            r.headers_mut()
+                .insert("trailer", "x-tokens-used".parse().expect("valid"));
+            r
+        }
         "ratelimit-headers" => {
             let mut r = text("own");
             let h = r.headers_mut();
@@ -286,6 +306,12 @@ enum Reply {
     /// A body, then trailers (sent chunked, to a request that asked for
     /// trailers with `TE: trailers`).
     Trailed(Option<Bytes>, Option<hyper::HeaderMap>),
+    /// The same, the trailers once the timer ends.
+    Late(
+        Option<Bytes>,
+        Pin<Box<tokio::time::Sleep>>,
+        Option<hyper::HeaderMap>,
+    ),
     Pieces(mpsc::Receiver<Bytes>),
     Echo(Incoming),
 }
@@ -304,6 +330,13 @@ impl Body for Reply {
                 Some(b) => Some(Ok(Frame::data(b))),
                 None => t.take().map(|t| Ok(Frame::trailers(t))),
             }),
+            Reply::Late(b, later, t) => match b.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => later
+                    .as_mut()
+                    .poll(cx)
+                    .map(|()| t.take().map(|t| Ok(Frame::trailers(t)))),
+            },
             Reply::Pieces(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
             Reply::Echo(body) => Pin::new(body).poll_frame(cx),
         }
@@ -312,7 +345,7 @@ impl Body for Reply {
     fn is_end_stream(&self) -> bool {
         match self {
             Reply::Whole(b) => b.is_none(),
-            Reply::Trailed(b, t) => b.is_none() && t.is_none(),
+            Reply::Trailed(b, t) | Reply::Late(b, _, t) => b.is_none() && t.is_none(),
             Reply::Pieces(_) => false,
             Reply::Echo(body) => body.is_end_stream(),
         }
@@ -321,7 +354,7 @@ impl Body for Reply {
     fn size_hint(&self) -> SizeHint {
         match self {
             Reply::Whole(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Reply::Pieces(_) | Reply::Trailed(..) => SizeHint::default(),
+            Reply::Pieces(_) | Reply::Trailed(..) | Reply::Late(..) => SizeHint::default(),
             Reply::Echo(body) => body.size_hint(),
         }
     }

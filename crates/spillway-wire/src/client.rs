@@ -4,13 +4,23 @@
 //! `Connection` cannot remove them), the response head is read strictly
 //! ([`crate::framing`]) and the body relayed as it arrives, without
 //! decoding it.
+//!
+//! Every connection to the upstream holds one of the upstream's
+//! `max_connections` permits for its life, idle ones in the pool too, and
+//! [`Upstream::connection`] hands connections to another client (the
+//! proxy's hyper transport) under the same bound, so the proxy never
+//! opens more than that many, whatever its clients do.
 
 use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::framing::{Chunks, Framing, ResponseHead, response_head};
 use crate::headers::{FRAMING, HOP_BY_HOP, connection_tokens, named};
@@ -34,7 +44,58 @@ pub struct Upstream {
     /// request's target.
     base: String,
     timeout: Duration,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Conn>>,
+    /// One permit per connection open to the upstream.
+    permits: Arc<Semaphore>,
+    /// The bound on connections (the permits at the start).
+    max_connections: usize,
+}
+
+/// A connection to the upstream, holding its permit until it closes.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// A failure before any of the response reached the client.
@@ -45,6 +106,39 @@ pub enum Failure {
     Bad(String),
     /// No response head within the timeout (504).
     Timeout,
+    /// Every one of the upstream's `max_connections` was in use for the
+    /// whole timeout (503: the proxy would have had to open more).
+    Busy,
+}
+
+/// How an exchange on one connection failed: whether the upstream can
+/// have seen the request decides whether it may be sent again.
+#[derive(Debug)]
+enum Exchange {
+    /// The connection closed or broke before any byte of the answer: an
+    /// idle connection the upstream closed as the request went out.
+    Unanswered(String),
+    /// The answer began (malformed, cut, too large) or never came in
+    /// time: the upstream saw the request.
+    Failed(Failure),
+}
+
+impl Exchange {
+    fn failure(self) -> Failure {
+        match self {
+            Exchange::Unanswered(e) => Failure::Bad(e),
+            Exchange::Failed(f) => f,
+        }
+    }
+}
+
+/// Whether a method may be sent twice with the effect of once (RFC 9110
+/// §9.2.2).
+fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
+    )
 }
 
 /// The parts of a client request the upstream request is built from.
@@ -70,7 +164,7 @@ pub struct Outgoing<'a> {
 /// A response head from the upstream, ready for the client.
 #[derive(Debug)]
 pub struct Response {
-    conn: TcpStream,
+    conn: Conn,
     /// Bytes read past the head (the start of the body).
     rest: Vec<u8>,
     framing: Framing,
@@ -87,13 +181,48 @@ pub struct Response {
 
 impl Upstream {
     /// An upstream at `authority` (`host:port`), every target prefixed
-    /// with `base` (a path without a trailing `/`, or empty).
-    pub fn new(authority: String, base: String, timeout: Duration) -> Upstream {
+    /// with `base` (a path without a trailing `/`, or empty), with at most
+    /// `max_connections` connections open to it (at least 1).
+    pub fn new(
+        authority: String,
+        base: String,
+        timeout: Duration,
+        max_connections: usize,
+    ) -> Upstream {
+        let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
         Upstream {
             authority,
             base,
             timeout,
             idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(max_connections)),
+            max_connections,
+        }
+    }
+
+    /// The bound on connections open to the upstream.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// Connections open to the upstream now (idle ones included).
+    pub fn open_connections(&self) -> usize {
+        self.max_connections - self.permits.available_permits()
+    }
+
+    /// A connection for another HTTP/1.1 client of the same upstream (the
+    /// proxy's hyper transport), under the same bound: an idle one of the
+    /// pool, else a new one once fewer than `max_connections` are open,
+    /// waiting at most the timeout. The caller hands it back by dropping
+    /// it (it is not returned to this pool).
+    ///
+    /// # Errors
+    /// [`Failure::Busy`] after waiting the timeout; [`Failure::Bad`] if
+    /// the connection cannot be made.
+    pub async fn connection(&self) -> Result<Conn, Failure> {
+        match self.take_idle() {
+            Some(c) => Ok(c),
+            None => self.connect().await,
         }
     }
 
@@ -103,35 +232,37 @@ impl Upstream {
     }
 
     /// Sends `req` and reads the response head. Idle connections the
-    /// upstream has closed are skipped; one that fails anyway (closed in
-    /// between) is retried once on a new connection for idempotent methods.
+    /// upstream has closed are skipped; one that fails anyway is retried
+    /// once on a new connection only when the upstream cannot have acted on
+    /// the request: the connection closed (or broke) before any byte of
+    /// the answer arrived, and the method is idempotent. An answer that
+    /// began, even malformed, or a timeout, is never retried: the upstream
+    /// saw the request.
     ///
     /// # Errors
     /// See [`Failure`].
     pub async fn send(&self, req: &Outgoing<'_>) -> Result<Response, Failure> {
         let head = self.request_head(req);
-        let idempotent = matches!(
-            req.method,
-            "GET" | "HEAD" | "OPTIONS" | "PUT" | "DELETE" | "TRACE"
-        );
         if let Some(conn) = self.take_idle() {
             match self.exchange(conn, &head, req).await {
-                Err(Failure::Bad(_)) if idempotent => {}
-                other => return other,
+                Err(Exchange::Unanswered(_)) if idempotent(req.method) => {}
+                other => return other.map_err(Exchange::failure),
             }
         }
         let conn = self.connect().await?;
-        self.exchange(conn, &head, req).await
+        self.exchange(conn, &head, req)
+            .await
+            .map_err(Exchange::failure)
     }
 
     /// An idle connection that still looks open: one with data or an end
     /// of stream waiting (the upstream closed it, or is misbehaving) is
     /// dropped.
-    fn take_idle(&self) -> Option<TcpStream> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock();
         while let Some(conn) = idle.pop() {
             let mut probe = [0u8; 1];
-            if let Err(e) = conn.try_read(&mut probe)
+            if let Err(e) = conn.stream.try_read(&mut probe)
                 && e.kind() == io::ErrorKind::WouldBlock
             {
                 return Some(conn);
@@ -140,12 +271,27 @@ impl Upstream {
         None
     }
 
-    async fn connect(&self) -> Result<TcpStream, Failure> {
+    /// A new connection, once fewer than `max_connections` are open
+    /// (waiting at most the timeout for one to close).
+    async fn connect(&self) -> Result<Conn, Failure> {
+        let permit = match self.permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let wait = self.permits.clone().acquire_owned();
+                match tokio::time::timeout(self.timeout, wait).await {
+                    Ok(Ok(p)) => p,
+                    _ => return Err(Failure::Busy),
+                }
+            }
+        };
         let connect = TcpStream::connect(self.authority.as_str());
         match tokio::time::timeout(self.timeout.min(Duration::from_secs(10)), connect).await {
             Ok(Ok(c)) => {
                 let _ = c.set_nodelay(true);
-                Ok(c)
+                Ok(Conn {
+                    stream: c,
+                    _permit: permit,
+                })
             }
             Ok(Err(e)) => Err(Failure::Bad(format!("connect {}: {e}", self.authority))),
             Err(_) => Err(Failure::Bad(format!(
@@ -158,16 +304,18 @@ impl Upstream {
     /// Writes the request and reads the response head on `conn`.
     async fn exchange(
         &self,
-        mut conn: TcpStream,
+        mut conn: Conn,
         head: &[u8],
         req: &Outgoing<'_>,
-    ) -> Result<Response, Failure> {
-        let broken = |e: io::Error| Failure::Bad(e.to_string());
+    ) -> Result<Response, Exchange> {
+        // Before any byte of the answer, a broken connection is one the
+        // upstream may have closed before reading the request.
+        let broken = |e: io::Error| Exchange::Unanswered(e.to_string());
         // Most requests fit the socket's buffer at once: only a write that
         // has to wait runs under a timer.
         let mut written = 0;
         if req.body.is_empty() {
-            match conn.try_write(head) {
+            match conn.stream.try_write(head) {
                 Ok(n) => written = n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(broken(e)),
@@ -193,22 +341,35 @@ impl Upstream {
             };
             match tokio::time::timeout(self.timeout, write).await {
                 Ok(r) => r.map_err(broken)?,
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Exchange::Failed(Failure::Timeout)),
             }
         }
+        let bad = |e: String| Exchange::Failed(Failure::Bad(e));
         let read_head = async {
             let mut buf = Vec::with_capacity(4096);
+            // Whether any byte of the answer came (an interim one too).
+            let mut answered = false;
             // Read only when what is buffered is not a whole head: an
             // interim answer may arrive together with the final one.
             let mut need_more = true;
             loop {
                 if buf.len() >= MAX_RESPONSE_HEAD {
-                    return Err(Failure::Bad("response head too large".into()));
+                    return Err(bad("response head too large".into()));
                 }
                 if need_more {
-                    let n = read_some(&mut conn, &mut buf).await.map_err(broken)?;
+                    let answered = answered || !buf.is_empty();
+                    let n = match read_some(&mut conn, &mut buf).await {
+                        Ok(n) => n,
+                        Err(e) if answered => return Err(bad(e.to_string())),
+                        Err(e) => return Err(broken(e)),
+                    };
                     if n == 0 {
-                        return Err(Failure::Bad("connection closed before a response".into()));
+                        let e = "connection closed before a response".to_string();
+                        return Err(if answered {
+                            bad(e)
+                        } else {
+                            Exchange::Unanswered(e)
+                        });
                     }
                 }
                 need_more = true;
@@ -219,28 +380,29 @@ impl Upstream {
                         let code = resp.code.unwrap_or(0);
                         if code == 101 {
                             // Nothing was asked to upgrade on this path.
-                            return Err(Failure::Bad("101 to a request without Upgrade".into()));
+                            return Err(bad("101 to a request without Upgrade".into()));
                         }
                         if (100..200).contains(&code) {
                             // An interim answer (100 Continue, 103): skip it.
+                            answered = true;
                             buf.drain(..len);
                             need_more = buf.is_empty();
                             continue;
                         }
                         let parsed = response_head(&resp, req.method == "HEAD", req.drop_response)
-                            .map_err(|e| Failure::Bad(format!("bad response: {e}")))?;
+                            .map_err(|e| bad(format!("bad response: {e}")))?;
                         buf.drain(..len);
                         return Ok((parsed, buf));
                     }
                     Ok(httparse::Status::Partial) => {}
-                    Err(e) => return Err(Failure::Bad(format!("bad response: {e}"))),
+                    Err(e) => return Err(bad(format!("bad response: {e}"))),
                 }
             }
         };
         let (parsed, rest): (ResponseHead, Vec<u8>) =
             match tokio::time::timeout(self.timeout, read_head).await {
                 Ok(r) => r?,
-                Err(_) => return Err(Failure::Timeout),
+                Err(_) => return Err(Exchange::Failed(Failure::Timeout)),
             };
         Ok(Response {
             conn,
@@ -365,7 +527,7 @@ impl Upstream {
     }
 }
 
-async fn read_some(conn: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+async fn read_some(conn: &mut Conn, buf: &mut Vec<u8>) -> io::Result<usize> {
     if buf.capacity() - buf.len() < 2048 {
         buf.reserve(RELAY.max(buf.capacity()));
     }
@@ -377,7 +539,7 @@ mod tests {
     use super::*;
 
     fn head_for(headers: &[httparse::Header<'_>], body: &[u8]) -> String {
-        let up = Upstream::new("up:1".into(), "/base".into(), Duration::from_secs(1));
+        let up = Upstream::new("up:1".into(), "/base".into(), Duration::from_secs(1), 1);
         let req = Outgoing {
             method: "POST",
             target: "/x?y",

@@ -9,6 +9,14 @@
 //! A request outside it goes to hyper, whose own parser is the reference
 //! (it rejects what it cannot read); a head that cannot be parsed at all
 //! is refused with 400 here, so every refusal has the same body.
+//!
+//! An absolute-form target (`GET http://x/a`, which RFC 9112 §3.2.2 says a
+//! server must accept) is hyper's too: the proxy's hyper transport makes
+//! it the origin-form request it stands for (the authority replacing
+//! `Host`) before any policy runs, in one place for every configuration.
+//! Such targets are rare (clients send them to forward proxies), so the
+//! direct path keeps its one form; authority-form and `*` go the same way,
+//! and are refused there.
 
 /// Largest request head read in full (larger ones get 431).
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -288,6 +296,10 @@ mod tests {
             &b"POST /v1/check HTTP/1.0\r\n\r\n"[..],
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
             b"GET http://x/ HTTP/1.1\r\n\r\n",
+            b"GET HTTP://x/a HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET http://u:p@x/a HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET x:80 HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET * HTTP/1.1\r\nHost: x\r\n\r\n",
             b"OPTIONS * HTTP/1.1\r\n\r\n",
             b"GET /a|b HTTP/1.1\r\n\r\n",
             b"GET /%zz HTTP/1.1\r\n\r\n",

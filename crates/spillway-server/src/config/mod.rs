@@ -921,9 +921,26 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
     let raw = &p.value;
     let mut cfg = crate::proxy::Settings::default();
     if let Some(u) = &raw.upstream {
-        match UpstreamUrl::parse(&u.value) {
-            Ok(url) => cfg.upstream = Some(url),
-            Err(e) => errs.at(u, format!("proxy.upstream: {e}")),
+        let mut url =
+            |errs: &mut Collector<'_>, at: &dyn Fn(&mut Collector<'_>, String), s: &str| {
+                match UpstreamUrl::parse(s) {
+                    Ok(url) => cfg.upstream = Some(url),
+                    Err(e) => at(errs, format!("proxy.upstream: {e}")),
+                }
+            };
+        match &u.value {
+            raw::RawUpstream::Url(s) => url(errs, &|errs, m| errs.at(u, m), s),
+            raw::RawUpstream::Map(m) => {
+                match &m.url {
+                    Some(s) => url(errs, &|errs, msg| errs.at(s, msg), &s.value),
+                    None => errs.at(u, "proxy.upstream: a map needs `url:`"),
+                }
+                if let Some(n) = &m.max_connections
+                    && let Some(n) = count(errs, n, "proxy.upstream.max_connections")
+                {
+                    cfg.max_connections = Some(usize::try_from(n).unwrap_or(usize::MAX));
+                }
+            }
         }
     }
     if let Some(u) = &raw.user {
@@ -964,6 +981,19 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
     if let Some(c) = &raw.concurrency {
         cfg.concurrency = concurrency(errs, c);
     }
+    if let Some(b) = &raw.buffer_body {
+        match size(&b.value) {
+            Ok(n) if n <= crate::proxy::MOST_BUFFERED => cfg.buffer_body = n,
+            Ok(n) => errs.at(
+                b,
+                format!(
+                    "proxy.buffer_body: at most {} bytes (16 MiB), not {n}",
+                    crate::proxy::MOST_BUFFERED
+                ),
+            ),
+            Err(e) => errs.at(b, format!("proxy.buffer_body: {e}")),
+        }
+    }
     cfg.listen = raw
         .listen
         .as_ref()
@@ -973,6 +1003,32 @@ fn proxy_config(errs: &mut Collector<'_>, p: &Spanned<RawProxy>) -> crate::proxy
         .as_ref()
         .and_then(|l| address(errs, l, "proxy.admin_listen", 9090));
     cfg
+}
+
+/// A size in bytes: a whole number, or one with a unit (`B`, `KiB`, `MiB`;
+/// `kB` and `MB` are 1,000 and 1,000,000).
+fn size(s: &raw::RawSize) -> Result<usize, String> {
+    let text = match s {
+        raw::RawSize::Bytes(n) => {
+            return usize::try_from(*n).map_err(|_| format!("{n} is not a size"));
+        }
+        raw::RawSize::Text(t) => t.trim(),
+    };
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let n: u64 = text[..digits]
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 64KiB"))?;
+    let unit: u64 = match text[digits..].trim() {
+        "" | "B" => 1,
+        "KiB" => 1024,
+        "MiB" => 1024 * 1024,
+        "kB" | "KB" => 1000,
+        "MB" => 1_000_000,
+        other => return Err(format!("{other:?} is not a unit: B, KiB or MiB")),
+    };
+    n.checked_mul(unit)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 /// `proxy.concurrency`: exactly one of `adaptive: { min, max }` and
@@ -1166,6 +1222,72 @@ mod tests {
 
     use super::*;
     use spillway_core::Nanos;
+
+    /// `proxy.upstream` as a URL (as before) or a map with `url` and
+    /// `max_connections`; a bad bound or a map without a URL is a located
+    /// error.
+    #[test]
+    fn the_upstream_is_a_url_or_a_map_with_its_connection_bound() {
+        let proxy = |upstream: &str| {
+            parse(
+                "r.yaml",
+                &format!("proxy:\n  upstream: {upstream}\nrules: []\n"),
+            )
+            .map(|c| c.proxy.expect("a proxy section"))
+        };
+        let p = proxy("http://127.0.0.1:9").unwrap();
+        assert_eq!(p.upstream.unwrap().authority(), "127.0.0.1:9");
+        assert_eq!(p.max_connections, None);
+        let p = proxy("{ url: http://127.0.0.1:9/api, max_connections: 50 }").unwrap();
+        assert_eq!(p.upstream.unwrap().base(), "/api");
+        assert_eq!(p.max_connections, Some(50));
+        let p = proxy("\n    url: http://x:1\n").unwrap();
+        assert_eq!(
+            (p.upstream.unwrap().authority(), p.max_connections),
+            ("x:1", None)
+        );
+        for (bad, says) in [
+            ("{ url: http://x, max_connections: 0 }", "r.yaml:2:"),
+            ("{ url: ftp://x }", "r.yaml:2:"),
+            ("{ max_connections: 3 }", "needs `url:`"),
+            ("{ url: http://x, max_conections: 3 }", "unknown field"),
+            ("[http://x]", "r.yaml:2:"),
+        ] {
+            let e = proxy(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert_eq!(crate::proxy::default_upstream_connections(1000), 250);
+    }
+
+    /// `proxy.buffer_body`: bytes, or a number with a unit; 0 turns it
+    /// off; past 16 MiB, a negative number or an unknown unit is a
+    /// located error.
+    #[test]
+    fn the_buffered_body_size_is_read_with_its_unit() {
+        let buffered = |v: &str| {
+            parse(
+                "r.yaml",
+                &format!("proxy:\n  buffer_body: {v}\nrules: []\n"),
+            )
+            .map(|c| c.proxy.expect("a proxy section").buffer_body)
+        };
+        assert_eq!(crate::proxy::Settings::default().buffer_body, 64 * 1024);
+        for (v, want) in [
+            ("0", 0),
+            ("1000", 1000),
+            ("64KiB", 65536),
+            ("\"1 MiB\"", 1 << 20),
+            ("2kB", 2000),
+            ("16MiB", 16 << 20),
+        ] {
+            assert_eq!(buffered(v).unwrap(), want, "{v}");
+        }
+        for bad in ["-1", "17MiB", "64 KB x", "lots", "1.5MiB", "[1]"] {
+            let e = buffered(bad).unwrap_err().to_string();
+            assert!(e.contains("r.yaml:2:"), "{bad}: {e}");
+        }
+        assert_eq!(crate::proxy::default_upstream_connections(10), 8);
+    }
 
     proptest::proptest! {
         /// The example rules with a few edits anywhere (numbers, units,

@@ -214,7 +214,7 @@ pub(crate) struct RawReplace {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawProxy {
     #[serde(default)]
-    pub(crate) upstream: Option<Spanned<String>>,
+    pub(crate) upstream: Option<Spanned<RawUpstream>>,
     #[serde(default)]
     pub(crate) user: Option<Spanned<String>>,
     #[serde(default)]
@@ -230,6 +230,81 @@ pub(crate) struct RawProxy {
     /// In-flight requests to the upstream.
     #[serde(default)]
     pub(crate) concurrency: Option<Spanned<RawConcurrency>>,
+    /// Request bodies up to this size are read whole before the upstream.
+    #[serde(default)]
+    pub(crate) buffer_body: Option<Spanned<RawSize>>,
+}
+
+/// A size in bytes: a number, or text with a unit (`64KiB`, `1MiB`).
+#[derive(Debug)]
+pub(crate) enum RawSize {
+    Bytes(i64),
+    Text(String),
+}
+
+// By hand rather than `#[serde(untagged)]`, as `RawStore`.
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawSize, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawSize;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: bytes, or a number with B, KiB or MiB")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `proxy.upstream:`: a URL, or `{ url: URL, max_connections: N }`.
+#[derive(Debug)]
+pub(crate) enum RawUpstream {
+    Url(String),
+    Map(RawUpstreamMap),
+}
+
+// By hand rather than `#[serde(untagged)]`, as `RawStore`: untagged enums
+// lose the line and column of every value inside.
+impl<'de> Deserialize<'de> for RawUpstream {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawUpstream, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawUpstream;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a URL, or a map with `url:` and `max_connections:`")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawUpstream, E> {
+                Ok(RawUpstream::Url(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> Result<RawUpstream, A::Error> {
+                RawUpstreamMap::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(RawUpstream::Map)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawUpstreamMap {
+    #[serde(default)]
+    pub(crate) url: Option<Spanned<String>>,
+    /// Connections open to the upstream at most.
+    #[serde(default)]
+    pub(crate) max_connections: Option<Spanned<i64>>,
 }
 
 /// `proxy.concurrency:`: `adaptive: { min, max }` or `limit: N`, and a

@@ -24,19 +24,14 @@ const MAX_DIRECT_BODY: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct DirectProxy {
     proxy: Arc<Proxy>,
-    client: Upstream,
+    client: Arc<Upstream>,
     router: axum::Router,
 }
 
 impl DirectProxy {
     /// The direct transport of `proxy`; `router` serves what it does not take.
     pub fn new(proxy: Arc<Proxy>, router: axum::Router) -> DirectProxy {
-        let up = proxy.upstream();
-        let client = Upstream::new(
-            up.authority().to_string(),
-            up.base().to_string(),
-            proxy.timeout(),
-        );
+        let client = proxy.connections().clone();
         DirectProxy {
             proxy,
             client,
@@ -197,7 +192,9 @@ impl DirectProxy {
                 let head = turn.mark();
                 self.proxy.answered(turn, false, head);
                 let problem = self.proxy.failure(f.into());
-                Self::own_answer(out, &problem, Some(&checked), close, is_head, None);
+                // A 503 (every upstream connection busy): try again soon.
+                let retry = (problem.status == StatusCode::SERVICE_UNAVAILABLE).then_some(1);
+                Self::own_answer(out, &problem, Some(&checked), close, is_head, retry);
                 conn.write_all(out).await && !close
             }
         }

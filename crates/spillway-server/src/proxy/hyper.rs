@@ -16,20 +16,24 @@ use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, Uri, header};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::client::legacy::connect::{Connected, Connection, capture_connection};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use spillway_store::Checked;
 use spillway_tower::{Admission, PROBLEM_JSON, Problem, insert_rate_limit_headers};
 use spillway_wire::HOP_BY_HOP;
+use spillway_wire::client::{Conn, Upstream};
 use spillway_wire::headers::{FRAMING, connection_tokens, named};
 
 use super::{Failure, Proxy, Refused};
+
+/// How long the hyper client keeps an idle upstream connection.
+const HYPER_IDLE: Duration = Duration::from_secs(5);
 
 /// The hyper transport, as a tower service for axum's fallback.
 #[derive(Clone)]
 pub struct HyperProxy {
     proxy: Arc<Proxy>,
-    client: Client<HttpConnector, Body>,
+    client: Client<Bounded, Body>,
 }
 
 impl std::fmt::Debug for HyperProxy {
@@ -41,11 +45,15 @@ impl std::fmt::Debug for HyperProxy {
 impl HyperProxy {
     /// The hyper transport of `proxy`.
     pub fn new(proxy: Arc<Proxy>) -> HyperProxy {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(proxy.timeout().min(Duration::from_secs(10))));
+        // Connections come from the direct transport's bounded pool: the
+        // two transports together open at most
+        // `proxy.upstream.max_connections`. hyper's own idle connections
+        // hold their permits too, and the direct transport cannot take
+        // them: they close after a short idle time, so that a burst on
+        // this transport does not keep the other waiting for long.
+        let connector = Bounded(proxy.connections().clone());
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(HYPER_IDLE)
             .build(connector);
         HyperProxy { proxy, client }
     }
@@ -88,17 +96,40 @@ impl HyperProxy {
         {
             req.headers_mut().insert(header::HOST, a);
         }
-        // Absolute-form and authority-form on HTTP/1 (`GET x:80`, whose
-        // path is empty): a reverse proxy takes paths only. The target
-        // checked is the path the rules will see, never a default.
-        let uri = req.uri();
-        let target = if req.version() != http::Version::HTTP_2
-            && (uri.scheme().is_some() || uri.authority().is_some())
+        // Absolute-form on HTTP/1 (`GET http://x/a`): served as the
+        // origin-form request it stands for, its authority in place of a
+        // `Host` that is sent once and valid (else `check` refuses the
+        // client's), so it is counted as `GET /a` with `Host: x`. Anything
+        // else with no path (authority-form `GET x:80`, an odd scheme,
+        // userinfo) is 400: the target checked is the path the rules will
+        // see, never a default.
+        if req.version() != http::Version::HTTP_2
+            && req.method() != http::Method::CONNECT
+            && (req.uri().scheme().is_some() || req.uri().authority().is_some())
         {
-            ""
-        } else {
-            uri.path_and_query().map_or("", |p| p.as_str())
-        };
+            let uri = req.uri();
+            let (authority, origin) = match super::absolute_form(
+                uri.scheme_str(),
+                uri.authority().map(http::uri::Authority::as_str),
+                uri.path_and_query().map(http::uri::PathAndQuery::as_str),
+            ) {
+                Ok((a, o)) => (HeaderValue::from_str(a), o.parse::<Uri>()),
+                Err(detail) => return problem(&self.proxy.bad_target(detail), None),
+            };
+            let (Ok(authority), Ok(origin)) = (authority, origin) else {
+                let detail = "the absolute-form target is not a valid URL";
+                return problem(&self.proxy.bad_target(detail), None);
+            };
+            let mut hosts = req.headers().get_all(header::HOST).iter();
+            if let (Some(host), None) = (hosts.next(), hosts.next())
+                && super::valid_host(host.as_bytes())
+            {
+                req.headers_mut().insert(header::HOST, authority);
+            }
+            *req.uri_mut() = origin;
+        }
+        // CONNECT's authority-form has no path: `check` refuses it (405).
+        let target = req.uri().path_and_query().map_or("", |p| p.as_str());
         let who = match self
             .proxy
             .check(req.method().as_str(), target, req.headers(), peer)
@@ -106,6 +137,18 @@ impl HyperProxy {
             Ok(w) => w,
             Err(Refused::Invalid(p)) => return problem(&p, None),
         };
+        // A body up to `proxy.buffer_body` is read whole first (as nginx's
+        // request buffering does, and as the direct transport reads its
+        // bodies): a client that trickles it holds no in-flight slot and
+        // no upstream connection meanwhile, and one that never finishes
+        // it is not counted.
+        let (parts, body) = req.into_parts();
+        let body = match buffer(body, self.proxy.buffer_body(), self.proxy.timeout()).await {
+            Ok(b) => b,
+            Err(BodyFailed::Broken) => return problem(&self.proxy.bad_body(), None),
+            Err(BodyFailed::Slow) => return problem(&self.proxy.slow_body(), None),
+        };
+        let mut req = Request::from_parts(parts, body);
         let checked = match self
             .proxy
             .admit(req.method().as_str(), req.uri().path(), &who, req.headers())
@@ -171,7 +214,34 @@ impl HyperProxy {
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;
         let timeout = self.proxy.timeout();
-        let failure = match tokio::time::timeout(timeout, self.client.request(req)).await {
+        // Whether the request got a connection: one that timed out
+        // without one waited for the bounded connections (503, not 504).
+        let captured = capture_connection(&mut req);
+        let called = match settle {
+            None => tokio::time::timeout(timeout, self.client.request(req))
+                .await
+                .map(|r| r.map(|resp| resp.map(|b| Body::new(IdleTimeout::new(b, timeout))))),
+            // A cost from the answer must be read even if the client leaves
+            // (an HTTP/1.1 close or an HTTP/2 reset drops this future): the
+            // call runs in a task of its own, which charges what the head
+            // says and hands back a body that reads on to the trailer.
+            Some(settle) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let call = call_settled(self.client.clone(), req, timeout, settle, tx);
+                tokio::spawn(call);
+                match rx.await {
+                    Ok(called) => called,
+                    // The task ended without an answer (it panicked).
+                    Err(_) => {
+                        let head = turn.mark();
+                        self.proxy.answered(turn, false, head);
+                        let f = Failure::Bad("the upstream call was lost".into());
+                        return problem(&self.proxy.failure(f), Some(&checked));
+                    }
+                }
+            }
+        };
+        let failure = match called {
             Ok(Ok(mut resp)) => {
                 // In flight until the answer's head (a body streams on
                 // its own time; an upgraded connection is no call).
@@ -201,18 +271,6 @@ impl HyperProxy {
                     return Response::from_parts(parts, Body::empty());
                 }
                 let (mut parts, body) = resp.into_parts();
-                let body = IdleTimeout::new(body, timeout);
-                let body = match settle {
-                    // Costs in the head are charged before the answer goes
-                    // on (a client cannot dodge them by leaving early);
-                    // costs in trailers, when the body ends.
-                    Some(settle) => {
-                        let head = parts.headers.clone();
-                        settle.run(&|name| value(&head, name)).await;
-                        Body::new(Settling::new(body, settle, head))
-                    }
-                    None => Body::new(body),
-                };
                 strip_hop_by_hop(&mut parts.headers);
                 if super::ours(&checked) {
                     // Set only above a plain limit: never the upstream's.
@@ -229,10 +287,18 @@ impl HyperProxy {
                 drop(turn);
                 return problem(&self.proxy.bad_body(), Some(&checked));
             }
+            Ok(Err(e)) if at_capacity(&e) => {
+                drop(turn);
+                Failure::Busy
+            }
             Ok(Err(e)) => {
                 let head = turn.mark();
                 self.proxy.answered(turn, false, head);
                 Failure::Bad(e.to_string())
+            }
+            Err(_) if captured.connection_metadata().is_none() => {
+                drop(turn);
+                Failure::Busy
             }
             Err(_) => {
                 let head = turn.mark();
@@ -240,7 +306,222 @@ impl HyperProxy {
                 Failure::Timeout
             }
         };
-        problem(&self.proxy.failure(failure), Some(&checked))
+        let busy = matches!(failure, Failure::Busy);
+        let mut resp = problem(&self.proxy.failure(failure), Some(&checked));
+        if busy {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// The hyper client's connector: connections from the upstream's bounded
+/// pool ([`Upstream::connection`]), never more than
+/// `proxy.upstream.max_connections` with the direct transport's.
+#[derive(Clone)]
+struct Bounded(Arc<Upstream>);
+
+/// Every upstream connection stayed in use for the timeout.
+#[derive(Debug)]
+struct AtCapacity;
+
+impl std::fmt::Display for AtCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("every upstream connection is in use")
+    }
+}
+
+impl std::error::Error for AtCapacity {}
+
+impl tower::Service<Uri> for Bounded {
+    type Response = UpstreamConn;
+    type Error = axum::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamConn, axum::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), axum::BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let up = self.0.clone();
+        Box::pin(async move {
+            match up.connection().await {
+                Ok(c) => Ok(UpstreamConn(TokioIo::new(c))),
+                Err(spillway_wire::client::Failure::Busy) => Err(AtCapacity.into()),
+                Err(spillway_wire::client::Failure::Bad(e)) => Err(e.into()),
+                Err(spillway_wire::client::Failure::Timeout) => Err("connect timed out".into()),
+            }
+        })
+    }
+}
+
+/// Whether the upstream request failed for want of a connection.
+fn at_capacity(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if err.is::<AtCapacity>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// A bounded upstream connection, as hyper's client reads and writes it.
+struct UpstreamConn(TokioIo<Conn>);
+
+impl hyper::rt::Read for UpstreamConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for UpstreamConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+}
+
+impl Connection for UpstreamConn {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+/// Why a request body could not be buffered.
+enum BodyFailed {
+    /// The client broke it (cut short, bad chunked coding): 400.
+    Broken,
+    /// It did not arrive within the timeout: 408.
+    Slow,
+}
+
+/// Reads `body` whole if it is at most `cap` bytes (within `timeout`),
+/// else the first `cap` and more bytes of it, the rest streaming after
+/// them. An empty body, or one whose length says it is larger, is left as
+/// it is.
+async fn buffer(body: Body, cap: usize, timeout: Duration) -> Result<Body, BodyFailed> {
+    use hyper::body::Body as _;
+    let cap64 = u64::try_from(cap).unwrap_or(u64::MAX);
+    if cap == 0 || body.is_end_stream() || body.size_hint().lower() > cap64 {
+        return Ok(body);
+    }
+    let mut body = body;
+    let mut read = std::collections::VecDeque::new();
+    let mut trailers = None;
+    let mut len = 0usize;
+    let fill = async {
+        loop {
+            let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+            else {
+                return Ok(true);
+            };
+            let frame = frame.map_err(|_| BodyFailed::Broken)?;
+            match frame.into_data() {
+                Ok(data) => {
+                    len = len.saturating_add(data.len());
+                    read.push_back(data);
+                    if len > cap {
+                        return Ok(false);
+                    }
+                }
+                Err(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    return Ok(true);
+                }
+            }
+        }
+    };
+    let ended = match tokio::time::timeout(timeout, fill).await {
+        Ok(r) => r?,
+        Err(_) => return Err(BodyFailed::Slow),
+    };
+    Ok(Body::new(Buffered {
+        read,
+        len: ended.then_some(len as u64),
+        trailers,
+        rest: (!ended).then_some(body),
+    }))
+}
+
+/// A request body read before the upstream call: the chunks read, then
+/// the trailers, or the rest as it comes.
+struct Buffered {
+    read: std::collections::VecDeque<Bytes>,
+    /// The length still to send, when all of it was read.
+    len: Option<u64>,
+    trailers: Option<HeaderMap>,
+    rest: Option<Body>,
+}
+
+impl hyper::body::Body for Buffered {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        if let Some(data) = this.read.pop_front() {
+            if let Some(n) = this.len.as_mut() {
+                *n = n.saturating_sub(data.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(data))));
+        }
+        if let Some(rest) = this.rest.as_mut() {
+            return Pin::new(rest).poll_frame(cx);
+        }
+        Poll::Ready(
+            this.trailers
+                .take()
+                .map(|t| Ok(hyper::body::Frame::trailers(t))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty()
+            && self.trailers.is_none()
+            && self
+                .rest
+                .as_ref()
+                .is_none_or(hyper::body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.len {
+            Some(n) => hyper::body::SizeHint::with_exact(n),
+            None => hyper::body::SizeHint::default(),
+        }
     }
 }
 
@@ -358,36 +639,102 @@ fn value(h: &HeaderMap, name: &str) -> Option<String> {
     v.to_str().ok().map(str::to_string)
 }
 
+/// How the upstream call ended: its answer (the body ready for the
+/// client), a failure, or no head within the timeout.
+type Called =
+    Result<Result<Response<Body>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>;
+
+/// Most bytes of an answer read after its client left, looking for the
+/// trailer that says what it cost: past them the reading stops and the
+/// estimate charged at admission stands.
+const READ_AFTER_LEAVING: usize = 8 * 1024 * 1024;
+
+/// The upstream call of a request whose cost comes from the answer, in a
+/// task of its own so that the client leaving does not stop it: the cost
+/// in the answer's head is charged before the head goes on; the body is
+/// wrapped to charge a trailer's cost, even if the client goes (see
+/// [`Settling`]). Sent on `tx`; a client already gone drops it there,
+/// which reads on for the trailer.
+async fn call_settled(
+    client: Client<Bounded, Body>,
+    req: Request<Body>,
+    timeout: Duration,
+    settle: Arc<Settle>,
+    tx: tokio::sync::oneshot::Sender<Called>,
+) {
+    let called = match tokio::time::timeout(timeout, client.request(req)).await {
+        Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            Ok(Ok(resp.map(Body::new)))
+        }
+        Ok(Ok(resp)) => {
+            let (parts, body) = resp.into_parts();
+            let head = parts.headers.clone();
+            settle.run(&|name| value(&head, name)).await;
+            let body = Settling::new(IdleTimeout::new(body, timeout), settle, head, timeout);
+            Ok(Ok(Response::from_parts(parts, Body::new(body))))
+        }
+        other => other.map(|r| r.map(|resp| resp.map(Body::new))),
+    };
+    // A client gone: what it would have read is dropped, and a
+    // `Settling` body reads on for its trailer.
+    let _ = tx.send(called);
+}
+
 /// A response body whose trailers may carry a rule's cost: when they
 /// arrive, the cost of every rule whose field was not in the head is
-/// charged before the trailers go on to the client.
-struct Settling<B> {
-    inner: B,
+/// charged before the trailers go on to the client. Dropped before them
+/// (the client left: an HTTP/1.1 close, an HTTP/2 reset), it reads the
+/// rest of the answer in a task of its own, within the proxy's timeout and
+/// [`READ_AFTER_LEAVING`] bytes, and charges the trailer's cost if one
+/// comes (if none does, the estimate charged at admission stands).
+struct Settling {
+    /// The upstream's body (`None` once handed to the reading task).
+    inner: Option<IdleTimeout<hyper::body::Incoming>>,
+    /// Until the trailer's cost is charged (or the body ends without one).
     settle: Option<Arc<Settle>>,
     /// The answer's head: fields found there were charged already.
     head: HeaderMap,
     /// A charge under way, and the trailers frame held back until it ends.
     pending: Option<(Charging, hyper::body::Frame<Bytes>)>,
+    /// How long the answer is read for once the client left.
+    timeout: Duration,
 }
 
 /// A charge of a trailer's cost, under way.
 type Charging = Pin<Box<dyn Future<Output = bool> + Send>>;
 
-impl<B> Settling<B> {
-    fn new(inner: B, settle: Arc<Settle>, head: HeaderMap) -> Settling<B> {
+impl Settling {
+    fn new(
+        inner: IdleTimeout<hyper::body::Incoming>,
+        settle: Arc<Settle>,
+        head: HeaderMap,
+        timeout: Duration,
+    ) -> Settling {
         Settling {
-            inner,
+            inner: Some(inner),
             settle: Some(settle),
             head,
             pending: None,
+            timeout,
         }
+    }
+
+    /// The charge of the cost in `trailers` (fields not in `head`).
+    fn charge(settle: Arc<Settle>, head: HeaderMap, trailers: HeaderMap) -> Charging {
+        Box::pin(async move {
+            let read = |name: &str| {
+                if head.contains_key(name) {
+                    None
+                } else {
+                    value(&trailers, name)
+                }
+            };
+            settle.run(&read).await
+        })
     }
 }
 
-impl<B> hyper::body::Body for Settling<B>
-where
-    B: hyper::body::Body<Data = Bytes, Error = axum::BoxError> + Unpin,
-{
+impl hyper::body::Body for Settling {
     type Data = Bytes;
     type Error = axum::BoxError;
 
@@ -403,9 +750,17 @@ where
             }
             return Poll::Ready(Some(Ok(frame)));
         }
-        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let frame = match Pin::new(inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => frame,
-            other => return other,
+            Poll::Pending => return Poll::Pending,
+            other => {
+                // The end, or an error: no trailer will come.
+                this.settle = None;
+                return other;
+            }
         };
         let Some(trailers) = frame.trailers_ref() else {
             return Poll::Ready(Some(Ok(frame)));
@@ -413,28 +768,72 @@ where
         let Some(settle) = this.settle.take() else {
             return Poll::Ready(Some(Ok(frame)));
         };
-        let trailers = trailers.clone();
-        let head = std::mem::take(&mut this.head);
-        let charge = async move {
-            let read = |name: &str| {
-                if head.contains_key(name) {
-                    None
-                } else {
-                    value(&trailers, name)
-                }
-            };
-            settle.run(&read).await
-        };
-        this.pending = Some((Box::pin(charge), frame));
+        let charge = Self::charge(settle, std::mem::take(&mut this.head), trailers.clone());
+        this.pending = Some((charge, frame));
         self.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.pending.is_none() && self.inner.is_end_stream()
+        self.pending.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(hyper::body::SizeHint::default, |b| b.size_hint())
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        let pending = self.pending.take();
+        let settle = self.settle.take();
+        let inner = self.inner.take();
+        if pending.is_none() && settle.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let head = std::mem::take(&mut self.head);
+        let timeout = self.timeout;
+        runtime.spawn(async move {
+            if let Some((charge, _)) = pending {
+                charge.await;
+                return;
+            }
+            let (Some(settle), Some(body)) = (settle, inner) else {
+                return;
+            };
+            let read = tokio::time::timeout(timeout, trailers_of(body, READ_AFTER_LEAVING));
+            if let Ok(Some(trailers)) = read.await {
+                Self::charge(settle, head, trailers).await;
+            }
+        });
+    }
+}
+
+/// The trailers at the end of `body`, read and dropped up to `cap` bytes;
+/// `None` if it ends without them, breaks, or is longer.
+async fn trailers_of(
+    mut body: IdleTimeout<hyper::body::Incoming>,
+    cap: usize,
+) -> Option<HeaderMap> {
+    use hyper::body::Body as _;
+    let mut read = 0usize;
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx))
+            .await?
+            .ok()?;
+        match frame.into_data() {
+            Ok(data) => {
+                read = read.saturating_add(data.len());
+                if read > cap {
+                    return None;
+                }
+            }
+            Err(frame) => return frame.into_trailers().ok(),
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 //!
 //! 1. [`Proxy::check`]: requests a reverse proxy refuses (CONNECT, a
 //!    missing, repeated or invalid `Host`, a target that is not a path, a
-//!    user field sent twice) get 400 / 405;
+//!    user field sent twice) get 400 / 405; an absolute-form target is
+//!    first made the origin-form one it stands for ([`absolute_form`]);
 //! 2. [`Proxy::admit`]: decide (spillway-tower's transport-neutral
 //!    [`admit`](spillway_tower::admit): deny, or wait a shaper's turn);
 //! 3. [`Proxy::forwarding`]: the forwarding headers sent upstream, and the
@@ -46,6 +47,10 @@ use crate::Shared;
 pub struct Settings {
     /// Where admitted requests go.
     pub upstream: Option<UpstreamUrl>,
+    /// Connections open to the upstream at most
+    /// (`proxy.upstream.max_connections`); `None`: derived from the
+    /// connection budget ([`default_upstream_connections`]).
+    pub max_connections: Option<usize>,
     /// Where the user identity comes from.
     pub user: Option<UserSource>,
     /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
@@ -63,7 +68,15 @@ pub struct Settings {
     pub upgrades: Vec<String>,
     /// The in-flight limit to the upstream (`proxy.concurrency`), if any.
     pub concurrency: Option<ConcurrencyConfig>,
+    /// Request bodies up to this many bytes are read whole before the
+    /// request takes an in-flight slot or an upstream connection
+    /// (`proxy.buffer_body`; 0: never).
+    pub buffer_body: usize,
 }
+
+/// The most `proxy.buffer_body` may be: each buffered request holds that
+/// much memory while its body arrives.
+pub const MOST_BUFFERED: usize = 16 * 1024 * 1024;
 
 /// `proxy.concurrency`: how many requests may be in flight to the
 /// upstream, and how long the rest wait.
@@ -110,6 +123,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             upstream: None,
+            max_connections: None,
             user: None,
             trusted_proxies: Vec::new(),
             timeout: Duration::from_secs(30),
@@ -117,6 +131,7 @@ impl Default for Settings {
             admin_listen: None,
             upgrades: vec!["websocket".to_string()],
             concurrency: None,
+            buffer_body: 64 * 1024,
         }
     }
 }
@@ -207,8 +222,12 @@ pub struct Proxy {
     identify: identity::Identify,
     upstream: UpstreamUrl,
     timeout: Duration,
+    /// `proxy.buffer_body`.
+    buffer_body: usize,
     upgrades: Vec<String>,
     failures: FailureLog,
+    /// The upstream's connections, bounded, shared by both transports.
+    connections: Arc<spillway_wire::client::Upstream>,
     /// The in-flight limit to the upstream, if set.
     concurrency: Option<Arc<concurrency::Concurrency>>,
     /// Latency and errors of upstream calls, over `measure.window`.
@@ -245,6 +264,9 @@ pub enum Failure {
     Bad(String),
     /// No answer within the timeout (504).
     Timeout,
+    /// Every one of the upstream's `max_connections` stayed in use for the
+    /// timeout (503).
+    Busy,
 }
 
 impl From<spillway_wire::client::Failure> for Failure {
@@ -252,8 +274,18 @@ impl From<spillway_wire::client::Failure> for Failure {
         match f {
             spillway_wire::client::Failure::Bad(e) => Failure::Bad(e),
             spillway_wire::client::Failure::Timeout => Failure::Timeout,
+            spillway_wire::client::Failure::Busy => Failure::Busy,
         }
     }
+}
+
+/// `proxy.upstream.max_connections` when the file sets none: a quarter of
+/// the connection budget (`server.max_connections`, itself derived from
+/// the descriptor limit), at least 8: each proxied request may hold an
+/// upstream connection, and the rest of the descriptors serve clients,
+/// Redis and the other listeners.
+pub fn default_upstream_connections(server_max_connections: usize) -> usize {
+    (server_max_connections / 4).max(8)
 }
 
 impl Proxy {
@@ -283,7 +315,16 @@ impl Proxy {
                 target,
             )
         });
+        let connections = Arc::new(spillway_wire::client::Upstream::new(
+            upstream.authority().to_string(),
+            upstream.base().to_string(),
+            settings.timeout,
+            settings.max_connections.unwrap_or_else(|| {
+                default_upstream_connections(spillway_wire::Limits::default().max_connections)
+            }),
+        ));
         Proxy {
+            connections,
             measuring: concurrency.is_some()
                 || measure.target.is_some()
                 || measure.errors_max.is_some(),
@@ -297,6 +338,7 @@ impl Proxy {
             },
             upstream,
             timeout: settings.timeout,
+            buffer_body: settings.buffer_body,
             upgrades: settings
                 .upgrades
                 .iter()
@@ -315,6 +357,28 @@ impl Proxy {
     /// The upstream timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Request bodies up to this many bytes are read whole before the
+    /// request's turn at the upstream (`proxy.buffer_body`).
+    pub fn buffer_body(&self) -> usize {
+        self.buffer_body
+    }
+
+    /// A request body that did not arrive within the timeout while the
+    /// proxy read it: 408, the client's slowness.
+    pub fn slow_body(&self) -> Problem<'static> {
+        self.shared.events.bad_request();
+        Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        )
+    }
+
+    /// The upstream's connections, bounded (`proxy.upstream.max_connections`),
+    /// for both transports.
+    pub fn connections(&self) -> &Arc<spillway_wire::client::Upstream> {
+        &self.connections
     }
 
     /// Phase 1: what a reverse proxy refuses, and who the client is.
@@ -630,7 +694,26 @@ impl Proxy {
                     "the upstream did not answer in time",
                 )
             }
+            Failure::Busy => {
+                self.failures.warn(format_args!(
+                    "upstream {}: all {} connections stayed in use for {:?}",
+                    self.upstream,
+                    self.connections.max_connections(),
+                    self.timeout
+                ));
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the upstream is at capacity: retry later",
+                )
+            }
         }
+    }
+
+    /// A request target the proxy does not serve (see [`absolute_form`]):
+    /// the client's fault, 400, counted as a bad request.
+    pub fn bad_target(&self, detail: &'static str) -> Problem<'static> {
+        self.shared.events.bad_request();
+        Problem::new(StatusCode::BAD_REQUEST, detail)
     }
 
     /// The client sent a body the proxy could not read (cut short, or
@@ -642,6 +725,49 @@ impl Proxy {
             "the request body was malformed or cut short",
         )
     }
+}
+
+/// An absolute-form target (`http://host[:port]/path?query`, RFC 9112
+/// §3.2.2), which a server must accept: the authority it names and the
+/// origin-form target it stands for (`/` for an empty path). The request
+/// is then served exactly as that origin-form one, its `Host` replaced by
+/// the authority, so it is counted under the same route and keys.
+///
+/// # Errors
+/// What a reverse proxy must not guess at, as the 400's detail: a scheme
+/// other than `http` / `https`, no authority or an invalid one, userinfo
+/// (`http://user@host/`: RFC 9110 §4.2.4 says to treat it as an error; it
+/// is also how a target names one host to a reader and another to the
+/// next), a path that is not RFC 3986 characters.
+pub fn absolute_form<'a>(
+    scheme: Option<&str>,
+    authority: Option<&'a str>,
+    path_and_query: Option<&'a str>,
+) -> Result<(&'a str, &'a str), &'static str> {
+    let scheme_ok =
+        scheme.is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
+    if !scheme_ok {
+        return Err("the request target must be a path, or an http(s) URL (absolute-form)");
+    }
+    let Some(authority) = authority.filter(|a| !a.is_empty()) else {
+        return Err("an absolute-form target must name a host");
+    };
+    if authority.contains('@') {
+        return Err("an absolute-form target must not carry userinfo");
+    }
+    if !valid_host(authority.as_bytes()) {
+        return Err("the absolute-form target's host is not a valid host");
+    }
+    let origin = match path_and_query {
+        None | Some("") => "/",
+        Some(p) if p.starts_with('/') => p,
+        // `http://x?q` (a query on an empty path) and anything else.
+        Some(_) => return Err("the absolute-form target's path is not a path"),
+    };
+    if !spillway_wire::head::strict_origin_form(origin) {
+        return Err("the absolute-form target's path is not RFC 3986 characters");
+    }
+    Ok((authority, origin))
 }
 
 /// How often the proxy's measured health is brought up to date.
@@ -797,6 +923,38 @@ mod tests {
             "", "a b", "a/b", "[::1", "[zz]", "a:b", "a:123456", "a@b", "[::1]x",
         ] {
             assert!(!valid_host(bad.as_bytes()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn absolute_form_targets_are_their_origin_form_or_refused() {
+        let http = Some("http");
+        for (scheme, authority, pq, want) in [
+            (http, Some("x"), Some("/a?b=c"), ("x", "/a?b=c")),
+            (Some("HTTPS"), Some("x:8080"), Some("/a"), ("x:8080", "/a")),
+            (http, Some("[::1]:80"), None, ("[::1]:80", "/")),
+            (http, Some("x"), Some(""), ("x", "/")),
+        ] {
+            assert_eq!(absolute_form(scheme, authority, pq), Ok(want), "{want:?}");
+        }
+        for (scheme, authority, pq) in [
+            (None, Some("x"), Some("/a")),
+            (Some("ftp"), Some("x"), Some("/a")),
+            (Some("ws"), Some("x"), Some("/a")),
+            (Some("file"), None, Some("/etc/passwd")),
+            (http, None, Some("/a")),
+            (http, Some(""), Some("/a")),
+            (http, Some("u:p@x"), Some("/a")),
+            (http, Some("x@evil"), Some("/a")),
+            (http, Some("x:99999999"), Some("/a")),
+            (http, Some("x y"), Some("/a")),
+            (http, Some("x"), Some("?q")),
+            (http, Some("x"), Some("/a|b")),
+        ] {
+            assert!(
+                absolute_form(scheme, authority, pq).is_err(),
+                "{scheme:?} {authority:?} {pq:?}"
+            );
         }
     }
 

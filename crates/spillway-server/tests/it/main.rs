@@ -16,6 +16,7 @@ mod hardening;
 mod http_wire;
 mod ops;
 mod proxy;
+mod proxy_bounds;
 mod redis;
 mod simulate;
 mod simulate_report;

@@ -566,7 +566,8 @@ pub async fn run_proxy(
     settings.admin_listen = settings.admin_listen.or(opts.config.admin_listen);
     // Upstream connections: a share of the process's connection budget.
     let server_max = opts.config.server.max_connections;
-    (settings.max_connections).get_or_insert(proxy::default_upstream_connections(server_max));
+    let upstream_connections =
+        *(settings.max_connections).get_or_insert(proxy::default_upstream_connections(server_max));
     let upstream = settings.upstream.clone().ok_or_else(|| {
         std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
     })?;
@@ -609,7 +610,7 @@ pub async fn run_proxy(
         shutdown,
         "spillway proxy",
         handler,
-        0,
+        upstream_connections,
     )
     .await
 }

@@ -570,6 +570,15 @@ impl Proxy {
         }
         let _ = write!(
             out,
+            "# HELP spillway_upstream_connections Connections open to the upstream (idle ones included).\n\
+             # TYPE spillway_upstream_connections gauge\nspillway_upstream_connections {}\n\
+             # HELP spillway_upstream_connections_max The bound on them (proxy.upstream.max_connections).\n\
+             # TYPE spillway_upstream_connections_max gauge\nspillway_upstream_connections_max {}\n",
+            self.connections.open_connections(),
+            self.connections.max_connections()
+        );
+        let _ = write!(
+            out,
             "# HELP spillway_upstream_latency_seconds Upstream latency over the measurement window.\n\
              # TYPE spillway_upstream_latency_seconds gauge\n"
         );

@@ -369,7 +369,7 @@ async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
         let (addr, count) = counting_upstream(Duration::from_millis(700)).await;
         let (s, _dir) = proxy(&format!(
             "proxy:\n  upstream: {{ url: http://{addr}, max_connections: 2 }}\n  \
-             timeout: 2s\nrules: []\n"
+             timeout: 2s\n  admin_listen: 127.0.0.1:0\nrules: []\n"
         ));
         let c = if h2 {
             reqwest::Client::builder()
@@ -400,6 +400,25 @@ async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
         assert!(most <= 2, "h2 {h2}: {most} upstream connections at once");
         assert!(served >= 2, "h2 {h2}: {served} served");
         assert!(busy >= 1, "h2 {h2}: none waited past the timeout");
+        let admin = s.listener("admin API");
+        let metrics = client()
+            .get(format!("http://{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("\nspillway_upstream_connections_max 2\n"),
+            "{metrics}"
+        );
+        let open: u32 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("spillway_upstream_connections "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no gauge in {metrics}"));
+        assert!(open <= 2, "h2 {h2}: {open} open");
     }
 }
 

@@ -282,6 +282,10 @@ fn print_proxy(p: &crate::proxy::Settings) {
         Some(n) => outln!("  upstream connections at most {n}"),
         None => outln!("  upstream connections at most a quarter of server.max_connections"),
     }
+    match p.buffer_body {
+        0 => outln!("  request bodies streamed as they come"),
+        n => outln!("  request bodies up to {n} bytes read whole first"),
+    }
     outln!("  upgrades passed through: {}", p.upgrades.join(", "));
 }
 

@@ -14,6 +14,18 @@
 //! [`Shed::QueueFull`]; otherwise the arrival is. So under overload
 //! sheddable traffic is refused first and critical traffic last.
 //!
+//! # Fair between clients
+//!
+//! Each request names its client (an address, hashed): [`Concurrency::acquire_for`].
+//! While requests wait, a freed slot goes, within the most important
+//! priority waiting, to the waiter whose client holds the fewest slots
+//! (the oldest of those), not simply to the oldest: a client that keeps
+//! the queue full of its own requests gets one slot in turn with each
+//! other client waiting, however many it queued, so holding slots and
+//! queueing cannot turn every other client's request into a 503. Nobody
+//! waiting, a free slot is taken at once, whoever asks (the limit stays
+//! work-conserving for one busy client).
+//!
 //! A slot is held by a [`Permit`]. [`Permit::done`] returns it with a
 //! sample for the controller; dropping it (the client left) returns it
 //! without one. A waiter that gives up leaves the queue, and a slot granted
@@ -67,7 +79,7 @@
 //! to [`Permit::done`]. Only waiting reads Tokio's clock (`max_wait`), so
 //! tests pause it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -171,11 +183,18 @@ fn rank(p: Priority) -> usize {
     }
 }
 
+/// A client, as [`Concurrency::acquire_for`] names it.
+pub type Client = u64;
+
 struct State {
     limit: u32,
     in_flight: u32,
-    /// Waiters by `rank`, each keyed by arrival number: first is oldest.
-    waiting: [BTreeMap<u64, oneshot::Sender<Grant>>; 3],
+    /// Waiters by `rank`, each keyed by arrival number (first is oldest),
+    /// with their client.
+    waiting: [BTreeMap<u64, (Client, oneshot::Sender<Grant>)>; 3],
+    /// Slots held, by client (no entry: none). At most one entry per slot
+    /// in flight.
+    holding: HashMap<Client, u32>,
     queued: usize,
     next_id: u64,
     /// `None` for a fixed limit.
@@ -183,12 +202,50 @@ struct State {
 }
 
 impl State {
-    /// Takes a slot for the caller.
-    fn take(&mut self) {
+    /// Takes a slot for `client`.
+    fn take(&mut self, client: Client) {
         self.in_flight += 1;
+        *self.holding.entry(client).or_insert(0) += 1;
         if let Some(c) = &mut self.controller {
             c.note_in_flight(self.in_flight);
         }
+    }
+
+    /// Returns a slot `client` held.
+    fn give_back(&mut self, client: Client) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let std::collections::hash_map::Entry::Occupied(mut e) = self.holding.entry(client) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+
+    /// Slots `client` holds.
+    fn held_by(&self, client: Client) -> u32 {
+        self.holding.get(&client).copied().unwrap_or(0)
+    }
+
+    /// The next waiter to grant: of the most important priority waiting,
+    /// the oldest of those whose client holds the fewest slots.
+    fn next_waiter(&mut self) -> Option<(Client, oneshot::Sender<Grant>)> {
+        let q = self.waiting.iter_mut().rev().find(|q| !q.is_empty())?;
+        let (&oldest, &(client, _)) = q.first_key_value()?;
+        let mut pick = (self.holding.get(&client).copied().unwrap_or(0), oldest);
+        // The oldest holds nothing (the common case): no scan.
+        if pick.0 > 0 {
+            for (&id, &(c, _)) in q.iter() {
+                let held = self.holding.get(&c).copied().unwrap_or(0);
+                if held < pick.0 {
+                    pick = (held, id);
+                    if held == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        q.remove(&pick.1)
     }
 
     /// Removes a waiter if it still waits; true if it did.
@@ -204,15 +261,15 @@ impl State {
     /// senders returned are owed a permit each, sent after the lock is let
     /// go (a permit that comes back from a waiter that left must be
     /// dropped without the lock held).
-    fn grants(&mut self) -> Vec<oneshot::Sender<Grant>> {
+    fn grants(&mut self) -> Vec<(Client, oneshot::Sender<Grant>)> {
         let mut out = Vec::new();
         while self.in_flight < self.limit {
-            let Some(next) = self.waiting.iter_mut().rev().find_map(|q| q.pop_first()) else {
+            let Some((client, tx)) = self.next_waiter() else {
                 break;
             };
             self.queued -= 1;
-            self.take();
-            out.push(next.1);
+            self.take(client);
+            out.push((client, tx));
         }
         out
     }
@@ -238,6 +295,7 @@ impl Concurrency {
                 limit,
                 in_flight: 0,
                 waiting: Default::default(),
+                holding: HashMap::new(),
                 queued: 0,
                 next_id: 0,
                 controller,
@@ -246,8 +304,17 @@ impl Concurrency {
         })
     }
 
-    /// Waits for a slot to call the upstream, as the [module docs](self)
-    /// describe.
+    /// [`acquire_for`](Self::acquire_for) for an unnamed client (all such
+    /// requests are one client to the fair share).
+    ///
+    /// # Errors
+    /// As [`acquire_for`](Self::acquire_for).
+    pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Result<Permit, Shed> {
+        self.acquire_for(priority, 0).await
+    }
+
+    /// Waits for a slot to call the upstream for `client`, as the
+    /// [module docs](self) describe.
     ///
     /// # Errors
     ///
@@ -258,12 +325,16 @@ impl Concurrency {
     /// # Panics
     ///
     /// When it has to wait outside a Tokio runtime with its timer enabled.
-    pub async fn acquire(self: &Arc<Self>, priority: Priority) -> Result<Permit, Shed> {
+    pub async fn acquire_for(
+        self: &Arc<Self>,
+        priority: Priority,
+        client: Client,
+    ) -> Result<Permit, Shed> {
         let mut waiter = {
             let mut state = self.state.lock();
             if state.queued == 0 && state.in_flight < state.limit {
-                state.take();
-                return Ok(Permit::new(self));
+                state.take(client);
+                return Ok(Permit::new(self, client));
             }
             if self.max_wait.is_zero() {
                 return Err(self.count_shed(priority, Shed::Timeout));
@@ -272,7 +343,7 @@ impl Concurrency {
                 // Evict the newest of the least important waiters, if they
                 // are less important than this arrival.
                 let evict = (0..rank(priority))
-                    .find_map(|r| state.waiting[r].pop_last().map(|(_, tx)| (r, tx)));
+                    .find_map(|r| state.waiting[r].pop_last().map(|(_, (_, tx))| (r, tx)));
                 let Some((evicted, tx)) = evict else {
                     return Err(self.count_shed(priority, Shed::QueueFull));
                 };
@@ -284,7 +355,7 @@ impl Concurrency {
             let id = state.next_id;
             state.next_id += 1;
             let (tx, rx) = oneshot::channel();
-            state.waiting[rank(priority)].insert(id, tx);
+            state.waiting[rank(priority)].insert(id, (client, tx));
             state.queued += 1;
             if let Some(c) = &mut state.controller {
                 c.note_queue();
@@ -329,6 +400,11 @@ impl Concurrency {
         self.state.lock().queued
     }
 
+    /// How many slots `client` holds.
+    pub fn held_by(&self, client: Client) -> u32 {
+        self.state.lock().held_by(client)
+    }
+
     /// How many requests of priority `p` were refused so far.
     pub fn shed_total(&self, p: Priority) -> u64 {
         self.shed[rank(p)].load(Ordering::Relaxed)
@@ -349,10 +425,10 @@ impl Concurrency {
 
     /// Returns a slot, with a sample for the controller if the call ended,
     /// and hands free slots to waiters.
-    fn release(self: &Arc<Self>, sample: Option<(Instant, Duration, bool)>) {
+    fn release(self: &Arc<Self>, client: Client, sample: Option<(Instant, Duration, bool)>) {
         let mut state = self.state.lock();
         debug_assert!(state.in_flight > 0, "a permit returned twice");
-        state.in_flight = state.in_flight.saturating_sub(1);
+        state.give_back(client);
         if let Some((now, latency, ok)) = sample {
             let (in_flight, queued) = (state.in_flight, state.queued);
             if let Some(c) = &mut state.controller
@@ -371,18 +447,20 @@ impl Concurrency {
         loop {
             let grants = state.grants();
             drop(state);
-            let mut returned = 0;
-            for tx in grants {
-                if let Err(Ok(mut permit)) = tx.send(Ok(Permit::new(self))) {
+            let mut returned = Vec::new();
+            for (client, tx) in grants {
+                if let Err(Ok(mut permit)) = tx.send(Ok(Permit::new(self, client))) {
                     permit.owner = None;
-                    returned += 1;
+                    returned.push(client);
                 }
             }
-            if returned == 0 {
+            if returned.is_empty() {
                 return;
             }
             state = self.state.lock();
-            state.in_flight -= returned;
+            for client in returned {
+                state.give_back(client);
+            }
         }
     }
 }
@@ -414,12 +492,15 @@ impl Drop for Waiter {
 pub struct Permit {
     /// `None` once returned.
     owner: Option<Arc<Concurrency>>,
+    /// Whose slot it is.
+    client: Client,
 }
 
 impl Permit {
-    fn new(owner: &Arc<Concurrency>) -> Permit {
+    fn new(owner: &Arc<Concurrency>, client: Client) -> Permit {
         Permit {
             owner: Some(Arc::clone(owner)),
+            client,
         }
     }
 
@@ -428,7 +509,7 @@ impl Permit {
     /// failure, a timeout): a sample for the adaptive controller.
     pub fn done(mut self, now: Instant, latency: Duration, ok: bool) {
         if let Some(owner) = self.owner.take() {
-            owner.release(Some((now, latency, ok)));
+            owner.release(self.client, Some((now, latency, ok)));
         }
     }
 }
@@ -436,7 +517,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(owner) = self.owner.take() {
-            owner.release(None);
+            owner.release(self.client, None);
         }
     }
 }
@@ -632,10 +713,15 @@ mod tests {
     /// tests poll hundreds of them in one go, and past the budget a ready
     /// channel would answer `Pending`.
     fn start(c: &Arc<Concurrency>, p: Priority) -> Acquire {
+        start_for(c, p, 0)
+    }
+
+    /// [`start`] for `client`.
+    fn start_for(c: &Arc<Concurrency>, p: Priority, client: Client) -> Acquire {
         let c = Arc::clone(c);
-        Box::pin(tokio::task::unconstrained(
-            async move { c.acquire(p).await },
-        ))
+        Box::pin(tokio::task::unconstrained(async move {
+            c.acquire_for(p, client).await
+        }))
     }
 
     /// Polls once with a waker that does nothing: the tests poll again
@@ -657,6 +743,46 @@ mod tests {
         let mut f = start(c, p);
         assert!(poll(&mut f).is_pending(), "a {p} request did not queue");
         f
+    }
+
+    /// Issue 28: a client holding every slot and queueing many more
+    /// requests gets one freed slot in turn with each other client
+    /// waiting: a later client's request is granted before the first
+    /// client's older ones (priority still comes first).
+    #[tokio::test(start_paused = true)]
+    async fn freed_slots_go_to_the_waiting_client_holding_fewest() {
+        let c = fixed(2, ms(1000), 100);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut f = start_for(&c, D, 1);
+            let Poll::Ready(Ok(p)) = poll(&mut f) else {
+                panic!("a free slot");
+            };
+            held.push(p);
+        }
+        let mut greedy: Vec<Acquire> = (0..10).map(|_| start_for(&c, D, 1)).collect();
+        for f in &mut greedy {
+            assert!(poll(f).is_pending());
+        }
+        let mut other = start_for(&c, D, 2);
+        assert!(poll(&mut other).is_pending());
+        let mut sheddable = start_for(&c, S, 3);
+        assert!(poll(&mut sheddable).is_pending());
+        drop(held.pop());
+        let Poll::Ready(Ok(p)) = poll(&mut other) else {
+            panic!("client 2 first");
+        };
+        held.push(p);
+        assert!(greedy.iter_mut().all(|f| poll(f).is_pending()));
+        assert_eq!((c.held_by(1), c.held_by(2)), (1, 1));
+        // Client 1's slot comes back: its oldest waiter goes next (it holds
+        // none now), before the less important client 3.
+        drop(held.remove(0));
+        let Poll::Ready(Ok(p)) = poll(&mut greedy[0]) else {
+            panic!("client 1's oldest next");
+        };
+        held.push(p);
+        assert!(poll(&mut sheddable).is_pending());
     }
 
     #[test]
@@ -1137,7 +1263,7 @@ mod tests {
     /// One step of a random interleaving.
     #[derive(Debug, Clone)]
     enum Op {
-        Acquire(Priority),
+        Acquire(Priority, Client),
         Advance(u64),
         LeaveQueue(prop::sample::Index),
         Done(prop::sample::Index, u64, bool),
@@ -1146,7 +1272,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => prop::sample::select(Priority::ALL.to_vec()).prop_map(Op::Acquire),
+            4 => (prop::sample::select(Priority::ALL.to_vec()), 0u64..3)
+                .prop_map(|(p, client)| Op::Acquire(p, client)),
             2 => (0u64..300).prop_map(Op::Advance),
             1 => any::<prop::sample::Index>().prop_map(Op::LeaveQueue),
             3 => (any::<prop::sample::Index>(), 0u64..200, any::<bool>())
@@ -1201,7 +1328,7 @@ mod tests {
                 let mut refused = 0u64;
                 for op in ops {
                     match op {
-                        Op::Acquire(p) => waiting.push(start(&c, p)),
+                        Op::Acquire(p, client) => waiting.push(start_for(&c, p, client)),
                         Op::Advance(d) => {
                             elapsed += ms(d);
                             tokio::time::advance(ms(d)).await;
@@ -1241,6 +1368,8 @@ mod tests {
                         }
                     }
                     prop_assert_eq!(c.in_flight() as usize, held.len());
+                    let by_client: u32 = (0..3).map(|k| c.held_by(k)).sum();
+                    prop_assert_eq!(by_client as usize, held.len());
                     prop_assert_eq!(c.queued(), waiting.len());
                     prop_assert!(c.queued() <= settings.max_queued);
                     if c.queued() > 0 {

@@ -108,7 +108,7 @@ impl DirectProxy {
                 Admission::Denied(c) => return (c, Step::Denied),
                 Admission::Admitted(c) => c,
             };
-            let turn = match self.proxy.turn(&checked).await {
+            let turn = match self.proxy.turn(&checked, &who).await {
                 Ok(t) => t,
                 Err((problem, retry)) => return (checked, Step::Shed(problem, retry)),
             };

@@ -157,7 +157,7 @@ impl HyperProxy {
             Admission::Denied(c) => return problem(&Problem::too_many_requests(&c), Some(&c)),
             Admission::Admitted(c) => c,
         };
-        let turn = match self.proxy.turn(&checked).await {
+        let turn = match self.proxy.turn(&checked, &who).await {
             Ok(t) => t,
             Err((p, retry)) => {
                 let mut resp = problem(&p, Some(&checked));

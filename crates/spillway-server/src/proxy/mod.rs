@@ -230,6 +230,8 @@ pub struct Proxy {
     connections: Arc<spillway_wire::client::Upstream>,
     /// The in-flight limit to the upstream, if set.
     concurrency: Option<Arc<concurrency::Concurrency>>,
+    /// Names a client address for the in-flight limit's fair share.
+    clients: std::hash::RandomState,
     /// Latency and errors of upstream calls, over `measure.window`.
     stats: upstream_health::UpstreamStats,
     measure: Measure,
@@ -325,6 +327,7 @@ impl Proxy {
         ));
         Proxy {
             connections,
+            clients: std::hash::RandomState::new(),
             measuring: concurrency.is_some()
                 || measure.target.is_some()
                 || measure.errors_max.is_some(),
@@ -448,18 +451,24 @@ impl Proxy {
 
     /// Phase 2b: the admitted request's turn at the upstream. With an
     /// in-flight limit it waits for a slot (more important requests
-    /// first, see [`concurrency`]); a request shed (the queue full, or
-    /// its wait over) gets a 503 and the seconds to wait.
+    /// first, then the client address holding the fewest slots, see
+    /// [`concurrency`]); a request shed (the queue full, or its wait
+    /// over) gets a 503 and the seconds to wait.
     ///
     /// # Errors
     /// The 503 and its `Retry-After` seconds.
-    pub async fn turn(&self, checked: &Checked) -> Result<Turn, (Problem<'static>, u64)> {
+    pub async fn turn(
+        &self,
+        checked: &Checked,
+        who: &Who,
+    ) -> Result<Turn, (Problem<'static>, u64)> {
         let permit = match &self.concurrency {
             None => None,
             Some(c) => {
                 let priority = priority_of(checked);
+                let client = std::hash::BuildHasher::hash_one(&self.clients, who.ip.as_str());
                 // Boxed: only a proxy with a limit pays for the wait's state.
-                match Box::pin(c.acquire(priority)).await {
+                match Box::pin(c.acquire_for(priority, client)).await {
                     Ok(p) => Some(p),
                     Err(_) => {
                         self.shared.events.shed(priority);
@@ -559,6 +568,15 @@ impl Proxy {
                 c.queued()
             );
         }
+        let _ = write!(
+            out,
+            "# HELP spillway_upstream_connections Connections open to the upstream (idle ones included).\n\
+             # TYPE spillway_upstream_connections gauge\nspillway_upstream_connections {}\n\
+             # HELP spillway_upstream_connections_max The bound on them (proxy.upstream.max_connections).\n\
+             # TYPE spillway_upstream_connections_max gauge\nspillway_upstream_connections_max {}\n",
+            self.connections.open_connections(),
+            self.connections.max_connections()
+        );
         let _ = write!(
             out,
             "# HELP spillway_upstream_latency_seconds Upstream latency over the measurement window.\n\

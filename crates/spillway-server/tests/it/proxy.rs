@@ -738,6 +738,7 @@ fn the_example_proxy_file_is_valid() {
         "  listen 127.0.0.1:8081",
         "  admin API (metrics, health) on 127.0.0.1:9090",
         "  user from header x-api-key",
+        "  request bodies up to 65536 bytes read whole first",
         "leaky_bucket (queue): capacity 10, leak 2 per 1s, max wait 5s",
     ] {
         assert!(text.contains(want), "no {want:?} in {text}");

@@ -369,7 +369,7 @@ async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
         let (addr, count) = counting_upstream(Duration::from_millis(700)).await;
         let (s, _dir) = proxy(&format!(
             "proxy:\n  upstream: {{ url: http://{addr}, max_connections: 2 }}\n  \
-             timeout: 2s\nrules: []\n"
+             timeout: 2s\n  admin_listen: 127.0.0.1:0\nrules: []\n"
         ));
         let c = if h2 {
             reqwest::Client::builder()
@@ -400,6 +400,25 @@ async fn the_proxy_never_opens_more_upstream_connections_than_its_bound() {
         assert!(most <= 2, "h2 {h2}: {most} upstream connections at once");
         assert!(served >= 2, "h2 {h2}: {served} served");
         assert!(busy >= 1, "h2 {h2}: none waited past the timeout");
+        let admin = s.listener("admin API");
+        let metrics = client()
+            .get(format!("http://{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("\nspillway_upstream_connections_max 2\n"),
+            "{metrics}"
+        );
+        let open: u32 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("spillway_upstream_connections "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no gauge in {metrics}"));
+        assert!(open <= 2, "h2 {h2}: {open} open");
     }
 }
 
@@ -483,4 +502,56 @@ async fn slow_bodies_hold_no_slot_and_no_upstream_connection() {
         }
         drop((chunked, short, held));
     }
+}
+
+/// Issue 28: with `proxy.concurrency: { limit: 64 }` an attacker holding
+/// every slot and queueing more turned every legitimate request into a
+/// 503. Slots are now shared between client addresses while requests
+/// wait: an address that keeps the queue full (here 30 senders of 400 ms
+/// requests on 2 slots, from 127.0.0.1) does not keep another
+/// (127.0.0.2) out; each of the other's requests gets the next freed
+/// slot, ahead of the flood (first come, first served, it waited behind
+/// 28 requests, 5.6 s, past `max_wait`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_hold_every_in_flight_slot() {
+    let (addr, _) = counting_upstream(Duration::from_millis(400)).await;
+    let (s, _dir) = proxy(&format!(
+        "proxy:\n  upstream: http://{addr}\n  timeout: 10s\n  \
+         concurrency: {{ limit: 2, queue: {{ max_wait: 2s }} }}\nrules: []\n"
+    ));
+    let flood_client = client();
+    let url = s.url("/flood");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Thirty senders, each sending again as soon as it is answered: the
+    // queue stays full of the flood's requests, with fresh deadlines.
+    let flood: Vec<_> = (0..30)
+        .map(|_| {
+            let (c, url, stop) = (flood_client.clone(), url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut shed = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if c.get(&url).send().await.unwrap().status() == 503 {
+                        shed += 1;
+                    }
+                }
+                shed
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let r = other.get(s.url("/legit")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "request {i} of the other address");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut shed = 0;
+    for f in flood {
+        shed += f.await.unwrap();
+    }
+    assert!(shed > 0, "the flood was shed in part: it did wait its turn");
 }

@@ -22,7 +22,7 @@ pub(crate) const EVERY: Duration = Duration::from_secs(10);
 
 /// Targets whose warnings are held back past the first per interval.
 fn is_protocol(target: &str) -> bool {
-    ["h2", "hyper", "hyper_util", "rustls", "tonic"]
+    ["h2", "hyper", "hyper_util", "tonic"]
         .iter()
         .any(|t| target == *t || target.strip_prefix(t).is_some_and(|r| r.starts_with("::")))
 }

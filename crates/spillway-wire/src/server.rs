@@ -71,6 +71,9 @@ pub struct Limits {
     /// connection to hyper from its first byte (for operators who want one
     /// HTTP implementation only, and for tests that compare the two).
     pub direct_path: bool,
+    /// Whether the listener speaks HTTP/2 only (gRPC): an HTTP/1.1 request
+    /// ends its connection.
+    pub http2_only: bool,
 }
 
 impl Default for Limits {
@@ -85,6 +88,7 @@ impl Default for Limits {
             max_streams_total: 4096,
             drain_timeout: Duration::from_secs(30),
             direct_path: true,
+            http2_only: false,
         }
     }
 }
@@ -351,7 +355,7 @@ pub async fn serve_in<A: Accept, H: Handler>(
         };
         let _ = tcp.set_nodelay(true);
         let id = budget.next_id();
-        let state = Arc::new(ConnState::new(&budget.clock));
+        let state = Arc::new(ConnState::new(&budget.clock, peer.ip()));
         // Nothing sent yet: the first request's head (or the handshake)
         // must arrive within the head timeout.
         state.waiting(&budget.clock, limits.head_timeout);
@@ -539,6 +543,14 @@ enum Read {
 
 impl<H: Handler, A: Accept> Conn<H, A> {
     async fn run(self, tcp: TcpStream) {
+        if A::HANDSHAKE {
+            // The handshake's first bytes: a client that sent them is shed
+            // after every silent connection.
+            if tcp.readable().await.is_err() {
+                return;
+            }
+            self.state.heard.store(true, Ordering::Relaxed);
+        }
         let mut tcp = match self.accept.accept(tcp).await {
             Ok(s) => s,
             Err(e) => {
@@ -607,6 +619,7 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             if let Read::Done = read_more(&mut tcp, &mut buf).await {
                 return;
             }
+            self.state.heard.store(true, Ordering::Relaxed);
             if waiting_for == Wait::Idle {
                 waiting_for = Wait::Head;
                 self.state
@@ -624,6 +637,9 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         tcp: &mut A::Stream,
         out: &mut Vec<u8>,
     ) -> Step {
+        if self.limits.http2_only {
+            return self.h2_only(buf, tcp, out).await;
+        }
         let mut headers = head::uninit_headers();
         let (head, parsed) = head::read(buf, &mut headers, max_body);
         let (head_len, body_len, close) = match head {
@@ -670,6 +686,29 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         }
     }
 
+    /// On an HTTP/2-only listener: hyper once the connection preface is
+    /// there, a plain refusal for anything else (an HTTP/1.1 request).
+    async fn h2_only(&self, buf: &[u8], tcp: &mut A::Stream, out: &mut Vec<u8>) -> Step {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let n = buf.len().min(PREFACE.len());
+        if buf[..n] != PREFACE[..n] {
+            self.state.busy();
+            out.clear();
+            self.handler.refuse(
+                StatusCode::HTTP_VERSION_NOT_SUPPORTED,
+                "this port speaks HTTP/2 only",
+                out,
+            );
+            self.client(tcp).write_all(out).await;
+            return Step::Refused;
+        }
+        if n < PREFACE.len() {
+            Step::NeedHead
+        } else {
+            Step::Hyper
+        }
+    }
+
     fn client<'c>(&self, tcp: &'c mut A::Stream) -> ClientConn<'c> {
         ClientConn {
             io: tcp.writer(),
@@ -684,6 +723,9 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         // (an HTTP/2 connection's preface and SETTINGS open none), and
         // until one does the connection may be closed to make room.
         self.state.idle.store(true, Ordering::Relaxed);
+        if !buf.is_empty() {
+            self.state.heard.store(true, Ordering::Relaxed);
+        }
         let io = Rewind {
             pre: buf.freeze(),
             inner: tcp,
@@ -705,6 +747,9 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             idle: self.limits.idle_timeout,
         };
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        if self.limits.http2_only {
+            builder = builder.http2_only();
+        }
         builder
             .http1()
             .timer(TokioTimer::new())
@@ -766,6 +811,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Timed<T> {
         let before = buf.filled().len();
         let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
         if r.is_ready() && buf.filled().len() > before {
+            self.state.heard.store(true, Ordering::Relaxed);
             self.moved();
         }
         r
@@ -778,6 +824,19 @@ impl<T: AsyncWrite + Unpin> Timed<T> {
         r: std::task::Poll<io::Result<usize>>,
     ) -> std::task::Poll<io::Result<usize>> {
         match &r {
+            // An answer's tail still going out to a slow reader after its
+            // request ended (hyper queues a body's last bytes before they
+            // are written): each write it takes gets the write timeout,
+            // as on the direct path. A client that reads at once never
+            // blocks a write, so PING answers move nothing.
+            std::task::Poll::Ready(Ok(n))
+                if *n > 0
+                    && self.write_blocked
+                    && self.state.streams.load(Ordering::Relaxed) == 0 =>
+            {
+                self.write_blocked = false;
+                self.state.waiting(&self.drain.budget.clock, self.write);
+            }
             std::task::Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
             std::task::Poll::Pending if !self.write_blocked => {
                 self.write_blocked = true;

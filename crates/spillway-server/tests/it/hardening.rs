@@ -378,7 +378,7 @@ async fn http2_connections_with_no_request_are_closed_however_they_ping() {
     let dir = TempDir::new("h2-idle");
     let file = dir.write(
         "rules.yaml",
-        &rules("server: { head_timeout: 1s, idle_timeout: 2s }"),
+        &rules("server: { head_timeout: 1s, idle_timeout: 4s }"),
     );
     let s = Server::start(&[
         "--config",
@@ -388,12 +388,19 @@ async fn http2_connections_with_no_request_are_closed_however_they_ping() {
     ]);
     let grpc = s.listener("gRPC");
     for addr in [s.addr.clone(), grpc] {
-        // The preface alone: closed at the head timeout.
+        // The preface alone: closed at the head timeout (1 s), well
+        // before the idle timeout (4 s) would.
         let mut quiet = TcpStream::connect(&addr).await.unwrap();
         quiet.write_all(&attack::preface()).await.unwrap();
+        let started = Instant::now();
         assert!(
             closed_within(&mut quiet, Duration::from_secs(20)).await,
             "{addr}: a connection that sent only the preface stayed open"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(3500),
+            "{addr}: a connection that sent only the preface was closed after {:?}, not at the head timeout",
+            started.elapsed()
         );
         // One request answered, then PINGs every 300 ms: closed at the
         // idle timeout all the same.
@@ -426,4 +433,35 @@ async fn http2_connections_with_no_request_are_closed_however_they_ping() {
             "{addr}: a pinging connection with no request stayed open"
         );
     }
+}
+
+/// The gRPC port speaks HTTP/2 only, as tonic's own server did: an
+/// HTTP/1.1 request gets no answer from a gRPC route and its connection
+/// ends at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_on_the_grpc_port_ends_the_connection() {
+    let dir = TempDir::new("grpc-h1");
+    let file = dir.write("rules.yaml", &rules(""));
+    let s = Server::start(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ]);
+    let grpc = s.listener("gRPC");
+    let mut conn = TcpStream::connect(&grpc).await.unwrap();
+    conn.write_all(b"GET /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut out)).await;
+    assert!(
+        read.is_ok(),
+        "an HTTP/1.1 request held the gRPC connection open"
+    );
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        !text.starts_with("HTTP/1.1 200"),
+        "answered over HTTP/1.1: {text}"
+    );
 }

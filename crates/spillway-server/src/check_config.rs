@@ -97,7 +97,8 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             let tls = match cfg.tls.describe() {
                 Ok(lines) => lines,
                 Err(e) => {
-                    eprintln!("{e}");
+                    // A path may come from `${NAME}`.
+                    eprintln!("{}", hide(e.to_string()));
                     return ExitCode::from(2);
                 }
             };

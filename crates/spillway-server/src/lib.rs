@@ -460,6 +460,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),
+            secrets: opts.config.secrets.clone(),
         })),
         source_name,
         settings: arc_swap::ArcSwap::from_pointee(settings.clone()),
@@ -563,7 +564,13 @@ pub async fn run_proxy(
     let upstream = settings.upstream.clone().ok_or_else(|| {
         std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
     })?;
-    tracing::info!(%upstream, "proxying to {upstream}");
+    // The address may come from `${NAME}`: the log shows the reference.
+    let shown = opts
+        .config
+        .secrets
+        .redact(&upstream.to_string())
+        .into_owned();
+    tracing::info!(upstream = %shown, "proxying to {shown}");
     let parts = build(&opts).map_err(std::io::Error::other)?;
     // Bound before anything says it listens: a taken port fails the start.
     let admin = match settings.admin_listen {
@@ -631,7 +638,13 @@ async fn serve_with<H: Handler>(
     // SIGHUP's handler, before the line that tells the world we listen.
     #[cfg(unix)]
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
+    // A name may come from `${NAME}`: the log shows the reference.
+    let names: Vec<String> = opts
+        .config
+        .rules
+        .iter()
+        .map(|r| opts.config.secrets.redact(r.name()).into_owned())
+        .collect();
     tracing::info!(
         %addr,
         source = %parts.admin.source_name,

@@ -202,7 +202,13 @@ pub(crate) fn reload(
             let mut r = state.status.lock();
             r.last_error = None;
             r.last_reload_unix_ms = unix_ms();
-            let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
+            r.secrets = config.secrets.clone();
+            // A name may come from `${NAME}`: the log shows the reference.
+            let names: Vec<String> = config
+                .rules
+                .iter()
+                .map(|r| config.secrets.redact(r.name()).into_owned())
+                .collect();
             tracing::info!(version, rules = ?names, "rules reloaded");
             let waiting = started.start_only_changes(&config);
             if !waiting.is_empty() {

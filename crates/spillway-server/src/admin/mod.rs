@@ -155,6 +155,9 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
     /// When rules were last (re)loaded.
     pub last_reload_unix_ms: u64,
+    /// The values the file in force took from the environment
+    /// (`${NAME}`): `/v1/status` shows their references instead.
+    pub secrets: spillway_rules::env::Secrets,
 }
 
 /// Health alone (`/healthz`, `/readyz`), for the decision port when the
@@ -302,14 +305,15 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         .into_iter()
         .filter(|(n, _)| set.rules().iter().any(|r| r.name() == n))
         // Admitted: allowed, shadow denied (admitted) and soft exceeded.
+        // A rule's name may come from `${NAME}`.
         .map(|(n, t)| {
             (
-                n,
+                reload.secrets.redact(&n).into_owned(),
                 json!({ "admitted": t[0] + t[2] + t[3], "near_limit": t[4] }),
             )
         })
         .collect();
-    axum::Json(json!({
+    let mut body = json!({
         "store": {
             "kind": store.kind(),
             "describe": store.describe(),
@@ -332,8 +336,28 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
         "tls": state.tls.status_json(),
-    }))
-    .into_response()
+    });
+    // Open without tokens: no value from `${NAME}` in any string of it
+    // (a store's address, a reload error, a certificate's path).
+    redact_json(&reload.secrets, &mut body);
+    axum::Json(body).into_response()
+}
+
+/// `value` with every `${NAME}` value (and every part of one) replaced by
+/// its reference, in every string; object keys, the API's own names, are
+/// left alone.
+pub fn redact_json(secrets: &spillway_rules::env::Secrets, value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(new) = secrets.redact(s) {
+                *s = new;
+            }
+        }
+        Value::Array(list) => list.iter_mut().for_each(|v| redact_json(secrets, v)),
+        Value::Object(map) => map.values_mut().for_each(|v| redact_json(secrets, v)),
+        _ => {}
+    }
 }
 
 /// The sync's state as the status endpoint shows it.

@@ -113,6 +113,9 @@ pub struct Config {
     /// refuses a file without one: an empty or truncated file is not a
     /// request to drop every limit.
     pub has_rules: bool,
+    /// The values the file took from the environment (`${NAME}`), to hide
+    /// wherever configuration is shown: errors, the log, `/v1/status`.
+    pub secrets: Secrets,
 }
 
 impl Config {
@@ -563,7 +566,10 @@ fn add_domain(
 /// `${NAME}` substituted, every structural error found), into the whole
 /// file's raw struct.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    spillway_rules::parse_with::<RawConfig, _>(file, text, validate)
+    let (mut config, secrets) =
+        spillway_rules::parse_with_secrets::<RawConfig, _>(file, text, validate)?;
+    config.secrets = secrets;
+    Ok(config)
 }
 
 /// `raw` checked and built; `any_descriptor` accepts every bare name in
@@ -825,6 +831,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             health,
             tls,
             has_rules: raw.rules.is_some(),
+            secrets: Secrets::default(),
         })
     } else {
         Err(ConfigErrors(errs.list))

@@ -16,6 +16,7 @@ mod http_wire;
 mod ops;
 mod proxy;
 mod redis;
+mod secrets;
 mod simulate;
 mod simulate_report;
 mod smuggling;

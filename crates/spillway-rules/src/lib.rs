@@ -129,7 +129,7 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
 /// Every top-level section of a spillway rules file: those this crate
 /// reads, and the server's, which it skips. spillway-server checks that
 /// this list is its own.
-pub const SECTIONS: [&str; 19] = [
+pub const SECTIONS: [&str; 20] = [
     "store",
     "on_store_error",
     "listen",
@@ -139,6 +139,7 @@ pub const SECTIONS: [&str; 19] = [
     "envoy",
     "admin_listen",
     "admin",
+    "api",
     "plans",
     "server",
     "tls",

@@ -192,6 +192,20 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                     .map(|p| format!(", state_file {}", p.display()))
                     .unwrap_or_default()
             );
+            if cfg.api.tokens.is_empty() {
+                outln!("api: no tokens (the decision API is open)");
+            } else {
+                let list: Vec<String> = cfg
+                    .api
+                    .tokens
+                    .iter()
+                    .map(|t| format!("{} ({}, {})", t.name, t.scope.as_str(), t.source))
+                    .collect();
+                outln!(
+                    "api: tokens {} (every decision route needs one)",
+                    list.join(", ")
+                );
+            }
             for (name, limits) in &cfg.plans.plans {
                 outln!("plan {name}: {}", limits.join("; "));
             }

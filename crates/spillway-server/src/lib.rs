@@ -19,6 +19,7 @@ pub mod admin;
 pub mod api;
 pub mod check_config;
 pub mod config;
+pub mod credentials;
 pub mod grpc;
 pub mod metrics;
 pub mod proxy;
@@ -279,6 +280,9 @@ pub struct Shared {
     pub health: Arc<spillway_core::HealthGauge>,
     /// What the proxy measures of its upstream (unknown elsewhere).
     pub measured: Arc<spillway_core::HealthGauge>,
+    /// `api.tokens`: with any, the decision listener's decision routes
+    /// need one.
+    pub api_tokens: credentials::ApiTokens,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -426,7 +430,9 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         envoy: Arc::new(opts.config.envoy.clone()),
         health,
         measured: Arc::new(spillway_core::HealthGauge::new()),
+        api_tokens: credentials::ApiTokens::default(),
     };
+    shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
@@ -528,8 +534,14 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let parts = build(&opts).map_err(std::io::Error::other)?;
     let admin_at = opts.config.admin_listen;
-    let mut router =
-        api::router(parts.shared.clone()).merge(grpc::service::json::router(parts.grpc.clone()));
+    // `api.tokens` close the decision routes (health stays open); the
+    // direct path asks the same tokens itself.
+    let mut router = api::router(parts.shared.clone())
+        .merge(grpc::service::json::router(parts.grpc.clone()))
+        .route_layer(axum::middleware::from_fn_with_state(
+            parts.shared.api_tokens.clone(),
+            credentials::api_gate,
+        ));
     if admin_at.is_none() {
         router = router.merge(admin::router(parts.admin.clone()));
     } else {
@@ -578,8 +590,13 @@ pub async fn run_proxy(
         Some(at) => {
             let l = bind(at, "the admin API").await?;
             // The proxy's own address forwards every path: its admin
-            // address serves the whole HTTP API.
-            let r = api::router(parts.shared.clone())
+            // address serves the whole HTTP API. It is an admin address:
+            // with `admin.tokens`, its decision routes need one too (a
+            // write token for `/v1/charge`), as everything but health does.
+            let decisions = api::router(parts.shared.clone()).route_layer(
+                axum::middleware::from_fn_with_state(parts.admin.clone(), admin::decision_gate),
+            );
+            let r = decisions
                 .merge(admin::router(parts.admin.clone()))
                 .fallback(api::not_found);
             Some((l, r))

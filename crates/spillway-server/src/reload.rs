@@ -198,6 +198,7 @@ pub(crate) fn reload(
             state
                 .admin
                 .reloaded(&config.admin, &config.plans, &config.health);
+            state.shared.api_tokens.set(config.api.tokens.clone());
             state.shared.events.reloaded();
             let mut r = state.status.lock();
             r.last_error = None;

@@ -92,41 +92,26 @@ pub fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
 /// write call) to answer.
 pub fn authorize(state: &AdminState, headers: &HeaderMap, need: Scope) -> Result<String, Response> {
     let settings = state.settings.load();
-    let unauthorized = |detail: &str| {
-        let mut r = problem(StatusCode::UNAUTHORIZED, detail);
+    if settings.tokens.is_empty() {
+        let mut r = problem(
+            StatusCode::UNAUTHORIZED,
+            "the admin API needs a token: list admin.tokens in the rules file",
+        );
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer realm=\"spillway admin\""),
+            header::HeaderValue::from_static(crate::credentials::ADMIN_REALM),
         );
-        Err(r)
-    };
-    if settings.tokens.is_empty() {
-        return unauthorized("the admin API needs a token: list admin.tokens in the rules file");
+        return Err(r);
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes())
-        .and_then(|v| {
-            let (scheme, rest) = v.split_at(v.len().min(7));
-            scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest)
-        })
-        .map(<[u8]>::trim_ascii);
-    let Some(given) = given else {
-        return unauthorized("send Authorization: Bearer TOKEN");
-    };
-    let Some(token) = settings.token(given) else {
-        return unauthorized("unknown token");
-    };
-    if token.scope < need {
-        return Err(problem(
-            StatusCode::FORBIDDEN,
-            format!(
-                "token {:?} may only read; this call needs a write token",
-                token.name
-            ),
-        ));
-    }
-    Ok(token.name.clone())
+    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    crate::credentials::check(
+        &settings.tokens,
+        given,
+        need,
+        crate::credentials::ADMIN_REALM,
+    )
+    .map(|t| t.name.clone())
+    .map_err(IntoResponse::into_response)
 }
 
 /// For the endpoints that were open before tokens existed (metrics,

@@ -170,6 +170,27 @@ pub fn health_router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
+/// The layer of the decision routes an admin address serves (the
+/// proxy's): with `admin.tokens`, they need one, as everything but health
+/// does there; `/v1/charge`, which charges after the fact, a write one.
+pub async fn decision_gate(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !state.settings.load().tokens.is_empty() {
+        let need = if req.uri().path() == "/v1/charge" {
+            settings::Scope::Write
+        } else {
+            settings::Scope::Read
+        };
+        if let Err(r) = api::authorize(&state, req.headers(), need) {
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
 /// The admin endpoints.
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()

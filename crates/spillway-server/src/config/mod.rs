@@ -103,6 +103,8 @@ pub struct Config {
     /// The operator's plane (`admin:`): tokens, top keys, near-limit
     /// share. Its address is [`Config::admin_listen`].
     pub admin: crate::admin::settings::AdminSettings,
+    /// The decision API's settings (`api:`): its tokens.
+    pub api: crate::credentials::ApiSettings,
     /// The plans (`plans:`) and the rules' plan settings.
     pub plans: crate::admin::settings::PlanBook,
     /// What "the service has room" means (`health:`).
@@ -638,6 +640,14 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         .as_ref()
         .and_then(|l| address(&mut errs, l, "admin_listen", 9090));
     let env = |v: &str| std::env::var(v).ok();
+    let api = crate::credentials::ApiSettings {
+        tokens: raw
+            .api
+            .as_ref()
+            .and_then(|a| a.value.tokens.as_ref())
+            .map(|list| admin::tokens(&mut errs, list, &env, "api.tokens"))
+            .unwrap_or_default(),
+    };
     let admin_settings = match &raw.admin {
         None => crate::admin::settings::AdminSettings::default(),
         Some(a) => {
@@ -827,6 +837,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             reload_quiet,
             log_format,
             admin: admin_settings,
+            api,
             plans: admin::book(plan_words, rule_plans),
             health,
             tls,

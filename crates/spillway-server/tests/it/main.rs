@@ -7,6 +7,7 @@ mod client;
 mod client_api;
 mod client_outbound;
 mod config;
+mod credentials;
 mod dashboard;
 mod elastic;
 mod envoy_format;

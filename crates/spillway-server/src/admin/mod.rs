@@ -201,7 +201,12 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/admin/", get(dashboard))
         .route("/admin", get(to_dashboard))
-        .merge(api::routes())
+        .merge(
+            api::routes().route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                api::audit_refusals,
+            )),
+        )
         .with_state(state)
 }
 

@@ -1052,6 +1052,11 @@ async fn top(
             ),
             "keys": t.keys.iter().map(|h| json!({
                 "key": h.key,
+                // What an action names: the whole key, never the cut
+                // form shown (null when not kept, or longer than
+                // MAX_KEPT bytes).
+                "parts": h.parts,
+                "cut": h.key.is_some() && h.parts.as_ref().map(|p| p.join("+")) != h.key,
                 "hash": format!("{:016x}", h.hash),
                 "count": h.count,
                 "error": h.error,

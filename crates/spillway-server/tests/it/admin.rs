@@ -1247,3 +1247,61 @@ async fn refused_writes_are_audited_with_their_reason() {
         "{log}"
     );
 }
+
+/// A top key longer than the list's cut (issue 28): the list shows it cut,
+/// and blocking that form leaves the client admitted (it is another key);
+/// blocking the `parts` the list gives (what the dashboard sends) denies
+/// the client itself.
+#[tokio::test]
+async fn a_long_top_key_is_blocked_whole_not_in_its_cut_form() {
+    use reqwest::Method;
+    let dir = TempDir::new("admin-long-key");
+    let a = Admin::start(&rules("", "", RULES), &dir);
+    let c = client();
+    let long = format!("tenant-{}", "x".repeat(300));
+    assert_eq!(user(&c, &a.server, &long).await, 200);
+    let (st, top) = call(
+        &c,
+        Method::GET,
+        &a.url("/admin/v1/top?rule=users&by=decided&window=1m"),
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{top}");
+    let k = &top["keys"][0];
+    let shown = k["key"].as_str().unwrap();
+    assert!(shown.ends_with('…') && shown.len() < long.len(), "{k}");
+    assert_eq!(k["cut"], true, "{k}");
+    assert_eq!(k["parts"], json!([long]), "{k}");
+    let block = json!({"block": true, "ttl": "1h", "reason": "abuse"});
+    // The cut form, as the dashboard used to send it: another key.
+    let cut_path = format!(
+        "/admin/v1/overrides/users/{}",
+        shown.replace('…', "%E2%80%A6")
+    );
+    let (st, b) = call(
+        &c,
+        Method::PUT,
+        &a.url(&cut_path),
+        Some(OPS),
+        Some(block.clone()),
+    )
+    .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        user(&c, &a.server, &long).await,
+        200,
+        "the cut form blocked nobody"
+    );
+    // The whole key, from `parts`.
+    let parts: Vec<String> = serde_json::from_value(k["parts"].clone()).unwrap();
+    let path = format!("/admin/v1/overrides/users/{}", parts.join("/"));
+    let (st, b) = call(&c, Method::PUT, &a.url(&path), Some(OPS), Some(block)).await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        user(&c, &a.server, &long).await,
+        429,
+        "the client is blocked"
+    );
+}

@@ -478,7 +478,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         health: Mutex::new(None),
         health_settings: arc_swap::ArcSwap::from_pointee(opts.config.health),
         parse_limits: config::limits_from_json,
-        compiling: Mutex::new(()),
+        compiling: Mutex::new(None),
     });
     admin.recompile();
     let grpc = Arc::new(GrpcState {

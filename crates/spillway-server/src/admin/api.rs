@@ -745,7 +745,8 @@ impl Put<'_> {
     ) -> Response {
         let answer = match result {
             Ok(()) => {
-                state.recompile();
+                // This key alone: O(one key), not O(every override).
+                state.recompile_key(self.t.rule().name(), &self.t.key);
                 axum::Json(ok()).into_response()
             }
             Err(e) => write_failed(e),
@@ -830,7 +831,7 @@ async fn delete_assigned(
     state.record(&who, method, uri, action, Some(&t), None, status);
     match result {
         Ok(true) => {
-            state.recompile();
+            state.recompile_key(t.rule().name(), &t.key);
             match what {
                 Assigned::Override => axum::Json(json!({"deleted": true})).into_response(),
                 Assigned::Plan => axum::Json(plan_json(state, &t)).into_response(),

@@ -59,8 +59,21 @@ pub struct AdminState {
     pub health_settings: arc_swap::ArcSwap<settings::HealthSettings>,
     /// Reads an override's limits (the config layer's reader).
     pub parse_limits: assign::ParseLimits,
-    /// Held while the per-key rules are compiled.
-    pub compiling: Mutex<()>,
+    /// Held while the per-key rules are compiled: the last table
+    /// compiled, and the rule set version and plan book it was compiled
+    /// under (a one-key change updates it while they stay).
+    pub compiling: Mutex<Option<Compiled>>,
+}
+
+/// The per-key rules last compiled, kept to change one key of.
+#[derive(Debug)]
+pub struct Compiled {
+    /// The rule set's version.
+    version: u64,
+    /// The plan book, by identity.
+    book: Arc<settings::PlanBook>,
+    /// The table, as published.
+    rules: spillway_store::KeyRules,
 }
 
 impl AdminState {
@@ -73,15 +86,46 @@ impl AdminState {
     /// One at a time, each from the rules in force when it starts: the
     /// last to finish saw the newest state.
     pub fn recompile(&self) {
-        let _one = self.compiling.lock();
+        let mut last = self.compiling.lock();
         let set = self.shared.limiter.rules();
-        let kr = self.assign.compile(
-            &set,
-            &self.plans.load(),
-            crate::unix_ms(),
-            self.parse_limits,
-        );
-        self.shared.limiter.set_key_rules(kr);
+        let book = self.plans.load_full();
+        let kr = self
+            .assign
+            .compile(&set, &book, crate::unix_ms(), self.parse_limits);
+        self.shared.limiter.set_key_rules(kr.clone());
+        *last = Some(Compiled {
+            version: set.version,
+            book,
+            rules: kr,
+        });
+    }
+
+    /// After one key's override or plan changed: that key alone is
+    /// compiled into the last table, which is published again (a clone
+    /// that shares every other entry). Everything again when the rules
+    /// or plans changed since.
+    pub fn recompile_key(&self, rule: &str, key: &[String]) {
+        let mut last = self.compiling.lock();
+        let set = self.shared.limiter.rules();
+        let book = self.plans.load_full();
+        match last.as_mut() {
+            Some(c) if c.version == set.version && Arc::ptr_eq(&c.book, &book) => {
+                self.assign.compile_key(
+                    &mut c.rules,
+                    &set,
+                    &book,
+                    crate::unix_ms(),
+                    self.parse_limits,
+                    rule,
+                    key,
+                );
+                self.shared.limiter.set_key_rules(c.rules.clone());
+            }
+            _ => {
+                drop(last);
+                self.recompile();
+            }
+        }
     }
 
     /// Health as seen now: the worse of the last report (read against

@@ -309,7 +309,8 @@ impl Route {
         };
         for want in want {
             match (want, segs.next()) {
-                (Segment::Literal(l), Some(got)) if l == got => {}
+                (Segment::Literal(l), Some(got))
+                    if l == got || (matching.case_insensitive && l.eq_ignore_ascii_case(got)) => {}
                 (Segment::Param, Some(got)) if !got.is_empty() => {}
                 _ => return false,
             }

@@ -266,11 +266,16 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
 fn describe_matching(m: spillway_core::PathMatching) -> String {
     let lenient = m == spillway_core::PathMatching::LENIENT;
     format!(
-        "trailing_slash {}, path_params {}, encoded_slash {}, head_as_get {}{}",
+        "trailing_slash {}, path_params {}, encoded_slash {}, head_as_get {}, case {}{}",
         m.trailing_slash,
         m.path_params,
         m.encoded_slash,
         m.head_as_get,
+        if m.case_insensitive {
+            "insensitive"
+        } else {
+            "sensitive"
+        },
         if lenient {
             " (every respelling counts as its path)"
         } else {

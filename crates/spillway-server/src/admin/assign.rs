@@ -559,8 +559,7 @@ impl Assignments {
         book: &PlanBook,
         now_ms: u64,
         parse: ParseLimits,
-        rule: &str,
-        key: &[String],
+        (rule, key): (&str, &[String]),
     ) {
         use std::sync::Arc;
         let Some(matched) = set.rules().iter().find(|r| r.name() == rule) else {
@@ -717,7 +716,7 @@ rules:
                 "plan" => a.put_plan(None, plan(key, "pro")).await.unwrap(),
                 _ => a.put_plan(None, plan(key, "free")).await.unwrap(),
             }
-            a.compile_key(&mut kr, &set, &book, 1, parse, rule, &[key.to_string()]);
+            a.compile_key(&mut kr, &set, &book, 1, parse, (rule, &[key.to_string()]));
             check(&kr, what);
         }
         assert!(
@@ -761,7 +760,7 @@ rules:
         let one = best(&mut || {
             i += 1;
             let key = [format!("u{i}")];
-            a.compile_key(&mut kr, &set, &book, 1, parse, "users", &key);
+            a.compile_key(&mut kr, &set, &book, 1, parse, ("users", &key));
             drop(kr.clone());
         });
         println!("{n} overrides: compile all {full:?}, one key and publish {one:?}");

@@ -116,8 +116,7 @@ impl AdminState {
                     &book,
                     crate::unix_ms(),
                     self.parse_limits,
-                    rule,
-                    key,
+                    (rule, key),
                 );
                 self.shared.limiter.set_key_rules(c.rules.clone());
             }

@@ -1093,7 +1093,18 @@ async fn refused_writes_are_audited_with_their_reason() {
     let a = Admin::start(&rules("", "", RULES), &dir);
     let c = client();
     let raise = json!({"limits": [{"fixed_window": {"limit": 9, "window": "1h"}}], "ttl": "1h"});
-    let calls: Vec<(Method, &str, Option<&str>, Option<Value>, u16, &str, &str)> = vec![
+    /// Method, path, token, body; the status, action and token name the
+    /// audit entry says.
+    type Call<'a> = (
+        Method,
+        &'a str,
+        Option<&'a str>,
+        Option<Value>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let calls: Vec<Call<'_>> = vec![
         (
             Method::PUT,
             "/admin/v1/overrides/users/ann",

@@ -168,12 +168,23 @@ pub struct ApiSettings {
 /// the decision API is open, as it always was; with some, every decision
 /// route on the decision listener needs one (`/v1/charge` a write token).
 #[derive(Debug, Clone, Default)]
-pub struct ApiTokens(Arc<ArcSwap<Vec<Token>>>);
+pub struct ApiTokens {
+    /// Whether any token is set: the hot path's one read while none is.
+    any: Arc<std::sync::atomic::AtomicBool>,
+    tokens: Arc<ArcSwap<Vec<Token>>>,
+}
 
 impl ApiTokens {
     /// The tokens in force from now on.
     pub fn set(&self, tokens: Vec<Token>) {
-        self.0.store(Arc::new(tokens));
+        let any = !tokens.is_empty();
+        self.tokens.store(Arc::new(tokens));
+        self.any.store(any, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether the decision API needs a token (one atomic load).
+    pub fn any(&self) -> bool {
+        self.any.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Whether a decision call with this `Authorization` value may go on;
@@ -183,7 +194,10 @@ impl ApiTokens {
     /// # Errors
     /// As [`check`].
     pub fn admit(&self, authorization: Option<&[u8]>, charge: bool) -> Result<(), Refusal> {
-        let tokens = self.0.load();
+        if !self.any() {
+            return Ok(());
+        }
+        let tokens = self.tokens.load();
         if tokens.is_empty() {
             return Ok(());
         }

@@ -195,3 +195,35 @@ async fn the_proxy_admin_address_needs_a_token_for_decisions() {
     let (st, ..) = call(&c, &base, &Method::GET, "/v1/status", None, None).await;
     assert_eq!(st, 401);
 }
+
+/// `api.tokens` are read again on reload: added, the decision routes
+/// close; taken away, they open again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_tokens_follow_a_reload() {
+    let dir = TempDir::new("api-reload");
+    let path = dir.write("rules.yaml", RULES);
+    let s = Server::start_env(&["--config", path.to_str().unwrap()], &env());
+    let base = format!("http://{}", s.addr);
+    let c = client();
+    let body = json!({"user": "u"});
+    let status = |token: Option<&'static str>| {
+        let (c, base, body) = (c.clone(), base.clone(), body.clone());
+        async move {
+            call(&c, &base, &Method::POST, "/v1/check", Some(&body), token)
+                .await
+                .0
+        }
+    };
+    assert_eq!(status(None).await, 200);
+    let closed = format!("api:\n  tokens: [ {{ name: svc, scope: read, env: T_SVC }} ]\n{RULES}");
+    for (text, want) in [(closed.as_str(), 401), (RULES, 200)] {
+        dir.write("rules.yaml", text);
+        s.signal("HUP");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while status(None).await != want {
+            assert!(std::time::Instant::now() < deadline, "still not {want}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(status(Some(SVC)).await, 200);
+    }
+}

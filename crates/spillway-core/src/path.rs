@@ -46,6 +46,13 @@ pub struct PathMatching {
     /// A route for `GET` also matches `HEAD`, and a `HEAD` request's
     /// endpoint name (a `route` key) is the `GET` one.
     pub head_as_get: bool,
+    /// `/Login` is `/login` (`path_matching: { case: insensitive }`): the
+    /// canonical form has its ASCII letters lower-cased (an escape's hex
+    /// digits excepted), and routes match their literals in any case. For
+    /// upstreams that serve paths in any case (IIS, ASP.NET, a
+    /// case-insensitive file system). Off by default: most servers tell
+    /// `/a` from `/A`.
+    pub case_insensitive: bool,
 }
 
 impl PathMatching {
@@ -55,6 +62,7 @@ impl PathMatching {
         path_params: true,
         encoded_slash: true,
         head_as_get: true,
+        case_insensitive: false,
     };
     /// No respelling beyond those every server resolves (dot and empty
     /// segments, escaped unreserved characters): the behaviour before
@@ -64,6 +72,7 @@ impl PathMatching {
         path_params: false,
         encoded_slash: false,
         head_as_get: false,
+        case_insensitive: false,
     };
 
     /// The method a request counts as: `GET` for `HEAD` (any case) when
@@ -89,6 +98,7 @@ impl PathMatching {
         self.trailing_slash == other.trailing_slash
             && self.path_params == other.path_params
             && self.encoded_slash == other.encoded_slash
+            && self.case_insensitive == other.case_insensitive
     }
 }
 
@@ -228,13 +238,36 @@ pub fn canonical_path_with(path: &str, matching: PathMatching) -> Cow<'_, str> {
     if (trailing && !matching.trailing_slash) || segments.is_empty() {
         out.push('/');
     }
+    if matching.case_insensitive {
+        lower_case(&mut out);
+    }
     Cow::Owned(out)
+}
+
+/// ASCII letters lower-cased, but for the two hex digits of each `%`
+/// escape (upper-cased, as everywhere in the canonical form).
+fn lower_case(p: &mut String) {
+    let mut b = std::mem::take(p).into_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            i += 3;
+            continue;
+        }
+        b[i] = b[i].to_ascii_lowercase();
+        i += 1;
+    }
+    // Only ASCII bytes were changed, each to an ASCII byte.
+    *p = String::from_utf8(b).unwrap_or_default();
 }
 
 /// True if `p` holds a `%`, a `//`, a `.` or `..` segment, or (as
 /// `matching` asks) a `;` or a trailing `/`.
 fn needs_work(p: &[u8], matching: PathMatching) -> bool {
     if matching.trailing_slash && p.len() > 1 && p.ends_with(b"/") {
+        return true;
+    }
+    if matching.case_insensitive && p.iter().any(u8::is_ascii_uppercase) {
         return true;
     }
     let mut i = 0;
@@ -300,6 +333,27 @@ fn decode_unreserved(p: &str, slash: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn case_insensitive_paths_are_lower_case_but_escapes() {
+        let m = PathMatching {
+            case_insensitive: true,
+            ..PathMatching::LENIENT
+        };
+        assert_eq!(canonical_path_with("/V1/Login", m), "/v1/login");
+        assert_eq!(canonical_path_with("/%C3%A9/A", m), "/%C3%A9/a");
+        assert_eq!(canonical_path_with("/a%2fB", m), "/a/b");
+        assert_eq!(canonical_path_with("/already/lower", m), "/already/lower");
+        // Off: the case stays.
+        assert_eq!(
+            canonical_path_with("/V1/Login", PathMatching::LENIENT),
+            "/V1/Login"
+        );
+        proptest::proptest!(|(p in "/[a-zA-Z%0-9/;.]{0,20}")| {
+            let once = canonical_path_with(&p, m).into_owned();
+            proptest::prop_assert_eq!(canonical_path_with(&once, m), once.as_str());
+        });
+    }
 
     /// The respellings every server resolves, under any options (the
     /// strict ones keep a trailing `/`, `;` and `%2F` as they are).
@@ -404,11 +458,12 @@ mod tests {
 
     fn any_matching() -> impl proptest::strategy::Strategy<Value = PathMatching> {
         use proptest::strategy::Strategy;
-        proptest::array::uniform4(proptest::bool::ANY).prop_map(|[t, p, e, h]| PathMatching {
+        proptest::array::uniform5(proptest::bool::ANY).prop_map(|[t, p, e, h, c]| PathMatching {
             trailing_slash: t,
             path_params: p,
             encoded_slash: e,
             head_as_get: h,
+            case_insensitive: c,
         })
     }
 
@@ -420,7 +475,7 @@ mod tests {
         #[test]
         fn the_canonical_form_is_a_fixed_point(
             segs in proptest::collection::vec(
-                "(\\.|\\.\\.|%2[eE]|%6[1-9]|%2[fF]|%3[bB]|[a-c]{0,2}|%|;|;x|\\.\\.;|\\.;x|a;b)",
+                "(\\.|\\.\\.|%2[eE]|%6[1-9]|%2[fF]|%3[bB]|[a-cA-C]{0,2}|%|;|;x|\\.\\.;|\\.;x|a;b)",
                 0..8,
             ),
             matching in any_matching(),

@@ -127,6 +127,11 @@ pub struct KeySpec {
     parts: Vec<KeyPart>,
 }
 
+/// A byte of an RFC 9110 token (a header name).
+fn header_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 impl KeySpec {
     /// Parses `user`, `ip`, `user+ip`, `header:<Name>`, `route` or any
     /// descriptor name, and combinations joined with `+`.
@@ -145,6 +150,13 @@ impl KeySpec {
                 "ip" => KeyPart::Ip,
                 "route" => KeyPart::Route,
                 _ => match p.strip_prefix("header:") {
+                    // A name no request can carry would key nothing.
+                    Some(h) if !h.trim().is_empty() && !h.trim().bytes().all(header_byte) => {
+                        return Err(ErrorKind::BadKey(format!(
+                            "the header name in {s:?} is not a token (RFC 9110: letters, digits and !#$%&'*+-.^_`|~)"
+                        ))
+                        .into());
+                    }
                     Some(h) if !h.trim().is_empty() => {
                         KeyPart::Header(h.trim().to_ascii_lowercase())
                     }
@@ -297,7 +309,8 @@ impl Route {
         };
         for want in want {
             match (want, segs.next()) {
-                (Segment::Literal(l), Some(got)) if l == got => {}
+                (Segment::Literal(l), Some(got))
+                    if l == got || (matching.case_insensitive && l.eq_ignore_ascii_case(got)) => {}
                 (Segment::Param, Some(got)) if !got.is_empty() => {}
                 _ => return false,
             }
@@ -802,6 +815,8 @@ mod tests {
         assert!(Route::parse("P0ST /a").is_err());
         assert!(KeySpec::parse("user+").is_err());
         assert!(KeySpec::parse("header:").is_err());
+        assert!(KeySpec::parse("header:x y").is_err());
+        assert!(KeySpec::parse("header:x\ny").is_err());
         assert!(KeySpec::parse("ip+ip").is_err());
         let k = KeySpec::parse("user+header:X-Api-Key").unwrap();
         assert_eq!(k.to_string(), "user+header:x-api-key");

@@ -131,6 +131,9 @@ pub fn path_matching(raw: &RawPathMatching, base: PathMatching) -> PathMatching 
         path_params: raw.path_params.unwrap_or(base.path_params),
         encoded_slash: raw.encoded_slash.unwrap_or(base.encoded_slash),
         head_as_get: raw.head_as_get.unwrap_or(base.head_as_get),
+        case_insensitive: raw.case.map_or(base.case_insensitive, |c| {
+            c == crate::raw::PathCase::Insensitive
+        }),
     }
 }
 

@@ -66,10 +66,18 @@ pub struct Substituted<'a> {
 /// Values shorter than [`Secrets::MIN_LEN`] characters are not hidden:
 /// they are no secret worth the name, and replacing every `1` or `on` in
 /// a report would garble it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Secrets {
     /// (text as it may appear, the reference), longest text first.
     pairs: Vec<(String, String)>,
+}
+
+/// Never the values: a `{:?}` of a configuration holding them must not
+/// print them.
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} hidden)", self.pairs.len())
+    }
 }
 
 impl Secrets {
@@ -89,10 +97,12 @@ impl Secrets {
         if value.chars().count() < Self::MIN_LEN {
             return;
         }
-        // As it is, and as `{:?}` prints it inside a message.
+        // As it is, as `{:?}` prints it inside a message, and lowercased
+        // (a header name is shown as it is matched).
         let quoted = format!("{value:?}");
         let debug = &quoted[1..quoted.len() - 1];
-        for text in [value, debug] {
+        let (lower, lower_debug) = (value.to_ascii_lowercase(), debug.to_ascii_lowercase());
+        for text in [value, debug, &lower, &lower_debug] {
             if !self.pairs.iter().any(|(t, _)| t == text) {
                 self.pairs.push((text.to_string(), reference.clone()));
             }
@@ -105,15 +115,44 @@ impl Secrets {
         self.pairs.is_empty()
     }
 
-    /// `text` with every value replaced by its reference.
+    /// `text` with every value replaced by its reference, and every part
+    /// of one too: each run of [`Secrets::MIN_LEN`] characters or more
+    /// that a value holds (as it is, or escaped as `{:?}` prints it)
+    /// becomes the value's reference. A message that shows only a piece
+    /// of a value (the unit of a duration, the second line of a value
+    /// with a line break, the first characters of a long one) hides that
+    /// piece. The price: a message's own words that happen to match four
+    /// characters of a value are hidden too; too much, never too little.
     pub fn redact<'t>(&self, text: &'t str) -> Cow<'t, str> {
-        let mut out = Cow::Borrowed(text);
-        for (value, reference) in &self.pairs {
-            if out.contains(value.as_str()) {
-                out = Cow::Owned(out.replace(value.as_str(), reference));
+        if self.pairs.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        let mut out = String::new();
+        // Bytes of `text` up to `copied` are in `out` (when it is used).
+        let mut copied = 0;
+        let mut at = 0;
+        while at < text.len() {
+            let rest = &text[at..];
+            let best = self
+                .pairs
+                .iter()
+                .map(|(value, reference)| (shared_prefix(rest, value), reference))
+                .max_by_key(|(len, _)| *len);
+            match best {
+                Some((len, reference)) if rest[..len].chars().count() >= Self::MIN_LEN => {
+                    out.push_str(&text[copied..at]);
+                    out.push_str(reference);
+                    at += len;
+                    copied = at;
+                }
+                _ => at += rest.chars().next().map_or(1, char::len_utf8),
             }
         }
-        out
+        if copied == 0 {
+            return Cow::Borrowed(text);
+        }
+        out.push_str(&text[copied..]);
+        Cow::Owned(out)
     }
 
     /// `errors` with every value replaced by its reference.
@@ -125,6 +164,26 @@ impl Secrets {
         }
         errors
     }
+}
+
+/// The length in bytes of the longest start of `text` found anywhere in
+/// `value`, cut to a character boundary.
+fn shared_prefix(text: &str, value: &str) -> usize {
+    let mut best = 0;
+    for (j, _) in value.char_indices() {
+        let common = text
+            .bytes()
+            .zip(value[j..].bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common > best {
+            best = common;
+        }
+    }
+    while !text.is_char_boundary(best) {
+        best -= 1;
+    }
+    best
 }
 
 /// `text` (the rules file `file`) with every `${...}` in its scalars
@@ -708,6 +767,33 @@ mod tests {
             proptest::prop_assert_eq!(got, Some(want.as_str()), "{}", out);
             proptest::prop_assert_eq!(&parsed["z"], &serde_json::json!(1));
         }
+    }
+
+    #[test]
+    fn every_part_of_a_value_is_redacted() {
+        let s = substitute(
+            "f",
+            "w: \"${S}\"\n",
+            &env_of(&[("S", "7 Hunter2Secret\nSecondLine")]),
+        )
+        .unwrap();
+        let r = |t: &str| s.secrets.redact(t).into_owned();
+        // The second line alone, a cut piece, the unit of a duration, the
+        // escaped and the lowercased value.
+        assert_eq!(r("unit SecondLine!"), "unit ${S}!");
+        assert_eq!(r("`Hunter2Se`..."), "`${S}`...");
+        assert_eq!(r("\"7 Hunter2Secret\\nSecondLine\""), "\"${S}\"");
+        assert_eq!(r("header:7 hunter2secret"), "header:${S}");
+        // Fewer than four characters in common are the message's own.
+        assert_eq!(r("7 H is not"), "7 H is not");
+        proptest::proptest!(|(i in 0usize..25, len in 4usize..25, before in "[a-z ]{0,8}")| {
+            let value = "7 Hunter2Secret\nSecondLine";
+            let end = (i + len).min(value.len());
+            proptest::prop_assume!(end >= i + 4);
+            let piece = &value[i..end];
+            let shown = r(&format!("{before}{piece}"));
+            proptest::prop_assert!(!shown.contains(piece), "{shown}");
+        });
     }
 
     #[test]

@@ -89,10 +89,11 @@ pub struct RuleFile {
 /// is a top-level key that is not a section of a spillway rules file
 /// ([`SECTIONS`]): a misspelt section would otherwise be skipped.
 pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
-    let (f, has_rules) = read_with::<RawRuleFile, _>(file, text, Some(&READ), |file, raw, any| {
-        let has_rules = raw.rules.is_some();
-        validate(file, raw, any).map(|f| (f, has_rules))
-    })?;
+    let ((f, has_rules), _) =
+        read_with::<RawRuleFile, _>(file, text, Some(&READ), |file, raw, any| {
+            let has_rules = raw.rules.is_some();
+            validate(file, raw, any).map(|f| (f, has_rules))
+        })?;
     // The sections of a server's file are skipped, but a key that is none
     // of them is a typo: `on_store_eror: deny` read as absent would fail
     // open, `path_maching:` would count other paths than written.
@@ -128,7 +129,7 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
 /// Every top-level section of a spillway rules file: those this crate
 /// reads, and the server's, which it skips. spillway-server checks that
 /// this list is its own.
-pub const SECTIONS: [&str; 19] = [
+pub const SECTIONS: [&str; 20] = [
     "store",
     "on_store_error",
     "listen",
@@ -138,6 +139,7 @@ pub const SECTIONS: [&str; 19] = [
     "envoy",
     "admin_listen",
     "admin",
+    "api",
     "plans",
     "server",
     "tls",
@@ -163,6 +165,21 @@ pub fn parse_with<T: recover::Sections, V>(
     text: &str,
     validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<V, Errors> {
+    read_with(file, text, None, validate).map(|(v, _)| v)
+}
+
+/// As [`parse_with`], with the values substituted for `${NAME}`, for the
+/// server to hide them again wherever it shows configuration (its log,
+/// its status).
+///
+/// # Errors
+/// As [`parse_with`].
+#[doc(hidden)]
+pub fn parse_with_secrets<T: recover::Sections, V>(
+    file: &str,
+    text: &str,
+    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+) -> Result<(V, env::Secrets), Errors> {
     read_with(file, text, None, validate)
 }
 
@@ -182,12 +199,15 @@ fn read_with<T: recover::Sections, V>(
     text: &str,
     only: Option<&[&str]>,
     validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
-) -> Result<V, Errors> {
+) -> Result<(V, env::Secrets), Errors> {
     recover::check_size(file, text)?;
     // `${NAME}` inside scalar values, before serde sees them; errors hide
     // the values put in again.
     let env = env::substitute_in(file, text, &env::process_env, only)?;
-    recover::read(file, &env.text, validate).map_err(|e| env.secrets.redact_errors(e))
+    match recover::read(file, &env.text, validate) {
+        Ok(v) => Ok((v, env.secrets)),
+        Err(e) => Err(env.secrets.redact_errors(e)),
+    }
 }
 
 /// Reads and parses the rules file at `path`.

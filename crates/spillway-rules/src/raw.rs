@@ -18,6 +18,19 @@ pub struct RawPathMatching {
     pub encoded_slash: Option<bool>,
     #[serde(default)]
     pub head_as_get: Option<bool>,
+    /// `case: insensitive`: `/Login` is `/login`.
+    #[serde(default)]
+    pub case: Option<PathCase>,
+}
+
+/// `path_matching.case`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PathCase {
+    /// `/a` and `/A` are two paths (the default).
+    Sensitive,
+    /// `/a` and `/A` are one path.
+    Insensitive,
 }
 
 /// One plan of `plans:`.

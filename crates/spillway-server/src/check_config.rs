@@ -36,14 +36,19 @@ fn hide(line: String) -> String {
 /// directories) and prints the report; exit code 2 when they are invalid.
 pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
     // A directory, or a file with a top-level `domain:`, is
-    // envoyproxy/ratelimit's; anything else is a rules file.
+    // envoyproxy/ratelimit's; anything else is a rules file. Each file is
+    // read once, here: a pipe, `/dev/stdin` or `<(...)` gives its text
+    // once, and the loader takes it from `pre`.
+    let mut pre = config::Preread::default();
     let (envoy, rules): (Vec<PathBuf>, Vec<PathBuf>) = paths.iter().cloned().partition(|p| {
         p.is_dir()
-            || std::fs::read_to_string(p).is_ok_and(|t| t.lines().any(|l| l.starts_with("domain:")))
+            || pre
+                .text(p)
+                .is_some_and(|t| t.lines().any(|l| l.starts_with("domain:")))
     });
     let file = match rules.as_slice() {
         [] => {
-            return match config::load_envoy_all(&envoy, merge_domains) {
+            return match config::load_envoy_all_read(&envoy, merge_domains, &pre) {
                 Ok(domains) => {
                     let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
                     outln!(
@@ -64,8 +69,8 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             };
         }
         [one] => {
-            if let Ok(text) = std::fs::read_to_string(one) {
-                let _ = SECRETS.set(config::Secrets::of(&text));
+            if let Some(text) = pre.text(one) {
+                let _ = SECRETS.set(config::Secrets::of(text));
             }
             one
         }
@@ -81,13 +86,19 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match config::load_all(&config::Source::File(file.clone()), &envoy, merge_domains) {
+    match config::load_all_read(
+        &config::Source::File(file.clone()),
+        &envoy,
+        merge_domains,
+        &pre,
+    ) {
         Ok(cfg) => {
             // The certificate and key files, read as `serve` reads them.
             let tls = match cfg.tls.describe() {
                 Ok(lines) => lines,
                 Err(e) => {
-                    eprintln!("{e}");
+                    // A path may come from `${NAME}`.
+                    eprintln!("{}", hide(e.to_string()));
                     return ExitCode::from(2);
                 }
             };
@@ -181,6 +192,20 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                     .map(|p| format!(", state_file {}", p.display()))
                     .unwrap_or_default()
             );
+            if cfg.api.tokens.is_empty() {
+                outln!("api: no tokens (the decision API is open)");
+            } else {
+                let list: Vec<String> = cfg
+                    .api
+                    .tokens
+                    .iter()
+                    .map(|t| format!("{} ({}, {})", t.name, t.scope.as_str(), t.source))
+                    .collect();
+                outln!(
+                    "api: tokens {} (every decision route needs one)",
+                    list.join(", ")
+                );
+            }
             for (name, limits) in &cfg.plans.plans {
                 outln!("plan {name}: {}", limits.join("; "));
             }
@@ -241,11 +266,16 @@ pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
 fn describe_matching(m: spillway_core::PathMatching) -> String {
     let lenient = m == spillway_core::PathMatching::LENIENT;
     format!(
-        "trailing_slash {}, path_params {}, encoded_slash {}, head_as_get {}{}",
+        "trailing_slash {}, path_params {}, encoded_slash {}, head_as_get {}, case {}{}",
         m.trailing_slash,
         m.path_params,
         m.encoded_slash,
         m.head_as_get,
+        if m.case_insensitive {
+            "insensitive"
+        } else {
+            "sensitive"
+        },
         if lenient {
             " (every respelling counts as its path)"
         } else {

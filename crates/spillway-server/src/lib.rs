@@ -19,6 +19,7 @@ pub mod admin;
 pub mod api;
 pub mod check_config;
 pub mod config;
+pub mod credentials;
 pub mod grpc;
 pub mod metrics;
 pub mod proxy;
@@ -279,6 +280,9 @@ pub struct Shared {
     pub health: Arc<spillway_core::HealthGauge>,
     /// What the proxy measures of its upstream (unknown elsewhere).
     pub measured: Arc<spillway_core::HealthGauge>,
+    /// `api.tokens`: with any, the decision listener's decision routes
+    /// need one.
+    pub api_tokens: credentials::ApiTokens,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -427,7 +431,9 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         envoy: Arc::new(opts.config.envoy.clone()),
         health,
         measured: Arc::new(spillway_core::HealthGauge::new()),
+        api_tokens: credentials::ApiTokens::default(),
     };
+    shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {
         Source::File(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
@@ -461,6 +467,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),
+            secrets: opts.config.secrets.clone(),
         })),
         source_name,
         settings: arc_swap::ArcSwap::from_pointee(settings.clone()),
@@ -472,7 +479,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         health: Mutex::new(None),
         health_settings: arc_swap::ArcSwap::from_pointee(opts.config.health),
         parse_limits: config::limits_from_json,
-        compiling: Mutex::new(()),
+        compiling: Mutex::new(None),
     });
     admin.recompile();
     let grpc = Arc::new(GrpcState {
@@ -528,8 +535,14 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let parts = build(&opts).map_err(std::io::Error::other)?;
     let admin_at = opts.config.admin_listen;
-    let mut router =
-        api::router(parts.shared.clone()).merge(grpc::service::json::router(parts.grpc.clone()));
+    // `api.tokens` close the decision routes (health stays open); the
+    // direct path asks the same tokens itself.
+    let mut router = api::router(parts.shared.clone())
+        .merge(grpc::service::json::router(parts.grpc.clone()))
+        .route_layer(axum::middleware::from_fn_with_state(
+            parts.shared.api_tokens.clone(),
+            credentials::api_gate,
+        ));
     if admin_at.is_none() {
         router = router.merge(admin::router(parts.admin.clone()));
     } else {
@@ -571,7 +584,13 @@ pub async fn run_proxy(
     let upstream = settings.upstream.clone().ok_or_else(|| {
         std::io::Error::other("needs --upstream URL (or proxy.upstream in the rules file)")
     })?;
-    tracing::info!(%upstream, "proxying to {upstream}");
+    // The address may come from `${NAME}`: the log shows the reference.
+    let shown = opts
+        .config
+        .secrets
+        .redact(&upstream.to_string())
+        .into_owned();
+    tracing::info!(upstream = %shown, "proxying to {shown}");
     let parts = build(&opts).map_err(std::io::Error::other)?;
     // Bound before anything says it listens: a taken port fails the start.
     let admin = match settings.admin_listen {
@@ -579,8 +598,13 @@ pub async fn run_proxy(
         Some(at) => {
             let l = bind(at, "the admin API").await?;
             // The proxy's own address forwards every path: its admin
-            // address serves the whole HTTP API.
-            let r = api::router(parts.shared.clone())
+            // address serves the whole HTTP API. It is an admin address:
+            // with `admin.tokens`, its decision routes need one too (a
+            // write token for `/v1/charge`), as everything but health does.
+            let decisions = api::router(parts.shared.clone()).route_layer(
+                axum::middleware::from_fn_with_state(parts.admin.clone(), admin::decision_gate),
+            );
+            let r = decisions
                 .merge(admin::router(parts.admin.clone()))
                 .fallback(api::not_found);
             Some((l, r))
@@ -665,7 +689,13 @@ async fn serve_with<H: Handler>(
     // SIGHUP's handler, before the line that tells the world we listen.
     #[cfg(unix)]
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let names: Vec<&str> = opts.config.rules.iter().map(|r| r.name()).collect();
+    // A name may come from `${NAME}`: the log shows the reference.
+    let names: Vec<String> = opts
+        .config
+        .rules
+        .iter()
+        .map(|r| opts.config.secrets.redact(r.name()).into_owned())
+        .collect();
     tracing::info!(
         %addr,
         source = %parts.admin.source_name,

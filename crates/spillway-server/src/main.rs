@@ -472,12 +472,13 @@ fn serve(flags: Flags) -> ExitCode {
         } else {
             "spillway serve"
         };
-        fatal(format, &format!("{what}: {e}"));
+        fatal(format, &cfg.secrets.redact(&format!("{what}: {e}")));
         return ExitCode::from(2);
     }
-    // Certificate and key files: a bad one is a configuration error.
+    // Certificate and key files: a bad one is a configuration error (its
+    // path may come from `${NAME}`).
     if let Err(e) = cfg.tls.check() {
-        fatal(format, &e.to_string());
+        fatal(format, &cfg.secrets.redact(&e.to_string()));
         return ExitCode::from(2);
     }
     let addr = cfg
@@ -503,6 +504,7 @@ fn serve(flags: Flags) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let secrets = cfg.secrets.clone();
     let opts = ServeOptions {
         source,
         config: cfg,
@@ -524,7 +526,7 @@ fn serve(flags: Flags) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            fatal(format, &format!("spillway: {e:#}"));
+            fatal(format, &secrets.redact(&format!("spillway: {e:#}")));
             ExitCode::from(1)
         }
     }

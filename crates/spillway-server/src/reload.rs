@@ -169,31 +169,13 @@ pub(crate) fn reload(
     started: &crate::config::Config,
     dirs: &[PathBuf],
 ) -> Option<std::time::Duration> {
+    // A file without `rules:` is refused there, as at start.
     let loaded = crate::config::reload_all(
         &opts.source,
         &opts.envoy_files,
         opts.config.merge_domains,
         dirs,
-    )
-    .and_then(|(config, gone)| {
-        if config.has_rules {
-            return Ok((config, gone));
-        }
-        let file = match &opts.source {
-            Source::File(p) => p.display().to_string(),
-            Source::Example => "<examples/rules.yaml>".to_string(),
-        };
-        Err(crate::config::ConfigErrors(vec![
-            crate::config::ConfigError {
-                file,
-                line: 0,
-                column: 0,
-                message: "no `rules:` key (an empty or cut-short file?): not applied; \
-                      write `rules: []` to remove every rule"
-                    .to_string(),
-            },
-        ]))
-    });
+    );
     match loaded {
         Ok((config, gone)) => {
             for f in &gone {
@@ -216,11 +198,18 @@ pub(crate) fn reload(
             state
                 .admin
                 .reloaded(&config.admin, &config.plans, &config.health);
+            state.shared.api_tokens.set(config.api.tokens.clone());
             state.shared.events.reloaded();
             let mut r = state.status.lock();
             r.last_error = None;
             r.last_reload_unix_ms = unix_ms();
-            let names: Vec<&str> = config.rules.iter().map(|r| r.name()).collect();
+            r.secrets = config.secrets.clone();
+            // A name may come from `${NAME}`: the log shows the reference.
+            let names: Vec<String> = config
+                .rules
+                .iter()
+                .map(|r| config.secrets.redact(r.name()).into_owned())
+                .collect();
             tracing::info!(version, rules = ?names, "rules reloaded");
             let waiting = started.start_only_changes(&config);
             if !waiting.is_empty() {

@@ -21,14 +21,18 @@ const SEED: u64 = 0x5eed_4b65_7952_756c;
 /// Entries are filed by the matched rule's fingerprint, so a reload that
 /// changes a rule's key or limits leaves its old entries unreachable until
 /// the owner files them again under the new rule.
-#[derive(Debug, Default)]
+///
+/// Cloning shares every entry (two reference counts each): the owner can
+/// keep a copy, change one key of it and publish it, without building
+/// the table again.
+#[derive(Debug, Default, Clone)]
 pub struct KeyRules {
     by_rule: HashMap<u64, HashMap<u64, Entry>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Entry {
-    parts: Box<[Box<str>]>,
+    parts: Arc<[Box<str>]>,
     rule: Arc<Rule>,
 }
 
@@ -50,6 +54,21 @@ impl KeyRules {
                 rule,
             },
         );
+    }
+
+    /// Takes away the rule of its own of the key `parts` of the rule whose
+    /// fingerprint is `matched`; whether it had one.
+    pub fn remove(&mut self, matched: u64, parts: &[&str]) -> bool {
+        let key = Key::from_parts(parts.iter().copied());
+        let hash = key.hash(matched, SEED);
+        let Some(keys) = self.by_rule.get_mut(&matched) else {
+            return false;
+        };
+        let gone = keys.remove(&hash).is_some();
+        if keys.is_empty() {
+            self.by_rule.remove(&matched);
+        }
+        gone
     }
 
     /// The rule `key` decides under in place of `matched`, if it has one.

@@ -78,12 +78,19 @@ impl RouteIndex {
             };
             let mut at = 0;
             for seg in route.literal_prefix() {
-                at = match index.nodes[at].children.get(seg) {
+                // Paths are canonicalised lower-case then: so are the
+                // literals they are looked up by.
+                let seg = if global.case_insensitive {
+                    std::borrow::Cow::Owned(seg.to_ascii_lowercase())
+                } else {
+                    std::borrow::Cow::Borrowed(seg)
+                };
+                at = match index.nodes[at].children.get(seg.as_ref()) {
                     Some(&next) => next,
                     None => {
                         let next = index.nodes.len();
                         index.nodes.push(IndexNode::default());
-                        index.nodes[at].children.insert(seg.to_string(), next);
+                        index.nodes[at].children.insert(seg.into_owned(), next);
                         next
                     }
                 };
@@ -979,6 +986,10 @@ mod tests {
             },
             PathMatching {
                 head_as_get: false,
+                ..l
+            },
+            PathMatching {
+                case_insensitive: true,
                 ..l
             },
         ]

@@ -75,16 +75,81 @@ fn read_body(
     })
 }
 
+/// A problem answer's detail, kept beside it for the audit trail of a
+/// refused write.
+#[derive(Debug, Clone)]
+struct Detail(String);
+
 /// An RFC 9457 problem answer.
 pub fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
     let detail = detail.into();
     let json = spillway_tower::Problem::new(status, detail.as_str()).to_json();
-    (
+    let mut r = (
         status,
         [(header::CONTENT_TYPE, spillway_tower::PROBLEM_JSON)],
         json,
     )
-        .into_response()
+        .into_response();
+    r.extensions_mut().insert(Detail(detail));
+    r
+}
+
+/// The layer of the admin calls: a write call (any method but GET, HEAD
+/// and OPTIONS) refused before its handler recorded it (no token, a read
+/// token, a bad body, no such rule, a method the path lacks) is recorded
+/// here, with the token's name if it is one and the reason.
+pub async fn audit_refusals(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = req.method().clone();
+    if matches!(method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let uri = req.uri().clone();
+    let who = {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        crate::credentials::bearer(given)
+            .and_then(|g| state.settings.load().token(g).map(|t| t.name.clone()))
+            .unwrap_or_else(|| "-".to_string())
+    };
+    let (answer, recorded) = super::audit::watch(next.run(req)).await;
+    let status = answer.status();
+    if !recorded && (status.is_client_error() || status.is_server_error()) {
+        let path = uri.path();
+        let action = match (&method, path) {
+            (&Method::DELETE, p) if p.starts_with("/admin/v1/keys/") => "key.reset",
+            (&Method::PUT, p) if p.starts_with("/admin/v1/overrides/") => "override.put",
+            (&Method::DELETE, p) if p.starts_with("/admin/v1/overrides/") => "override.delete",
+            (&Method::PUT, p) if p.starts_with("/admin/v1/plans/") => "plan.put",
+            (&Method::DELETE, p) if p.starts_with("/admin/v1/plans/") => "plan.delete",
+            (&Method::PUT, "/v1/health") => "health.put",
+            _ => "write",
+        };
+        let why = answer
+            .extensions()
+            .get::<Detail>()
+            .map_or_else(|| status.to_string(), |d| d.0.clone());
+        let at = now_ms();
+        state.audit.record(Entry {
+            at_unix_ms: at,
+            at: rfc3339(at),
+            token: who,
+            method: method.to_string(),
+            path: path.to_string(),
+            action: action.to_string(),
+            rule: None,
+            key: None,
+            reason: None,
+            status: status.as_u16(),
+            refused: Some(super::audit::refusal_reason(&why)),
+        });
+    }
+    answer
 }
 
 /// The token's name if the request carries a token of at least `need`'s
@@ -92,41 +157,35 @@ pub fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
 /// write call) to answer.
 pub fn authorize(state: &AdminState, headers: &HeaderMap, need: Scope) -> Result<String, Response> {
     let settings = state.settings.load();
-    let unauthorized = |detail: &str| {
-        let mut r = problem(StatusCode::UNAUTHORIZED, detail);
+    if settings.tokens.is_empty() {
+        let mut r = problem(
+            StatusCode::UNAUTHORIZED,
+            "the admin API needs a token: list admin.tokens in the rules file",
+        );
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer realm=\"spillway admin\""),
+            header::HeaderValue::from_static(crate::credentials::ADMIN_REALM),
         );
-        Err(r)
-    };
-    if settings.tokens.is_empty() {
-        return unauthorized("the admin API needs a token: list admin.tokens in the rules file");
+        return Err(r);
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes())
-        .and_then(|v| {
-            let (scheme, rest) = v.split_at(v.len().min(7));
-            scheme.eq_ignore_ascii_case(b"bearer ").then_some(rest)
-        })
-        .map(<[u8]>::trim_ascii);
-    let Some(given) = given else {
-        return unauthorized("send Authorization: Bearer TOKEN");
-    };
-    let Some(token) = settings.token(given) else {
-        return unauthorized("unknown token");
-    };
-    if token.scope < need {
-        return Err(problem(
-            StatusCode::FORBIDDEN,
-            format!(
-                "token {:?} may only read; this call needs a write token",
-                token.name
-            ),
-        ));
-    }
-    Ok(token.name.clone())
+    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    crate::credentials::check(
+        &settings.tokens,
+        given,
+        need,
+        crate::credentials::ADMIN_REALM,
+    )
+    .map(|t| t.name.clone())
+    .map_err(|refused| {
+        let mut r = problem(refused.status, refused.detail);
+        if let Some(c) = refused.challenge {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static(c),
+            );
+        }
+        r
+    })
 }
 
 /// For the endpoints that were open before tokens existed (metrics,
@@ -686,7 +745,8 @@ impl Put<'_> {
     ) -> Response {
         let answer = match result {
             Ok(()) => {
-                state.recompile();
+                // This key alone: O(one key), not O(every override).
+                state.recompile_key(self.t.rule().name(), &self.t.key);
                 axum::Json(ok()).into_response()
             }
             Err(e) => write_failed(e),
@@ -771,7 +831,7 @@ async fn delete_assigned(
     state.record(&who, method, uri, action, Some(&t), None, status);
     match result {
         Ok(true) => {
-            state.recompile();
+            state.recompile_key(t.rule().name(), &t.key);
             match what {
                 Assigned::Override => axum::Json(json!({"deleted": true})).into_response(),
                 Assigned::Plan => axum::Json(plan_json(state, &t)).into_response(),
@@ -993,6 +1053,11 @@ async fn top(
             ),
             "keys": t.keys.iter().map(|h| json!({
                 "key": h.key,
+                // What an action names: the whole key, never the cut
+                // form shown (null when not kept, or longer than
+                // MAX_KEPT bytes).
+                "parts": h.parts,
+                "cut": h.key.is_some() && h.parts.as_ref().map(|p| p.join("+")) != h.key,
                 "hash": format!("{:016x}", h.hash),
                 "count": h.count,
                 "error": h.error,
@@ -1209,6 +1274,7 @@ impl AdminState {
             key: t.map(|t| t.key.clone()),
             reason: reason.filter(|r| !r.is_empty()),
             status,
+            refused: (status >= 400).then(|| format!("answered {status}")),
         });
     }
 }

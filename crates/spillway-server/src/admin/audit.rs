@@ -1,6 +1,6 @@
-//! The audit trail: every write call of the admin API, kept in memory
-//! (the most recent `admin.audit_entries`) and written to the log as one
-//! structured line each.
+//! The audit trail: every write call of the admin API, refused ones
+//! included, kept in memory (the most recent `admin.audit_entries`) and
+//! written to the log as one structured line each.
 
 use std::collections::VecDeque;
 
@@ -34,6 +34,44 @@ pub struct Entry {
     pub reason: Option<String>,
     /// The answer's status.
     pub status: u16,
+    /// Why the call was refused (401, 403, 400, 404, ...): the problem's
+    /// detail, control characters replaced and cut to
+    /// [`MAX_REFUSED`] bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// The longest refusal reason kept.
+pub const MAX_REFUSED: usize = 256;
+
+tokio::task_local! {
+    /// Set while a write call runs: whether its handler recorded it.
+    static AUDITED: std::cell::Cell<bool>;
+}
+
+/// Runs a write call's handler (`call`), and says whether it recorded
+/// its own entry; a refusal before the handler got that far is recorded
+/// by the caller.
+pub async fn watch<F: Future>(call: F) -> (F::Output, bool) {
+    AUDITED
+        .scope(std::cell::Cell::new(false), async move {
+            let out = call.await;
+            (out, AUDITED.with(std::cell::Cell::get))
+        })
+        .await
+}
+
+/// `detail` fit for one audit field: control characters as `?`, at most
+/// [`MAX_REFUSED`] bytes.
+pub fn refusal_reason(detail: &str) -> String {
+    let mut out = String::with_capacity(detail.len().min(MAX_REFUSED));
+    for c in detail.chars() {
+        if out.len() + c.len_utf8() > MAX_REFUSED {
+            break;
+        }
+        out.push(if c.is_control() { '?' } else { c });
+    }
+    out
 }
 
 /// The trail.
@@ -63,6 +101,8 @@ impl Audit {
 
     /// Records `entry` and logs it.
     pub fn record(&self, entry: Entry) {
+        // Inside a watched write call: its handler recorded it.
+        let _ = AUDITED.try_with(|a| a.set(true));
         tracing::info!(
             target: "spillway::audit",
             token = %entry.token,
@@ -72,6 +112,7 @@ impl Audit {
             rule = entry.rule.as_deref().unwrap_or(""),
             key = ?entry.key.as_deref().unwrap_or_default(),
             reason = ?entry.reason.as_deref().unwrap_or(""),
+            refused = ?entry.refused.as_deref().unwrap_or(""),
             status = entry.status,
             "audit: {} {} by {} -> {}",
             entry.action,
@@ -268,6 +309,7 @@ mod tests {
                 key: None,
                 reason: None,
                 status: 200,
+                refused: None,
             });
         }
         let got: Vec<u64> = a.since(0, 10).iter().map(|e| e.at_unix_ms).collect();

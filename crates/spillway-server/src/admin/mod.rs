@@ -59,8 +59,21 @@ pub struct AdminState {
     pub health_settings: arc_swap::ArcSwap<settings::HealthSettings>,
     /// Reads an override's limits (the config layer's reader).
     pub parse_limits: assign::ParseLimits,
-    /// Held while the per-key rules are compiled.
-    pub compiling: Mutex<()>,
+    /// Held while the per-key rules are compiled: the last table
+    /// compiled, and the rule set version and plan book it was compiled
+    /// under (a one-key change updates it while they stay).
+    pub compiling: Mutex<Option<Compiled>>,
+}
+
+/// The per-key rules last compiled, kept to change one key of.
+#[derive(Debug)]
+pub struct Compiled {
+    /// The rule set's version.
+    version: u64,
+    /// The plan book, by identity.
+    book: Arc<settings::PlanBook>,
+    /// The table, as published.
+    rules: spillway_store::KeyRules,
 }
 
 impl AdminState {
@@ -73,15 +86,45 @@ impl AdminState {
     /// One at a time, each from the rules in force when it starts: the
     /// last to finish saw the newest state.
     pub fn recompile(&self) {
-        let _one = self.compiling.lock();
+        let mut last = self.compiling.lock();
         let set = self.shared.limiter.rules();
-        let kr = self.assign.compile(
-            &set,
-            &self.plans.load(),
-            crate::unix_ms(),
-            self.parse_limits,
-        );
-        self.shared.limiter.set_key_rules(kr);
+        let book = self.plans.load_full();
+        let kr = self
+            .assign
+            .compile(&set, &book, crate::unix_ms(), self.parse_limits);
+        self.shared.limiter.set_key_rules(kr.clone());
+        *last = Some(Compiled {
+            version: set.version,
+            book,
+            rules: kr,
+        });
+    }
+
+    /// After one key's override or plan changed: that key alone is
+    /// compiled into the last table, which is published again (a clone
+    /// that shares every other entry). Everything again when the rules
+    /// or plans changed since.
+    pub fn recompile_key(&self, rule: &str, key: &[String]) {
+        let mut last = self.compiling.lock();
+        let set = self.shared.limiter.rules();
+        let book = self.plans.load_full();
+        match last.as_mut() {
+            Some(c) if c.version == set.version && Arc::ptr_eq(&c.book, &book) => {
+                self.assign.compile_key(
+                    &mut c.rules,
+                    &set,
+                    &book,
+                    crate::unix_ms(),
+                    self.parse_limits,
+                    (rule, key),
+                );
+                self.shared.limiter.set_key_rules(c.rules.clone());
+            }
+            _ => {
+                drop(last);
+                self.recompile();
+            }
+        }
     }
 
     /// Health as seen now: the worse of the last report (read against
@@ -155,6 +198,9 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
     /// When rules were last (re)loaded.
     pub last_reload_unix_ms: u64,
+    /// The values the file in force took from the environment
+    /// (`${NAME}`): `/v1/status` shows their references instead.
+    pub secrets: spillway_rules::env::Secrets,
 }
 
 /// Health alone (`/healthz`, `/readyz`), for the decision port when the
@@ -167,6 +213,27 @@ pub fn health_router(state: Arc<AdminState>) -> Router {
         .with_state(state)
 }
 
+/// The layer of the decision routes an admin address serves (the
+/// proxy's): with `admin.tokens`, they need one, as everything but health
+/// does there; `/v1/charge`, which charges after the fact, a write one.
+pub async fn decision_gate(
+    State(state): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !state.settings.load().tokens.is_empty() {
+        let need = if req.uri().path() == "/v1/charge" {
+            settings::Scope::Write
+        } else {
+            settings::Scope::Read
+        };
+        if let Err(r) = api::authorize(&state, req.headers(), need) {
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
 /// The admin endpoints.
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
@@ -177,7 +244,12 @@ pub fn router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/admin/", get(dashboard))
         .route("/admin", get(to_dashboard))
-        .merge(api::routes())
+        .merge(
+            api::routes().route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                api::audit_refusals,
+            )),
+        )
         .with_state(state)
 }
 
@@ -302,14 +374,15 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         .into_iter()
         .filter(|(n, _)| set.rules().iter().any(|r| r.name() == n))
         // Admitted: allowed, shadow denied (admitted) and soft exceeded.
+        // A rule's name may come from `${NAME}`.
         .map(|(n, t)| {
             (
-                n,
+                reload.secrets.redact(&n).into_owned(),
                 json!({ "admitted": t[0] + t[2] + t[3], "near_limit": t[4] }),
             )
         })
         .collect();
-    axum::Json(json!({
+    let mut body = json!({
         "store": {
             "kind": store.kind(),
             "describe": store.describe(),
@@ -332,8 +405,28 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
         "tls": state.tls.status_json(),
-    }))
-    .into_response()
+    });
+    // Open without tokens: no value from `${NAME}` in any string of it
+    // (a store's address, a reload error, a certificate's path).
+    redact_json(&reload.secrets, &mut body);
+    axum::Json(body).into_response()
+}
+
+/// `value` with every `${NAME}` value (and every part of one) replaced by
+/// its reference, in every string; object keys, the API's own names, are
+/// left alone.
+pub fn redact_json(secrets: &spillway_rules::env::Secrets, value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            if let std::borrow::Cow::Owned(new) = secrets.redact(s) {
+                *s = new;
+            }
+        }
+        Value::Array(list) => list.iter_mut().for_each(|v| redact_json(secrets, v)),
+        Value::Object(map) => map.values_mut().for_each(|v| redact_json(secrets, v)),
+        _ => {}
+    }
 }
 
 /// The sync's state as the status endpoint shows it.

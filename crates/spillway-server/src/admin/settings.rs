@@ -2,81 +2,11 @@
 //! config layer hands them over.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::PathBuf;
 
 use spillway_core::{Limit, Nanos};
 
-/// What a token lets its holder do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Scope {
-    /// Look: GET calls, metrics, status, rules.
-    Read,
-    /// Look and change: every call.
-    Write,
-}
-
-impl Scope {
-    /// `read` or `write`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Read => "read",
-            Scope::Write => "write",
-        }
-    }
-}
-
-/// One bearer token of `admin.tokens`, read from its file or environment
-/// variable when the configuration loads (a reload reads it again).
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token {
-    /// The name audit entries and logs give its holder.
-    pub name: String,
-    /// What it allows.
-    pub scope: Scope,
-    /// Where it came from, for `check-config` (`file /x` or `env X`).
-    pub source: String,
-    secret: Vec<u8>,
-}
-
-impl Token {
-    /// A token named `name` whose value is `secret`.
-    pub fn new(name: String, scope: Scope, source: String, secret: &str) -> Token {
-        Token {
-            name,
-            scope,
-            source,
-            secret: secret.as_bytes().to_vec(),
-        }
-    }
-
-    /// Whether two tokens have the same value.
-    pub fn same_secret(&self, other: &Token) -> bool {
-        self.matches(&other.secret)
-    }
-
-    /// Whether `given` is this token, compared in time independent of
-    /// where the two first differ and of the guess's length.
-    pub fn matches(&self, given: &[u8]) -> bool {
-        // As long as the token whatever was given: the time says nothing
-        // of the guess, not even whether its length is right.
-        let mut diff = u8::from(given.len() != self.secret.len());
-        for (i, b) in self.secret.iter().enumerate() {
-            diff |= given.get(i).copied().unwrap_or(0) ^ b;
-        }
-        std::hint::black_box(diff) == 0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Token")
-            .field("name", &self.name)
-            .field("scope", &self.scope)
-            .field("source", &self.source)
-            .finish_non_exhaustive()
-    }
-}
+pub use crate::credentials::{Scope, Token};
 
 #[cfg(test)]
 mod tests {
@@ -110,23 +40,6 @@ mod tests {
         // Without a target, a latency says nothing.
         let bare = HealthSettings::default();
         assert_eq!(bare.health(None, Some(900.0), None, fresh), Health::Unknown);
-    }
-
-    #[test]
-    fn a_token_matches_only_itself() {
-        let t = Token::new(
-            "ops".into(),
-            Scope::Write,
-            "env X".into(),
-            "0123456789abcdef",
-        );
-        assert!(t.matches(b"0123456789abcdef"));
-        assert!(!t.matches(b"0123456789abcde"));
-        assert!(!t.matches(b"0123456789abcdef0"));
-        assert!(!t.matches(b"0123456789abcdeF"));
-        assert!(!t.matches(b""));
-        // A guess that is the token with NULs after it is not the token.
-        assert!(!t.matches(b"0123456789abcdef\0"));
     }
 }
 
@@ -174,14 +87,7 @@ impl Default for AdminSettings {
 impl AdminSettings {
     /// The token `given` is, if any.
     pub fn token(&self, given: &[u8]) -> Option<&Token> {
-        // Every token compared, so the time says nothing of which matched.
-        let mut found = None;
-        for t in &self.tokens {
-            if t.matches(given) && found.is_none() {
-                found = Some(t);
-            }
-        }
-        found
+        crate::credentials::find(&self.tokens, given)
     }
 }
 

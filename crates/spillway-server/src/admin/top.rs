@@ -77,7 +77,7 @@ impl std::hash::Hasher for AsIs {
 struct Slot {
     hash: u64,
     error: u64,
-    key: Option<Box<str>>,
+    key: Option<Held>,
     bucket: u32,
     /// Neighbours in the bucket's list.
     prev: u32,
@@ -94,13 +94,63 @@ struct Bucket {
     next: u32,
 }
 
+/// A key as a sketch keeps it (with `admin.show_keys`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// Every part, whole: at most [`MAX_KEPT`] bytes in all, so the
+    /// dashboard's block, override and reset act on the key itself.
+    Whole(Box<[Box<str>]>),
+    /// A longer key, joined and cut to [`MAX_SHOWN`] bytes: shown, but
+    /// never acted on (the cut form is another key).
+    Cut(Box<str>),
+}
+
+impl Held {
+    /// `key` as kept: whole when it fits [`MAX_KEPT`].
+    pub fn of(key: &Key<'_>) -> Held {
+        let len: usize = key.parts().iter().map(|p| p.len()).sum();
+        if len <= MAX_KEPT {
+            Held::Whole(key.parts().iter().map(|p| Box::from(*p)).collect())
+        } else {
+            Held::Cut(cut(key.parts().join("+")))
+        }
+    }
+
+    /// As the list shows it: the parts joined by `+`, cut to
+    /// [`MAX_SHOWN`] bytes (marked with `…`).
+    pub fn shown(&self) -> String {
+        match self {
+            Held::Whole(parts) => cut(parts.join("+")).into_string(),
+            Held::Cut(s) => s.to_string(),
+        }
+    }
+
+    /// The whole key's parts, if kept.
+    pub fn parts(&self) -> Option<Vec<String>> {
+        match self {
+            Held::Whole(parts) => Some(parts.iter().map(ToString::to_string).collect()),
+            Held::Cut(_) => None,
+        }
+    }
+}
+
+impl From<String> for Held {
+    /// A one-part key.
+    fn from(s: String) -> Held {
+        Held::Whole(vec![s.into_boxed_str()].into_boxed_slice())
+    }
+}
+
 /// One key as a sketch reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heavy {
     /// The key's hash.
     pub hash: u64,
-    /// The key as sent, if kept.
+    /// The key as the list shows it (cut to [`MAX_SHOWN`] bytes), if kept.
     pub key: Option<String>,
+    /// The whole key, one entry per part, if kept and at most
+    /// [`MAX_KEPT`] bytes: what an action on the key names.
+    pub parts: Option<Vec<String>>,
     /// An upper bound of its count.
     pub count: u64,
     /// How far above the true count `count` may be.
@@ -123,7 +173,7 @@ impl SpaceSaving {
 
     /// Counts one occurrence of `hash`; `key` names it (called only when
     /// the key takes a slot, so a held key costs no allocation).
-    pub fn add(&mut self, hash: u64, key: impl FnOnce() -> Option<Box<str>>) {
+    pub fn add(&mut self, hash: u64, key: impl FnOnce() -> Option<Held>) {
         self.total += 1;
         if let Some(&s) = self.index.get(&hash) {
             self.bump(s);
@@ -295,11 +345,11 @@ impl SpaceSaving {
     }
 
     /// Every held key: hash, name, count, error.
-    fn held(&self) -> impl Iterator<Item = (u64, Option<&str>, u64, u64)> {
+    fn held(&self) -> impl Iterator<Item = (u64, Option<&Held>, u64, u64)> {
         self.slots.iter().map(|s| {
             (
                 s.hash,
-                s.key.as_deref(),
+                s.key.as_ref(),
                 self.buckets[s.bucket as usize].count,
                 s.error,
             )
@@ -311,10 +361,13 @@ impl SpaceSaving {
 /// each key's count summed, plus a sketch's floor where it was not held.
 /// `max_error` is the sum of the floors: no key's error exceeds it.
 pub fn merge(sketches: &[&SpaceSaving], limit: usize) -> (Vec<Heavy>, u64, u64) {
-    let mut seen: HashMap<u64, Option<String>> = HashMap::new();
+    let mut seen: HashMap<u64, Option<&Held>> = HashMap::new();
     for s in sketches {
         for (hash, key, _, _) in s.held() {
-            seen.entry(hash).or_insert_with(|| key.map(str::to_string));
+            let e = seen.entry(hash).or_insert(key);
+            if e.is_none() {
+                *e = key;
+            }
         }
     }
     let mut out: Vec<Heavy> = seen
@@ -335,7 +388,8 @@ pub fn merge(sketches: &[&SpaceSaving], limit: usize) -> (Vec<Heavy>, u64, u64) 
             }
             Heavy {
                 hash,
-                key,
+                key: key.map(Held::shown),
+                parts: key.and_then(Held::parts),
                 count,
                 error,
             }
@@ -486,7 +540,7 @@ impl TopKeys {
         let Some(rt) = rt else { return };
         let hash = key.hash(0, self.seed);
         let show = self.show_keys();
-        let name_key = || show.then(|| shown(key));
+        let name_key = || show.then(|| Held::of(key));
         let at = self.minute.load(Ordering::Relaxed);
         let mut minutes = rt.minutes.lock();
         if minutes.back().is_none_or(|m| m.at != at) {
@@ -550,14 +604,19 @@ impl Watch for TopKeys {
     }
 }
 
-/// The longest key kept as sent: a client chooses its key, and a slot
-/// must not hold kilobytes of it.
+/// The longest key shown as sent: a client chooses its key, and a list
+/// line must not hold kilobytes of it.
 pub const MAX_SHOWN: usize = 256;
 
-/// A key as the top list shows it: its parts joined by `+`, cut to
-/// [`MAX_SHOWN`] bytes (marked with `…`).
-fn shown(key: &Key<'_>) -> Box<str> {
-    let mut s = key.parts().join("+");
+/// The longest key a slot keeps whole, in bytes of its parts (any one
+/// value the decision API takes fits): a longer key is kept cut, shown,
+/// and cannot be acted on from the list. A slot must not hold kilobytes
+/// of what a client chose: `slots x 2 x 15` slots per rule hold at most
+/// this much each.
+pub const MAX_KEPT: usize = 1024;
+
+/// `s` cut to [`MAX_SHOWN`] bytes (marked with `…`).
+fn cut(mut s: String) -> Box<str> {
     if s.len() > MAX_SHOWN {
         let mut end = MAX_SHOWN;
         while !s.is_char_boundary(end) {
@@ -684,13 +743,21 @@ mod tests {
     }
 
     #[test]
-    fn long_keys_are_cut() {
+    fn long_keys_are_cut_for_show_and_kept_whole_to_act_on() {
+        // 600 bytes: shown cut, kept whole.
         let long = "é".repeat(300);
         let k = Key::from_parts([long.as_str(), "x"]);
-        let s = shown(&k);
+        let h = Held::of(&k);
+        let s = h.shown();
         assert!(s.len() <= MAX_SHOWN + '…'.len_utf8());
         assert!(s.ends_with('…'));
-        assert_eq!(&*shown(&Key::from_parts(["a", "b"])), "a+b");
+        assert_eq!(h.parts(), Some(vec![long.clone(), "x".to_string()]));
+        assert_eq!(Held::of(&Key::from_parts(["a", "b"])).shown(), "a+b");
+        // Past MAX_KEPT: shown cut, never acted on.
+        let huge = "a".repeat(MAX_KEPT + 1);
+        let h = Held::of(&Key::from_parts([huge.as_str()]));
+        assert_eq!(h.parts(), None);
+        assert!(h.shown().ends_with('…'));
     }
 
     #[test]

@@ -51,6 +51,36 @@ impl DirectApi {
         } else {
             Ask::Check
         };
+        // `api.tokens`: the same check as the axum routes' layer (one
+        // atomic load while none is set).
+        let refused = self.shared.api_tokens.any().then(|| {
+            let auth = msg
+                .head
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+                .map(|h| h.value);
+            self.shared.api_tokens.admit(auth, ask == Ask::Charge)
+        });
+        if let Some(Err(r)) = refused {
+            let json = Problem::new(r.status, r.detail.as_str()).to_json();
+            write::answer(
+                out,
+                r.status,
+                PROBLEM_JSON,
+                json.as_bytes(),
+                msg.close,
+                false,
+                |o| {
+                    if let Some(c) = r.challenge {
+                        o.extend_from_slice(b"www-authenticate: ");
+                        o.extend_from_slice(c.as_bytes());
+                        o.extend_from_slice(b"\r\n");
+                    }
+                },
+            );
+            return conn.write_all(out).await;
+        }
         let result = match route {
             Route::Check | Route::Charge => check_json(&self.shared, msg.body, started, ask).await,
             Route::Limit(q) => check_query(&self.shared, &q, started).await,

@@ -35,29 +35,7 @@ pub(super) fn admin(
         .as_ref()
         .and_then(|l| super::address(errs, l, "admin.listen", 9090));
     if let Some(list) = &a.tokens {
-        if list.value.len() > MAX_TOKENS {
-            errs.at(list, format!("admin.tokens: at most {MAX_TOKENS} tokens"));
-        }
-        for t in &list.value {
-            if let Some(token) = token(errs, t, env) {
-                if out.tokens.iter().any(|o| o.name == token.name) {
-                    errs.at(
-                        &t.value.name,
-                        format!("admin.tokens: the name {:?} is used twice", token.name),
-                    );
-                } else if out.tokens.iter().any(|o| o.same_secret(&token)) {
-                    errs.at(
-                        t,
-                        format!(
-                            "admin.tokens: {:?} has the same value as another token: give each its own",
-                            token.name
-                        ),
-                    );
-                } else {
-                    out.tokens.push(token);
-                }
-            }
-        }
+        out.tokens = tokens(errs, list, env, "admin.tokens");
     }
     out.show_keys = a.show_keys.unwrap_or(false);
     out.top_keys = a.top_keys.unwrap_or(true);
@@ -155,17 +133,53 @@ fn ratio(r: &RawRatio) -> Option<f64> {
     .filter(|v| v.is_finite())
 }
 
+/// A list of bearer tokens (`admin.tokens`, `api.tokens`: `what`), each
+/// read from its file or variable; names and values each used once.
+pub(super) fn tokens(
+    errs: &mut Collector<'_>,
+    list: &Spanned<Vec<Spanned<super::raw::RawToken>>>,
+    env: &dyn Fn(&str) -> Option<String>,
+    what: &str,
+) -> Vec<Token> {
+    let mut out: Vec<Token> = Vec::new();
+    if list.value.len() > MAX_TOKENS {
+        errs.at(list, format!("{what}: at most {MAX_TOKENS} tokens"));
+    }
+    for t in &list.value {
+        if let Some(token) = token(errs, t, env, what) {
+            if out.iter().any(|o| o.name == token.name) {
+                errs.at(
+                    &t.value.name,
+                    format!("{what}: the name {:?} is used twice", token.name),
+                );
+            } else if out.iter().any(|o| o.same_secret(&token)) {
+                errs.at(
+                    t,
+                    format!(
+                        "{what}: {:?} has the same value as another token: give each its own",
+                        token.name
+                    ),
+                );
+            } else {
+                out.push(token);
+            }
+        }
+    }
+    out
+}
+
 fn token(
     errs: &mut Collector<'_>,
     t: &Spanned<super::raw::RawToken>,
     env: &dyn Fn(&str) -> Option<String>,
+    what: &str,
 ) -> Option<Token> {
     let raw = &t.value;
     let name = raw.name.value.trim().to_string();
     if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control()) {
         errs.at(
             &raw.name,
-            "admin.tokens: a name of 1 to 64 printable characters",
+            format!("{what}: a name of 1 to 64 printable characters"),
         );
         return None;
     }
@@ -175,7 +189,7 @@ fn token(
         other => {
             errs.at(
                 &raw.scope,
-                format!("admin.tokens: scope {other:?}: expected read or write"),
+                format!("{what}: scope {other:?}: expected read or write"),
             );
             return None;
         }
@@ -184,14 +198,14 @@ fn token(
         (Some(_), Some(_)) | (None, None) => {
             errs.at(
                 t,
-                format!("admin.tokens: {name:?} needs one of file: or env: (where its value is)"),
+                format!("{what}: {name:?} needs one of file: or env: (where its value is)"),
             );
             return None;
         }
         (Some(f), None) => match read_token_file(&f.value) {
             Ok(s) => (s, format!("file {}", f.value)),
             Err(e) => {
-                errs.at(f, format!("admin.tokens: {name:?}: {e}"));
+                errs.at(f, format!("{what}: {name:?}: {e}"));
                 return None;
             }
         },
@@ -201,7 +215,7 @@ fn token(
                 errs.at(
                     v,
                     format!(
-                        "admin.tokens: {name:?}: the environment variable {} is not set",
+                        "{what}: {name:?}: the environment variable {} is not set",
                         v.value
                     ),
                 );
@@ -213,7 +227,7 @@ fn token(
         errs.at(
             t,
             format!(
-                "admin.tokens: {name:?} is shorter than {MIN_TOKEN_LEN} characters (make one with `openssl rand -hex 32`)"
+                "{what}: {name:?} is shorter than {MIN_TOKEN_LEN} characters (make one with `openssl rand -hex 32`)"
             ),
         );
         return None;
@@ -221,7 +235,7 @@ fn token(
     if secret.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
         errs.at(
             t,
-            format!("admin.tokens: {name:?} has spaces or characters a header cannot carry"),
+            format!("{what}: {name:?} has spaces or characters a header cannot carry"),
         );
         return None;
     }

@@ -103,6 +103,8 @@ pub struct Config {
     /// The operator's plane (`admin:`): tokens, top keys, near-limit
     /// share. Its address is [`Config::admin_listen`].
     pub admin: crate::admin::settings::AdminSettings,
+    /// The decision API's settings (`api:`): its tokens.
+    pub api: crate::credentials::ApiSettings,
     /// The plans (`plans:`) and the rules' plan settings.
     pub plans: crate::admin::settings::PlanBook,
     /// What "the service has room" means (`health:`).
@@ -113,6 +115,9 @@ pub struct Config {
     /// refuses a file without one: an empty or truncated file is not a
     /// request to drop every limit.
     pub has_rules: bool,
+    /// The values the file took from the environment (`${NAME}`), to hide
+    /// wherever configuration is shown: errors, the log, `/v1/status`.
+    pub secrets: Secrets,
 }
 
 impl Config {
@@ -241,12 +246,66 @@ impl Source {
     /// # Errors
     /// As [`load`].
     pub fn load(&self) -> Result<Config, ConfigErrors> {
+        self.load_from(&Preread::default())
+    }
+
+    /// As [`Source::load`], taking the file's text from `pre` when it
+    /// was read already.
+    fn load_from(&self, pre: &Preread) -> Result<Config, ConfigErrors> {
         match self {
-            Source::File(p) => load(p),
+            Source::File(p) => {
+                let (name, text) = pre.read(p)?;
+                parse(&name, &text)
+            }
             Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
         }
     }
 }
+
+/// Files read once already. A pipe, `/dev/stdin` or a process
+/// substitution (`<(...)`) gives its text once: `check-config`, which
+/// looks into each file to tell a rules file from an envoyproxy/ratelimit
+/// one, hands what it read to the loader instead of letting it read an
+/// empty pipe (which checked as a valid file of no rules).
+#[derive(Debug, Default)]
+pub struct Preread {
+    /// Each path, and its text or why it could not be read.
+    files: Vec<(PathBuf, Result<String, String>)>,
+}
+
+impl Preread {
+    /// Reads `path` (once: a second call gives the same text); `None`
+    /// when it cannot be read (the loader reports why).
+    pub fn text(&mut self, path: &Path) -> Option<&str> {
+        let at = match self.files.iter().position(|(p, _)| p == path) {
+            Some(i) => i,
+            None => {
+                let read = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"));
+                self.files.push((path.to_path_buf(), read));
+                self.files.len() - 1
+            }
+        };
+        self.files[at].1.as_deref().ok()
+    }
+
+    /// `path`'s name and text: as read before, else read now.
+    fn read(&self, path: &Path) -> Result<(String, String), ConfigErrors> {
+        match self.files.iter().find(|(p, _)| p == path) {
+            None => spillway_rules::recover::read_file(path),
+            Some((_, Ok(text))) => Ok((path.display().to_string(), text.clone())),
+            Some((_, Err(message))) => Err(ConfigErrors(vec![ConfigError {
+                file: path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: message.clone(),
+            }])),
+        }
+    }
+}
+
+/// Why a file without a `rules:` key is refused.
+pub const NO_RULES: &str = "no `rules:` key (an empty or cut-short file?): it would limit \
+     nothing; write `rules: []` for a file of no rules";
 
 /// The files an `--envoy-config` directory gives: its `*.yaml` and `*.yml`
 /// files (following links; hidden ones left out, as editors' and
@@ -284,7 +343,21 @@ pub fn load_all(
     envoy: &[PathBuf],
     merge_domains: bool,
 ) -> Result<Config, ConfigErrors> {
-    load_with(source, envoy, merge_domains, None).map(|(c, _)| c)
+    load_with(source, envoy, merge_domains, None, &Preread::default()).map(|(c, _)| c)
+}
+
+/// As [`load_all`], taking each file's text from `pre` when it was read
+/// already (`check-config`'s pipes).
+///
+/// # Errors
+/// As [`load_all`].
+pub fn load_all_read(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<Config, ConfigErrors> {
+    load_with(source, envoy, merge_domains, None, pre).map(|(c, _)| c)
 }
 
 /// As [`load_all`], for a reload: an `--envoy-config` file that is gone
@@ -301,7 +374,13 @@ pub fn reload_all(
     merge_domains: bool,
     dirs: &[PathBuf],
 ) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
-    load_with(source, envoy, merge_domains, Some(dirs))
+    load_with(
+        source,
+        envoy,
+        merge_domains,
+        Some(dirs),
+        &Preread::default(),
+    )
 }
 
 /// `reload`: a file gone is dropped, unless it is one of these directories.
@@ -310,18 +389,30 @@ fn load_with(
     envoy: &[PathBuf],
     merge_domains: bool,
     reload: Option<&[PathBuf]>,
+    pre: &Preread,
 ) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
     let mut errors = Vec::new();
-    let mut config = match source.load() {
+    let source_name = match source {
+        Source::File(p) => p.display().to_string(),
+        Source::Example => "<examples/rules.yaml>".to_string(),
+    };
+    let mut config = match source.load_from(pre) {
+        // Start, check and reload refuse alike a file without `rules:`:
+        // an empty or cut-short file is not a request to limit nothing.
+        Ok(c) if !c.has_rules => {
+            errors.push(ConfigError {
+                file: source_name.clone(),
+                line: 0,
+                column: 0,
+                message: NO_RULES.to_string(),
+            });
+            None
+        }
         Ok(c) => Some(c),
         Err(e) => {
             errors.extend(e.0);
             None
         }
-    };
-    let source_name = match source {
-        Source::File(p) => p.display().to_string(),
-        Source::Example => "<examples/rules.yaml>".to_string(),
     };
     // Each domain, and the file it came from.
     let start: Vec<(crate::grpc::Domain, String)> = config
@@ -331,7 +422,7 @@ fn load_with(
         .into_iter()
         .map(|d| (d, source_name.clone()))
         .collect();
-    let (domains, gone) = envoy_domains(start, envoy, merge_domains, reload, &mut errors);
+    let (domains, gone) = envoy_domains(start, envoy, merge_domains, reload, pre, &mut errors);
     match config {
         Some(mut c) if errors.is_empty() => {
             c.domains = domains;
@@ -351,8 +442,21 @@ pub fn load_envoy_all(
     envoy: &[PathBuf],
     merge_domains: bool,
 ) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
+    load_envoy_all_read(envoy, merge_domains, &Preread::default())
+}
+
+/// As [`load_envoy_all`], taking each file's text from `pre` when it was
+/// read already.
+///
+/// # Errors
+/// As [`load_envoy_all`].
+pub fn load_envoy_all_read(
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
     let mut errors = Vec::new();
-    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, None, &mut errors);
+    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, None, pre, &mut errors);
     if errors.is_empty() {
         Ok(domains)
     } else {
@@ -367,6 +471,7 @@ fn envoy_domains(
     envoy: &[PathBuf],
     merge_domains: bool,
     reload: Option<&[PathBuf]>,
+    pre: &Preread,
     errors: &mut Vec<ConfigError>,
 ) -> (Vec<crate::grpc::Domain>, Vec<PathBuf>) {
     let mut gone = Vec::new();
@@ -389,7 +494,10 @@ fn envoy_domains(
         }
     }
     for f in files {
-        match envoy::load_located(&f) {
+        match pre
+            .read(&f)
+            .and_then(|(name, text)| envoy::parse_located(&name, &text))
+        {
             Ok(l) => add_domain(&mut domains, l, merge_domains, errors),
             Err(e) => errors.extend(e.0),
         }
@@ -460,7 +568,10 @@ fn add_domain(
 /// `${NAME}` substituted, every structural error found), into the whole
 /// file's raw struct.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
-    spillway_rules::parse_with::<RawConfig, _>(file, text, validate)
+    let (mut config, secrets) =
+        spillway_rules::parse_with_secrets::<RawConfig, _>(file, text, validate)?;
+    config.secrets = secrets;
+    Ok(config)
 }
 
 /// `raw` checked and built; `any_descriptor` accepts every bare name in
@@ -529,6 +640,14 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         .as_ref()
         .and_then(|l| address(&mut errs, l, "admin_listen", 9090));
     let env = |v: &str| std::env::var(v).ok();
+    let api = crate::credentials::ApiSettings {
+        tokens: raw
+            .api
+            .as_ref()
+            .and_then(|a| a.value.tokens.as_ref())
+            .map(|list| admin::tokens(&mut errs, list, &env, "api.tokens"))
+            .unwrap_or_default(),
+    };
     let admin_settings = match &raw.admin {
         None => crate::admin::settings::AdminSettings::default(),
         Some(a) => {
@@ -718,10 +837,12 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             reload_quiet,
             log_format,
             admin: admin_settings,
+            api,
             plans: admin::book(plan_words, rule_plans),
             health,
             tls,
             has_rules: raw.rules.is_some(),
+            secrets: Secrets::default(),
         })
     } else {
         Err(ConfigErrors(errs.list))

@@ -32,6 +32,9 @@ pub(crate) struct RawConfig {
     /// The operator's plane: its listener, tokens and top keys.
     #[serde(default)]
     pub(crate) admin: Option<Spanned<RawAdmin>>,
+    /// The decision API's own tokens.
+    #[serde(default)]
+    pub(crate) api: Option<Spanned<RawApi>>,
     /// Per-tenant limits, by plan name.
     #[serde(default)]
     pub(crate) plans: Option<RawPlans>,
@@ -75,6 +78,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             envoy,
             admin_listen,
             admin,
+            api,
             plans,
             server,
             tls,
@@ -100,6 +104,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.envoy, envoy);
         take(&mut self.admin_listen, admin_listen);
         take(&mut self.admin, admin);
+        take(&mut self.api, api);
         take(&mut self.plans, plans);
         take(&mut self.server, server);
         take(&mut self.tls, tls);
@@ -415,7 +420,16 @@ pub(crate) enum RawRatio {
     Text(String),
 }
 
-/// One bearer token of `admin.tokens`.
+/// `api:`: the decision API's settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApi {
+    /// Bearer tokens, in the form of `admin.tokens`.
+    #[serde(default)]
+    pub(crate) tokens: Option<Spanned<Vec<Spanned<RawToken>>>>,
+}
+
+/// One bearer token of `admin.tokens` (or `api.tokens`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawToken {

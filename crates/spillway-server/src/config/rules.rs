@@ -98,6 +98,19 @@ rules:
             e.to_string().contains("unknown field `trailing_slashes`"),
             "{e}"
         );
+        // `case`: off by default, on in the file or on one rule.
+        assert!(!PathMatching::default().case_insensitive);
+        let text = "path_matching: { case: insensitive }\nrules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n  - name: b\n    path_matching: { case: sensitive }\n    limits: [ { gcra: { rate: 1/s } } ]\n";
+        let c = parse("r.yaml", text).unwrap();
+        assert!(c.path_matching.case_insensitive);
+        assert_eq!(c.rules[0].path_matching(), Some(c.path_matching));
+        assert_eq!(
+            c.rules[1].path_matching().map(|m| m.case_insensitive),
+            Some(false)
+        );
+        let e = parse("r.yaml", "path_matching: { case: lower }\nrules: []\n").unwrap_err();
+        assert!(e.to_string().contains("r.yaml:1:"), "{e}");
+        assert!(e.to_string().contains("insensitive"), "{e}");
     }
 
     #[test]

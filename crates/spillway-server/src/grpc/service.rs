@@ -833,6 +833,7 @@ mod tests {
                 envoy: Arc::default(),
                 health: Arc::default(),
                 measured: Arc::default(),
+                api_tokens: crate::credentials::ApiTokens::default(),
             },
             domains: Arc::new(arc_swap::ArcSwap::from_pointee(super::super::Domains::new(
                 vec![domain],

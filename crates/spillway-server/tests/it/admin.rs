@@ -1082,3 +1082,237 @@ async fn health_reports_are_read_against_targets_and_go_stale() {
     let (st, _) = call(&c, M::GET, &a.url("/v1/status"), Some(READ), None).await;
     assert_eq!(st, 200);
 }
+
+/// Every refused write is in the audit trail with its reason (issue 28):
+/// no token, an unknown one, a read token, a bad body, no such rule, on
+/// each kind of write call.
+#[tokio::test]
+async fn refused_writes_are_audited_with_their_reason() {
+    use reqwest::Method;
+    let dir = TempDir::new("admin-refused");
+    let a = Admin::start(&rules("", "", RULES), &dir);
+    let c = client();
+    let raise = json!({"limits": [{"fixed_window": {"limit": 9, "window": "1h"}}], "ttl": "1h"});
+    /// Method, path, token, body; the status, action and token name the
+    /// audit entry says.
+    type Call<'a> = (
+        Method,
+        &'a str,
+        Option<&'a str>,
+        Option<Value>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let calls: Vec<Call<'_>> = vec![
+        (
+            Method::PUT,
+            "/admin/v1/overrides/users/ann",
+            None,
+            Some(raise.clone()),
+            401,
+            "override.put",
+            "-",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/overrides/users/ann",
+            Some("not-a-token-0123456789"),
+            Some(raise.clone()),
+            401,
+            "override.put",
+            "-",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/overrides/users/ann",
+            Some(READ),
+            Some(raise.clone()),
+            403,
+            "override.put",
+            "grafana",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/overrides/users/ann",
+            Some(OPS),
+            Some(json!({"ttl": 5})),
+            400,
+            "override.put",
+            "ops",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/overrides/nosuchrule/ann",
+            Some(OPS),
+            Some(raise.clone()),
+            404,
+            "override.put",
+            "ops",
+        ),
+        (
+            Method::DELETE,
+            "/admin/v1/keys/users/ann",
+            None,
+            None,
+            401,
+            "key.reset",
+            "-",
+        ),
+        (
+            Method::DELETE,
+            "/admin/v1/overrides/users/ann",
+            Some(READ),
+            None,
+            403,
+            "override.delete",
+            "grafana",
+        ),
+        (
+            Method::PUT,
+            "/admin/v1/plans/api/acme",
+            Some(OPS),
+            Some(json!({"plan": "gold"})),
+            400,
+            "plan.put",
+            "ops",
+        ),
+        (
+            Method::DELETE,
+            "/admin/v1/plans/nosuchrule/acme",
+            Some(OPS),
+            None,
+            404,
+            "plan.delete",
+            "ops",
+        ),
+        (
+            Method::PUT,
+            "/v1/health",
+            Some(READ),
+            Some(json!({"load": 0.5})),
+            403,
+            "health.put",
+            "grafana",
+        ),
+    ];
+    for (m, p, tok, body, want, ..) in &calls {
+        let (st, b) = call(&c, m.clone(), &a.url(p), *tok, body.clone()).await;
+        assert_eq!(st, *want, "{m} {p}: {b}");
+    }
+    let (st, got) = call(&c, Method::GET, &a.url("/admin/v1/audit"), Some(READ), None).await;
+    assert_eq!(st, 200, "{got}");
+    let entries = got["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), calls.len(), "{got}");
+    for (e, (m, p, _, _, want, action, who)) in entries.iter().zip(&calls) {
+        assert_eq!(e["method"], m.as_str(), "{e}");
+        assert_eq!(e["path"], *p, "{e}");
+        assert_eq!(e["status"], *want, "{e}");
+        assert_eq!(e["action"], *action, "{e}");
+        assert_eq!(e["token"], *who, "{e}");
+        let why = e["refused"].as_str().unwrap_or_default();
+        assert!(!why.is_empty(), "no reason: {e}");
+        // Never a token's value.
+        assert!(!why.contains("0123456789"), "{e}");
+    }
+    assert!(
+        entries[0]["refused"].as_str().unwrap().contains("Bearer"),
+        "{}",
+        entries[0]
+    );
+    assert!(
+        entries[2]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("may only read"),
+        "{}",
+        entries[2]
+    );
+    assert!(
+        entries[4]["refused"]
+            .as_str()
+            .unwrap()
+            .contains("nosuchrule"),
+        "{}",
+        entries[4]
+    );
+    // And one log line each (the log reaches the test a little later).
+    let mut log = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while log
+        .lines()
+        .filter(|l| l.contains("spillway::audit"))
+        .count()
+        < calls.len()
+        && Instant::now() < deadline
+    {
+        log.push_str(&a.server.drain_logs().join("\n"));
+        log.push('\n');
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("spillway::audit"))
+            .count(),
+        calls.len(),
+        "{log}"
+    );
+}
+
+/// A top key longer than the list's cut (issue 28): the list shows it cut,
+/// and blocking that form leaves the client admitted (it is another key);
+/// blocking the `parts` the list gives (what the dashboard sends) denies
+/// the client itself.
+#[tokio::test]
+async fn a_long_top_key_is_blocked_whole_not_in_its_cut_form() {
+    use reqwest::Method;
+    let dir = TempDir::new("admin-long-key");
+    let a = Admin::start(&rules("", "", RULES), &dir);
+    let c = client();
+    let long = format!("tenant-{}", "x".repeat(300));
+    assert_eq!(user(&c, &a.server, &long).await, 200);
+    let (st, top) = call(
+        &c,
+        Method::GET,
+        &a.url("/admin/v1/top?rule=users&by=decided&window=1m"),
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{top}");
+    let k = &top["keys"][0];
+    let shown = k["key"].as_str().unwrap();
+    assert!(shown.ends_with('…') && shown.len() < long.len(), "{k}");
+    assert_eq!(k["cut"], true, "{k}");
+    assert_eq!(k["parts"], json!([long]), "{k}");
+    let block = json!({"block": true, "ttl": "1h", "reason": "abuse"});
+    // The cut form, as the dashboard used to send it: another key.
+    let cut_path = format!(
+        "/admin/v1/overrides/users/{}",
+        shown.replace('…', "%E2%80%A6")
+    );
+    let (st, b) = call(
+        &c,
+        Method::PUT,
+        &a.url(&cut_path),
+        Some(OPS),
+        Some(block.clone()),
+    )
+    .await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        user(&c, &a.server, &long).await,
+        200,
+        "the cut form blocked nobody"
+    );
+    // The whole key, from `parts`.
+    let parts: Vec<String> = serde_json::from_value(k["parts"].clone()).unwrap();
+    let path = format!("/admin/v1/overrides/users/{}", parts.join("/"));
+    let (st, b) = call(&c, Method::PUT, &a.url(&path), Some(OPS), Some(block)).await;
+    assert_eq!(st, 200, "{b}");
+    assert_eq!(
+        user(&c, &a.server, &long).await,
+        429,
+        "the client is blocked"
+    );
+}

@@ -334,3 +334,114 @@ async fn a_reload_does_not_mistake_flags_for_file_changes() {
         "{logs:#?}"
     );
 }
+
+/// Runs the binary with `args`, `stdin` piped into it; (exit code,
+/// stdout, stderr).
+fn spillway_piped(args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Start-up is as strict as a reload (issue 28): an empty file, or one
+/// with settings but no `rules:`, starts no server; `rules: []` does.
+#[test]
+fn serve_refuses_a_file_without_rules_as_a_reload_does() {
+    let dir = TempDir::new("norules");
+    for (name, text) in [
+        ("empty.yaml", ""),
+        ("comment.yaml", "# rules come later\n"),
+        ("settings.yaml", "reload: { quiet: 300ms }\n"),
+    ] {
+        let file = dir.write(name, text);
+        let out = util::spillway(&[
+            "serve",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains("no `rules:` key"), "{name}: {err}");
+        assert!(err.contains("rules: []"), "{name}: {err}");
+    }
+    let none = dir.write("none.yaml", "rules: []\n");
+    let mut s = Server::start(&["--config", none.to_str().unwrap()]);
+    assert!(s.url("/v1/status").starts_with("http"));
+    s.signal("TERM");
+    assert_eq!(s.wait_exit(DEADLINE), Some(0));
+}
+
+/// `check-config` reads `/dev/stdin` and pipes like files and refuses what
+/// `serve` refuses: an empty pipe and `garbage: [` used to check as
+/// "ok, 0 rules", so `check-config "$tmp" && mv` let them through.
+#[test]
+fn check_config_reads_pipes_and_refuses_what_serve_refuses() {
+    let dir = TempDir::new("pipes");
+    let empty = dir.write("empty.yaml", "");
+    let out = util::spillway(&["check-config", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no `rules:` key"));
+    for (input, refused) in [
+        ("", "no `rules:` key"),
+        ("garbage: [\n", "/dev/stdin:1:"),
+        (
+            "rules:\n  - name: a\n    limits: [ { gcra: { rate: 0/s } } ]\n",
+            "/dev/stdin:3:",
+        ),
+    ] {
+        let (code, out, err) = spillway_piped(&["check-config", "/dev/stdin"], input);
+        assert_eq!(code, Some(2), "{input:?}: {out}{err}");
+        assert!(err.contains(refused), "{input:?}: {err}");
+        assert!(!out.contains("ok"), "{input:?}: {out}");
+    }
+    let good = "rules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n";
+    let (code, out, err) = spillway_piped(&["check-config", "/dev/stdin"], good);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("/dev/stdin: ok, 1 rules"), "{out}");
+    let (code, out, _) = spillway_piped(&["check-config", "/dev/stdin"], "rules: []\n");
+    assert_eq!(code, Some(0));
+    assert!(out.starts_with("/dev/stdin: ok, 0 rules"), "{out}");
+    // An envoyproxy/ratelimit file through a pipe: read once, still found.
+    let envoy = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 5 }\n";
+    let (code, out, err) = spillway_piped(&["check-config", "/dev/stdin"], envoy);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("domains [\"d\"]"), "{out}");
+}
+
+/// A process substitution (`<(...)`) is a pipe too: through bash, as the
+/// documented guard is written.
+#[test]
+fn check_config_reads_a_process_substitution() {
+    let bin = env!("CARGO_BIN_EXE_spillway");
+    let run = |text: &str| {
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("\"{bin}\" check-config <(printf '%s' \"$1\")"))
+            .arg("bash")
+            .arg(text)
+            .output()
+            .unwrap()
+    };
+    let out = run("");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = run("rules:\n  - name: a\n    limits: [ { gcra: { rate: 0/s } } ]\n");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let out = run("rules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(": ok, 1 rules"));
+}

@@ -704,7 +704,7 @@ async fn the_proxy_listens_where_its_section_says(path: Path) {
     let file = dir.write(
         "rules.yaml",
         &path.rules(&format!(
-            "listen: {serve_at}\nproxy:\n  upstream: {}\n  listen: {proxy_at}\n",
+            "listen: {serve_at}\nproxy:\n  upstream: {}\n  listen: {proxy_at}\nrules: []\n",
             up.url()
         )),
     );

@@ -170,3 +170,44 @@ fn head_shares_the_route_key_of_get_unless_head_as_get_is_off() {
         assert_eq!(!admitted(&l, "HEAD", "/v1/a"), shared, "own {global:?}");
     }
 }
+
+/// `case: insensitive` (off by default): `/A/B` counts against a rule
+/// written `GET /a/B`, globally or on the rule alone, with and without
+/// the route index; off, it is another path.
+#[test]
+fn case_insensitive_matching_counts_every_case_as_the_path() {
+    let insensitive = PathMatching {
+        case_insensitive: true,
+        ..PathMatching::LENIENT
+    };
+    for filler in [0, INDEX_FILLER] {
+        for spelled in ["/A/b", "/a/B/", "/%41/b"] {
+            let l = limiter(rule("ab", "GET /a/B", "user"), insensitive, filler);
+            assert!(
+                admitted(&l, "GET", "/a/b"),
+                "{spelled} ({filler} more rules)"
+            );
+            assert!(
+                !admitted(&l, "GET", spelled),
+                "{spelled} stepped past ({filler} more rules)"
+            );
+            // The rule alone insensitive, under a sensitive rule set.
+            let own = rule("ab", "GET /a/B", "user").with_path_matching(insensitive);
+            let l = limiter(own, PathMatching::LENIENT, filler);
+            assert!(admitted(&l, "GET", "/a/B"));
+            assert!(
+                !admitted(&l, "GET", spelled),
+                "{spelled}: the rule's own switch"
+            );
+        }
+        // Off (the default): another path, another counter.
+        let l = limiter(
+            rule("ab", "GET /a/B", "user"),
+            PathMatching::LENIENT,
+            filler,
+        );
+        assert!(admitted(&l, "GET", "/a/B"));
+        assert!(admitted(&l, "GET", "/A/b"), "case-sensitive by default");
+        assert!(!admitted(&l, "GET", "/a/B"));
+    }
+}

@@ -88,6 +88,10 @@ pub(crate) struct Entry {
 /// How often deadlines are checked: they are kept to within this.
 const SWEEP: Duration = Duration::from_millis(100);
 
+/// How long a hyper connection past its deadline has to close after its
+/// GOAWAY before it is aborted.
+const GOAWAY_MS: u64 = 1_000;
+
 /// How long a new connection has to send its request before it may be
 /// closed to make room. Without it, a flood of connections that reconnect
 /// as soon as they are closed turns the whole table over faster than a
@@ -269,7 +273,23 @@ impl Budget {
                 };
                 let now = budget.clock.tick();
                 for e in budget.table.lock().values() {
-                    if e.state.deadline.load(Ordering::Relaxed) < now {
+                    let state = &e.state;
+                    if state.deadline.load(Ordering::Relaxed) >= now {
+                        continue;
+                    }
+                    if state.hyper.load(Ordering::Relaxed)
+                        && !state.expiring.swap(true, Ordering::Relaxed)
+                    {
+                        // A hyper connection closes gracefully first (an
+                        // HTTP/2 GOAWAY): a client sending a call at this
+                        // moment learns it was not taken and retries it
+                        // on a new connection, where an abort would fail
+                        // it. Aborted if still open after the grace.
+                        state
+                            .deadline
+                            .store(now.saturating_add(GOAWAY_MS), Ordering::Relaxed);
+                        state.expire.notify_one();
+                    } else {
                         e.task.abort();
                     }
                 }
@@ -378,6 +398,13 @@ pub(crate) struct ConnState {
     pub(crate) peer: IpAddr,
     /// The client has sent something.
     pub(crate) heard: AtomicBool,
+    /// Hyper serves it: past its deadline it is told to close (GOAWAY)
+    /// before it is aborted.
+    pub(crate) hyper: AtomicBool,
+    /// Told to close.
+    pub(crate) expiring: AtomicBool,
+    /// Signalled when it is told to close.
+    pub(crate) expire: Notify,
 }
 
 impl ConnState {
@@ -389,6 +416,9 @@ impl ConnState {
             since: clock.now(),
             peer,
             heard: AtomicBool::new(false),
+            hyper: AtomicBool::new(false),
+            expiring: AtomicBool::new(false),
+            expire: Notify::new(),
         }
     }
 

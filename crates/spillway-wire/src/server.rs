@@ -723,6 +723,7 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         // (an HTTP/2 connection's preface and SETTINGS open none), and
         // until one does the connection may be closed to make room.
         self.state.idle.store(true, Ordering::Relaxed);
+        self.state.hyper.store(true, Ordering::Relaxed);
         if !buf.is_empty() {
             self.state.heard.store(true, Ordering::Relaxed);
         }
@@ -769,6 +770,10 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         tokio::select! {
             _ = conn.as_mut() => {}
             _ = stop.changed() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+            () = self.state.expire.notified() => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }

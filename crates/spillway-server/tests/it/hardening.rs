@@ -40,6 +40,32 @@ async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
+/// As [`closed_within`], keeping what was read.
+async fn read_until_closed(conn: &mut TcpStream, limit: Duration, into: &mut Vec<u8>) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, conn.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(n)) => into.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// The types of the HTTP/2 frames in `bytes` (a server's side of a
+/// connection, from its first frame).
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
+}
+
 /// A head trickled one byte at a time never completes: the whole head has
 /// a deadline, not each read (before, 30 s per read let it live forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,17 +443,25 @@ async fn http2_connections_with_no_request_are_closed_however_they_ping() {
         pinger.write_all(&hello).await.unwrap();
         let started = Instant::now();
         let mut closed = false;
+        let mut heard = Vec::new();
         while started.elapsed() < Duration::from_secs(20) {
             if pinger
                 .write_all(&attack::frame(6, 0, 0, &[1; 8]))
                 .await
                 .is_err()
-                || closed_within(&mut pinger, Duration::from_millis(300)).await
+                || read_until_closed(&mut pinger, Duration::from_millis(300), &mut heard).await
             {
                 closed = true;
                 break;
             }
         }
+        // Told first: a GOAWAY (type 7) before the close, so a client
+        // sending a call at that moment retries it elsewhere.
+        assert!(
+            frame_types(&heard).contains(&7),
+            "{addr}: closed without a GOAWAY (frames {:?})",
+            frame_types(&heard)
+        );
         assert!(
             closed,
             "{addr}: a pinging connection with no request stayed open"

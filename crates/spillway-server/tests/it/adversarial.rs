@@ -58,6 +58,18 @@ struct Target {
     h2c: bool,
 }
 
+impl Target {
+    /// A listener that speaks HTTP/2 without TLS besides HTTP/1.1 (or
+    /// only, gRPC).
+    fn h2c(addr: &str, path: &'static str) -> Target {
+        Target {
+            addr: addr.parse().unwrap(),
+            path,
+            h2c: true,
+        }
+    }
+}
+
 /// What a legitimate client asks, and of which listener.
 #[derive(Debug, Clone)]
 enum Probe {
@@ -311,21 +323,12 @@ async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answere
     let dir = TempDir::new("adversarial");
     let (s, grpc_at, admin_at) = start_service(&dir, "");
     let targets = [
-        Target {
-            addr: addr(&s.addr),
-            path: "/v1/check",
-            h2c: true,
-        },
-        Target {
-            addr: addr(&grpc_at),
-            path: "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            h2c: true,
-        },
-        Target {
-            addr: addr(&admin_at),
-            path: "/metrics",
-            h2c: true,
-        },
+        Target::h2c(&s.addr, "/v1/check"),
+        Target::h2c(
+            &grpc_at,
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        Target::h2c(&admin_at, "/metrics"),
     ];
     let probes = [
         Probe::Decision(s.addr.clone()),
@@ -360,16 +363,8 @@ async fn every_attack_on_the_proxy_leaves_legitimate_clients_answered() {
     );
     let admin_at = s.listener("admin API");
     let targets = [
-        Target {
-            addr: addr(&s.addr),
-            path: "/attacker",
-            h2c: true,
-        },
-        Target {
-            addr: addr(&admin_at),
-            path: "/metrics",
-            h2c: true,
-        },
+        Target::h2c(&s.addr, "/attacker"),
+        Target::h2c(&admin_at, "/metrics"),
     ];
     let probes = [
         Probe::Proxied(s.addr.clone()),

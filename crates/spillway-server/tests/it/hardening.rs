@@ -26,6 +26,20 @@ fn start(extra: &str) -> (Server, TempDir) {
     (s, dir)
 }
 
+/// As [`start`], with a gRPC listener too, and its address.
+fn start_with_grpc(extra: &str) -> (Server, String, TempDir) {
+    let dir = TempDir::new("hardening-grpc");
+    let file = dir.write("rules.yaml", &rules(extra));
+    let s = Server::start(&[
+        "--config",
+        file.to_str().unwrap(),
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ]);
+    let grpc = s.listener("gRPC");
+    (s, grpc, dir)
+}
+
 /// Reads until the peer closes (true) or `limit` passes (false).
 async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
@@ -401,18 +415,7 @@ async fn a_malformed_chunked_body_is_a_400_not_an_upstream_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_connections_with_no_request_are_closed_however_they_ping() {
     use spillway_testkit::attack;
-    let dir = TempDir::new("h2-idle");
-    let file = dir.write(
-        "rules.yaml",
-        &rules("server: { head_timeout: 1s, idle_timeout: 4s }"),
-    );
-    let s = Server::start(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--grpc-listen",
-        "127.0.0.1:0",
-    ]);
-    let grpc = s.listener("gRPC");
+    let (s, grpc, _d) = start_with_grpc("server: { head_timeout: 1s, idle_timeout: 4s }");
     for addr in [s.addr.clone(), grpc] {
         // The preface alone: closed at the head timeout (1 s), well
         // before the idle timeout (4 s) would.
@@ -474,15 +477,7 @@ async fn http2_connections_with_no_request_are_closed_however_they_ping() {
 /// ends at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_on_the_grpc_port_ends_the_connection() {
-    let dir = TempDir::new("grpc-h1");
-    let file = dir.write("rules.yaml", &rules(""));
-    let s = Server::start(&[
-        "--config",
-        file.to_str().unwrap(),
-        "--grpc-listen",
-        "127.0.0.1:0",
-    ]);
-    let grpc = s.listener("gRPC");
+    let (_s, grpc, _d) = start_with_grpc("");
     let mut conn = TcpStream::connect(&grpc).await.unwrap();
     conn.write_all(b"GET /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\n\r\n")
         .await

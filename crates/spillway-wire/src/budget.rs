@@ -58,9 +58,12 @@ pub struct Budget {
     pub(crate) clock: Coarse,
     /// Requests in flight on hyper connections.
     streams: AtomicUsize,
-    /// Requests in flight on hyper connections, by client address (only
-    /// addresses with some).
-    peers: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    /// Requests in flight on hyper connections, by client address: each
+    /// connection holds its address's counter (looked up once, when hyper
+    /// takes it), so a stream costs a few atomic operations, not a lookup.
+    peers: parking_lot::Mutex<HashMap<IpAddr, Arc<AtomicUsize>>>,
+    /// Addresses with requests in flight on hyper connections.
+    holders: AtomicUsize,
     /// Whether the sweeper runs.
     sweeping: AtomicBool,
 }
@@ -122,6 +125,7 @@ impl Budget {
             },
             streams: AtomicUsize::new(0),
             peers: parking_lot::Mutex::new(HashMap::new()),
+            holders: AtomicUsize::new(0),
             sweeping: AtomicBool::new(false),
         })
     }
@@ -196,7 +200,15 @@ impl Budget {
     }
 
     /// A connection ended: its socket is closed.
-    pub(crate) fn remove(&self, id: u64) {
+    pub(crate) fn remove(&self, id: u64, state: &ConnState) {
+        if let Some(counter) = state.peer_streams.get() {
+            let mut peers = self.peers.lock();
+            // Only the table and this connection hold it: no other
+            // connection of the address is open.
+            if Arc::strong_count(counter) <= 2 {
+                peers.remove(&state.peer);
+            }
+        }
         if self.table.lock().remove(&id).is_none() {
             // Closed to make room, and now gone.
             self.shed.fetch_sub(1, Ordering::SeqCst);
@@ -305,19 +317,22 @@ impl Budget {
         conn: &Arc<ConnState>,
         idle: Duration,
     ) -> Option<StreamGuard> {
-        {
+        let address = conn.peer_streams.get_or_init(|| {
             let mut peers = self.peers.lock();
-            let total = self.streams.load(Ordering::Relaxed);
-            if total >= self.max_streams {
-                let mine = peers.get(&conn.peer).copied().unwrap_or(0);
-                let holders = peers.len() + usize::from(mine == 0);
-                let share = (self.max_streams / holders).max(1);
-                if mine >= share || total >= self.max_streams.saturating_mul(2) {
-                    return None;
-                }
+            peers.entry(conn.peer).or_default().clone()
+        });
+        let total = self.streams.load(Ordering::Relaxed);
+        if total >= self.max_streams {
+            let mine = address.load(Ordering::Relaxed);
+            let holders = self.holders.load(Ordering::Relaxed) + usize::from(mine == 0);
+            let share = (self.max_streams / holders.max(1)).max(1);
+            if mine >= share || total >= self.max_streams.saturating_mul(2) {
+                return None;
             }
-            *peers.entry(conn.peer).or_insert(0) += 1;
-            self.streams.fetch_add(1, Ordering::Relaxed);
+        }
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        if address.fetch_add(1, Ordering::Relaxed) == 0 {
+            self.holders.fetch_add(1, Ordering::Relaxed);
         }
         if conn.streams.fetch_add(1, Ordering::SeqCst) == 0 {
             conn.idle.store(false, Ordering::Relaxed);
@@ -341,16 +356,12 @@ pub(crate) struct StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
+        if let Some(address) = self.conn.peer_streams.get()
+            && address.fetch_sub(1, Ordering::Relaxed) == 1
         {
-            let mut peers = self.budget.peers.lock();
-            if let Some(n) = peers.get_mut(&self.conn.peer) {
-                *n -= 1;
-                if *n == 0 {
-                    peers.remove(&self.conn.peer);
-                }
-            }
-            self.budget.streams.fetch_sub(1, Ordering::Relaxed);
+            self.budget.holders.fetch_sub(1, Ordering::Relaxed);
         }
+        self.budget.streams.fetch_sub(1, Ordering::Relaxed);
         if self.conn.streams.fetch_sub(1, Ordering::SeqCst) == 1 {
             // Nothing in flight: the connection waits for a request, may
             // be closed to make room, and gets the idle timeout from now
@@ -398,6 +409,9 @@ pub(crate) struct ConnState {
     pub(crate) peer: IpAddr,
     /// The client has sent something.
     pub(crate) heard: AtomicBool,
+    /// Its address's requests in flight on hyper connections (set when
+    /// its first stream opens).
+    pub(crate) peer_streams: std::sync::OnceLock<Arc<AtomicUsize>>,
     /// Hyper serves it: past its deadline it is told to close (GOAWAY)
     /// before it is aborted.
     pub(crate) hyper: AtomicBool,
@@ -416,6 +430,7 @@ impl ConnState {
             since: clock.now(),
             peer,
             heard: AtomicBool::new(false),
+            peer_streams: std::sync::OnceLock::new(),
             hyper: AtomicBool::new(false),
             expiring: AtomicBool::new(false),
             expire: Notify::new(),
@@ -472,7 +487,7 @@ mod tests {
         drop(guards);
         assert_eq!(budget.streams(), 0);
         assert!(a.is_idle());
-        assert!(budget.peers.lock().is_empty());
+        assert_eq!(budget.holders.load(Ordering::Relaxed), 0);
     }
 
     /// At the bound, the address holding every stream is refused, and

@@ -503,7 +503,7 @@ struct Conn<H, A> {
 
 impl<H, A> Drop for Conn<H, A> {
     fn drop(&mut self) {
-        self.drain.budget.remove(self.id);
+        self.drain.budget.remove(self.id, &self.state);
     }
 }
 

@@ -461,10 +461,23 @@ async fn buffer(body: Body, cap: usize, timeout: Duration) -> Result<Body, BodyF
             }
         }
     };
-    let ended = match tokio::time::timeout(timeout, fill).await {
-        Ok(r) => r?,
-        Err(_) => return Err(BodyFailed::Slow),
+    // Most bodies are in when the head is: then no timer (a timer wheel
+    // registration per request) is needed.
+    let ended = {
+        let mut fill = std::pin::pin!(fill);
+        let first = std::future::poll_fn(|cx| Poll::Ready(fill.as_mut().poll(cx))).await;
+        match first {
+            Poll::Ready(r) => r?,
+            Poll::Pending => match tokio::time::timeout(timeout, fill).await {
+                Ok(r) => r?,
+                Err(_) => return Err(BodyFailed::Slow),
+            },
+        }
     };
+    if ended && len == 0 && trailers.is_none() {
+        // An empty body (a chunked one's last chunk alone, say).
+        return Ok(Body::empty());
+    }
     Ok(Body::new(Buffered {
         read,
         len: ended.then_some(len as u64),

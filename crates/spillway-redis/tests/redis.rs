@@ -1135,6 +1135,22 @@ fn dump(server: &RedisServer) -> String {
     ])
 }
 
+/// [`dump`]'s lines as key -> (value, expiry).
+fn by_key(dump: &str) -> std::collections::HashMap<String, (String, String)> {
+    let items: Vec<&str> = dump
+        .lines()
+        .map(|l| {
+            let l = l.trim_start();
+            l.split_once(") ").map_or(l, |(_, rest)| rest)
+        })
+        .collect();
+    items
+        .chunks(3)
+        .filter(|c| c.len() == 3)
+        .map(|c| (c[0].to_string(), (c[1].to_string(), c[2].to_string())))
+        .collect()
+}
+
 /// A check (cost 0) is a dry run on every algorithm and mode, alone or
 /// beside other rules, whatever the state: fresh, with room, exhausted or
 /// in debt, and at later times (when a write would roll a window, expire
@@ -1190,7 +1206,19 @@ fn checks_write_nothing_on_any_rule() {
                 }
             }
         }
-        assert_eq!(dump(&server), before, "step {step}: a check wrote to redis");
+        // A key may have expired meanwhile (in real time: on a loaded
+        // machine a step takes seconds, and bounded debts keep TTLs
+        // short); no key may be new or changed.
+        let after = dump(&server);
+        let (before_keys, after_keys) = (by_key(&before), by_key(&after));
+        assert!(!before_keys.is_empty(), "step {step}: {before}");
+        for (k, v) in &after_keys {
+            assert_eq!(
+                before_keys.get(k),
+                Some(v),
+                "step {step}: a check wrote to redis: {k}"
+            );
+        }
         now += 700_000;
     }
 }
@@ -1559,7 +1587,9 @@ fn huge_charges_cap_the_debt_and_never_fail() {
     let mut longest = 0;
     for k in keys.lines().filter(|l| !l.is_empty()) {
         let ttl: i64 = server.cli(&["PTTL", k]).trim().parse().unwrap();
-        assert!(ttl > 0, "{k}: {ttl}");
+        // -2: gone since the scan, its life over (a loaded machine is slow
+        // between the two calls); -1 would be a state that never expires.
+        assert!(ttl > 0 || ttl == -2, "{k}: {ttl}");
         longest = longest.max(ttl);
     }
     assert!(longest <= 60_000, "{longest} ms");

@@ -42,16 +42,7 @@ fn start_with_grpc(extra: &str) -> (Server, String, TempDir) {
 
 /// Reads until the peer closes (true) or `limit` passes (false).
 async fn closed_within(conn: &mut TcpStream, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, conn.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => {}
-        }
-    }
+    read_until_closed(conn, limit, &mut Vec::new()).await
 }
 
 /// As [`closed_within`], keeping what was read.

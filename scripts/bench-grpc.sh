@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v redis-server >/dev/null || scripts/setup.sh
-cargo build --release --locked -q --bin spillway --example grpc_load -p spillway-server
+cargo build --release --locked -q -p spillway --bin spillway && cargo build --release --locked -q --example grpc_load -p spillway-server
 bin=${SPILLWAY_BIN:-target/release/spillway}
 start_redis
 users_load "$work/load1.lua" ip 10.0.

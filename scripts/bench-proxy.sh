@@ -36,7 +36,7 @@ if [ "${PIN:-1}" != 0 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]
 fi
 command -v wrk >/dev/null || { echo "install wrk" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "install nginx (apt-get install nginx-light)" >&2; exit 1; }
-cargo build --release --locked -q --bin spillway --example bare -p spillway-server
+cargo build --release --locked -q -p spillway --bin spillway && cargo build --release --locked -q --example bare -p spillway-server
 hz=$(getconf CLK_TCK)
 
 up=$(free_port); ng=$(free_port); sp=$(free_port)

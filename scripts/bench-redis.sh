@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-10}
 command -v redis-server >/dev/null || scripts/setup.sh
 command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exit 1; }
-cargo build --release --locked -q --bin spillway --example bare -p spillway-server
+cargo build --release --locked -q -p spillway --bin spillway && cargo build --release --locked -q --example bare -p spillway-server
 cargo build --release --locked -q --example redis_bench -p spillway-redis
 
 

@@ -10,7 +10,7 @@
 # interleaved rounds; the median of each mode's rps / memory's rps.
 # 127.0.0.1 only, bounded in time. SPILLWAY_BIN=FILE measures another
 # binary. Over-admission against the bounds is measured by the end-to-end
-# tests (cargo test -p spillway-server --test it sync -- --nocapture).
+# tests (cargo test -p spillway --test it sync -- --nocapture).
 # Usage: [ROUNDS=3] scripts/bench-sync.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ secs=${1:-5}
 rounds=${ROUNDS:-3}
 command -v redis-server >/dev/null || scripts/setup.sh
 command -v wrk >/dev/null || { echo "install wrk (apt-get install wrk)" >&2; exit 1; }
-cargo build --release --locked -q --bin spillway -p spillway-server
+cargo build --release --locked -q --bin spillway -p spillway
 bin=${SPILLWAY_BIN:-target/release/spillway}
 
 start_redis

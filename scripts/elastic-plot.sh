@@ -19,7 +19,7 @@ esac
 csv=docs/elastic-run.csv
 svg=docs/elastic.svg
 if [ "$record" = 1 ]; then
-  cargo build --release --locked -q -p spillway-server --bin spillway
+  cargo build --release --locked -q -p spillway --bin spillway
   cargo run --release --locked -q -p spillway-testkit --example elastic_run -- \
     --spillway target/release/spillway --out "$csv"
 fi

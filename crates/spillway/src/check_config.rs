@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::admin::describe_limit;
-use crate::config;
+use spillway_server::admin::describe_limit;
+use spillway_server::config;
 
 /// `println!` for the report, which people pipe into `head` or `grep -q`:
 /// a closed pipe ends the report quietly instead of panicking.
@@ -34,7 +34,7 @@ fn hide(line: String) -> String {
 
 /// Checks `paths` (a rules file, envoyproxy/ratelimit files and
 /// directories) and prints the report; exit code 2 when they are invalid.
-pub fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
+pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
     // A directory, or a file with a top-level `domain:`, is
     // envoyproxy/ratelimit's; anything else is a rules file. Each file is
     // read once, here: a pipe, `/dev/stdin` or `<(...)` gives its text
@@ -285,7 +285,7 @@ fn describe_matching(m: spillway_core::PathMatching) -> String {
 }
 
 /// Prints the `proxy:` section as understood.
-fn print_proxy(p: &crate::proxy::Settings) {
+fn print_proxy(p: &spillway_server::proxy::Settings) {
     outln!(
         "proxy: upstream {}",
         p.upstream
@@ -299,8 +299,10 @@ fn print_proxy(p: &crate::proxy::Settings) {
         outln!("  admin API (metrics, health) on {a}");
     }
     match &p.user {
-        Some(crate::proxy::UserSource::Header(h)) => outln!("  user from header {h}"),
-        Some(crate::proxy::UserSource::Query(q)) => outln!("  user from query parameter {q}"),
+        Some(spillway_server::proxy::UserSource::Header(h)) => outln!("  user from header {h}"),
+        Some(spillway_server::proxy::UserSource::Query(q)) => {
+            outln!("  user from query parameter {q}")
+        }
         None => outln!("  no user source (rules by user are skipped)"),
     }
     if !p.trusted_proxies.is_empty() {
@@ -322,8 +324,8 @@ fn print_proxy(p: &crate::proxy::Settings) {
 /// Prints gRPC descriptor trees, one line per node: what it matches, what
 /// applies there (the limit's internal name, its name as written), and its
 /// switches.
-fn print_domains(domains: &[crate::grpc::Domain]) {
-    use crate::grpc::{Action, Node};
+fn print_domains(domains: &[spillway_server::grpc::Domain]) {
+    use spillway_server::grpc::{Action, Node};
     fn walk(nodes: &[Node], depth: usize) {
         for n in nodes {
             let what = match &n.action {

@@ -1,0 +1,202 @@
+//! The command line: `serve`, `proxy`, `check-config` and `simulate`, with
+//! every flag as users type it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use spillway_server::config::LogFormat;
+
+/// A rate limiting service: asks "may this request go through?" and answers
+/// with the rules of a YAML file.
+#[derive(Debug, Parser)]
+#[command(name = "spillway", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+    /// Log as `text` or `json` (one object per line) [default: the rules
+    /// file's `log.format`, else text].
+    #[arg(long, global = true, value_name = "FORMAT", value_parser = parse_log_format)]
+    pub(crate) log_format: Option<LogFormat>,
+}
+
+fn parse_log_format(s: &str) -> Result<LogFormat, String> {
+    s.parse()
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Serve the HTTP decision API (and, with --grpc-listen, the Envoy rate limit gRPC API).
+    Serve {
+        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// Serve the Envoy rate limit service (gRPC) on this address [default: the file's `grpc_listen`].
+        #[arg(long, value_name = "ADDR")]
+        grpc_listen: Option<SocketAddr>,
+        /// An envoyproxy/ratelimit configuration file (one domain), or a
+        /// directory whose *.yaml and *.yml files are read (files added or
+        /// removed are picked up on reload); may be given several times.
+        #[arg(long, value_name = "FILE|DIR")]
+        envoy_config: Vec<PathBuf>,
+        /// Let several files give one domain and merge their descriptors
+        /// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG, also read from the
+        /// environment) instead of refusing the second.
+        #[arg(long)]
+        merge_domains: bool,
+        /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
+        /// Serve the admin API (/metrics, /v1/status, /v1/rules, and health)
+        /// on this address instead of the decision port [default: the
+        /// file's `admin_listen`; none: they share the decision port].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        tls: TlsFlags,
+    },
+    /// Run as a reverse proxy: decide for every request, forward the admitted
+    /// ones to the upstream, answer the others with 429.
+    Proxy {
+        /// The upstream API, e.g. http://127.0.0.1:9000 [default: the file's proxy.upstream].
+        #[arg(long, value_name = "URL")]
+        upstream: Option<String>,
+        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Address to listen on [default: the file's `proxy.listen`, else its
+        /// `listen`, else 127.0.0.1:8080].
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<SocketAddr>,
+        /// Where the user identity comes from: header:<Name> or query:<name>
+        /// [default: the file's proxy.user].
+        #[arg(long, value_name = "SOURCE")]
+        user: Option<String>,
+        /// Worker threads [default: one per core, or TOKIO_WORKER_THREADS].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
+        /// Also serve the HTTP API (/metrics, /healthz, /readyz, /v1/status,
+        /// /v1/rules, /v1/check) on this address, which the proxy's own
+        /// forwards upstream [default: the file's proxy.admin_listen; none].
+        #[arg(long, value_name = "ADDR")]
+        admin_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        tls: TlsFlags,
+    },
+    /// Validate a rules file, envoyproxy/ratelimit files or directories of
+    /// them, as `serve` would load them together, and print what they mean.
+    CheckConfig {
+        /// A rules file, and envoyproxy/ratelimit files (a top-level
+        /// `domain:`) or directories of them.
+        #[arg(required = true, value_name = "FILE|DIR")]
+        files: Vec<PathBuf>,
+        /// As `serve --merge-domains`.
+        #[arg(long)]
+        merge_domains: bool,
+    },
+    /// Replay a trace (an access log) through a rules file at virtual
+    /// time and report who would be limited, or write a synthetic trace.
+    Simulate(Box<SimulateArgs>),
+}
+
+/// `spillway simulate`: replay a trace, or write a synthetic one.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SimulateArgs {
+    /// Rules file (YAML) to replay the trace through. Without it, the
+    /// built-in examples/rules.yaml is used.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Trace to replay: a combined-format access log, JSON lines or CSV,
+    /// plain or gzip ("-" reads standard input); may be given several
+    /// times (replayed in order).
+    #[arg(long, value_name = "FILE", required_unless_present = "synthesize")]
+    pub(crate) trace: Vec<PathBuf>,
+    /// A second rules file, replayed side by side with the first.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) compare: Option<PathBuf>,
+    /// Write a self-contained HTML report with plots.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) report: Option<PathBuf>,
+    /// Write the summary as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+    /// Write every decision (of --config) as a JSON line: file, line, ts_ns,
+    /// allowed, and each rule's outcome.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) decisions: Option<PathBuf>,
+    /// Suggest, for every limit, the smallest size that limits at most
+    /// this share of a rule's clients, e.g. 1%.
+    #[arg(long, value_name = "PERCENT", value_parser = spillway_server::simulate::parse_share)]
+    pub(crate) target_limited: Option<f64>,
+    /// The trace's format [default: detected from its first line].
+    #[arg(long, value_name = "combined|json|csv")]
+    pub(crate) format: Option<spillway_server::simulate::trace::Format>,
+    /// A JSON key or CSV column name for a field: ts=, ip=, user=, method=,
+    /// path=, status=, cost=, api=, request= or headers=, e.g. --field
+    /// ts=@timestamp (repeatable).
+    #[arg(long, value_name = "FIELD=NAME")]
+    pub(crate) field: Vec<String>,
+    /// Unit of numeric timestamps: s, ms, us or ns [default: by magnitude].
+    #[arg(long, value_name = "UNIT")]
+    pub(crate) ts_unit: Option<spillway_server::simulate::trace::TsUnit>,
+    /// Heaviest keys listed per rule.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub(crate) top: usize,
+    /// Skip the comparison of window-type limits with the exact log.
+    #[arg(long)]
+    pub(crate) no_accuracy: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Write a synthetic trace instead: heavy-tail, uniform, bursty or diurnal.
+    #[arg(long, value_name = "SHAPE", conflicts_with_all = ["trace", "compare", "report", "json", "decisions"])]
+    pub(crate) synthesize: Option<spillway_server::simulate::synth::Shape>,
+    /// Synthetic clients.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        requires = "synthesize"
+    )]
+    pub(crate) clients: u64,
+    /// Synthetic requests.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 100_000,
+        requires = "synthesize"
+    )]
+    pub(crate) requests: u64,
+    /// Span of the synthetic trace, e.g. 1h.
+    #[arg(long, value_name = "DURATION", default_value = "1h", requires = "synthesize", value_parser = parse_duration_arg)]
+    pub(crate) duration: Duration,
+    /// Seed of the synthetic trace (the same seed writes the same trace).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "synthesize")]
+    pub(crate) seed: u64,
+    /// Where to write the synthetic trace ("-" or absent: standard
+    /// output; a name ending in .gz is gzipped).
+    #[arg(long, value_name = "FILE", requires = "synthesize")]
+    pub(crate) out: Option<PathBuf>,
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    spillway_core::parse_duration(s)
+        .map(|n| Duration::from_nanos(n.as_u64()))
+        .map_err(|e| e.to_string())
+}
+
+/// `--tls-cert FILE --tls-key FILE`, given together.
+#[derive(Debug, clap::Args)]
+pub(crate) struct TlsFlags {
+    /// Serve HTTPS on every listener with this PEM certificate chain
+    /// (reloaded when it changes) [default: the file's `tls.cert`].
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert [default: the file's `tls.key`].
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+}

@@ -1,0 +1,46 @@
+//! Logging to stderr as text or JSON lines, with protocol warnings
+//! throttled, and the last words of a server that cannot start.
+
+use spillway_server::config::LogFormat;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::{json_log, log_limit};
+
+/// Starts logging to stderr (`RUST_LOG` filters, default `info`).
+pub(crate) fn init(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr);
+    // Protocol warnings (h2, hyper) past the first of each kind per
+    // interval are counted, not written: a flood cannot flood the log.
+    let throttle = log_limit::Throttle::default();
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .finish()
+            .with(throttle)
+            .init(),
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .event_format(json_log::JsonLines)
+            .finish()
+            .with(throttle)
+            .init(),
+    }
+}
+
+/// Says why the server stops: as text, or in JSON mode as one `error`
+/// event per line of it (so that every line on stderr is an object).
+pub(crate) fn fatal(format: LogFormat, text: &str) {
+    match format {
+        LogFormat::Text => eprintln!("{text}"),
+        LogFormat::Json => {
+            for line in text.lines() {
+                tracing::error!("{line}");
+            }
+        }
+    }
+}

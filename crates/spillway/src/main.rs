@@ -1,0 +1,83 @@
+//! `spillway`: the rate limiting service. The command line is parsed here
+//! and handed on: `serve` and `proxy` to [`spillway_server`], `simulate`
+//! to `spillway_simulate`, `check-config` to its report.
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+use crate::cli::{Cli, Command};
+use crate::logging::init as init_logging;
+use crate::serve::{Flags, merge_domain_config_env, serve};
+
+/// mimalloc: the server allocates a few small buffers per request, and
+/// glibc's malloc showed as the top cost under load (see docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod check_config;
+mod cli;
+mod json_log;
+mod log_limit;
+mod logging;
+mod serve;
+mod simulate;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let log_format = cli.log_format;
+    match cli.command {
+        Command::Serve {
+            config,
+            listen,
+            grpc_listen,
+            envoy_config,
+            merge_domains,
+            threads,
+            admin_listen,
+            tls,
+        } => serve(Flags {
+            tls,
+            config,
+            listen,
+            grpc_listen,
+            envoy_files: envoy_config,
+            merge_domains: merge_domains || merge_domain_config_env(),
+            threads,
+            admin_listen,
+            proxy: None,
+            log_format,
+        }),
+        Command::Proxy {
+            upstream,
+            config,
+            listen,
+            user,
+            threads,
+            admin_listen,
+            tls,
+        } => serve(Flags {
+            tls,
+            config,
+            listen,
+            grpc_listen: None,
+            envoy_files: Vec::new(),
+            merge_domains: false,
+            threads,
+            admin_listen,
+            proxy: Some((upstream, user)),
+            log_format,
+        }),
+        Command::Simulate(args) => {
+            init_logging(log_format.unwrap_or_default());
+            simulate::run(*args)
+        }
+        Command::CheckConfig {
+            files,
+            merge_domains,
+        } => {
+            init_logging(log_format.unwrap_or_default());
+            check_config::check_config(&files, merge_domains || merge_domain_config_env())
+        }
+    }
+}

@@ -11,6 +11,8 @@ scripts/check-tree.sh
 scripts/check-msrv.sh
 scripts/check-package.sh
 scripts/check-openapi.sh
+scripts/check-layers.sh --self-test
+scripts/check-layers.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

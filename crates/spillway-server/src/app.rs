@@ -224,7 +224,10 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     let tls = tls::Tls::load(&opts.config.tls)?;
     let admin = Arc::new(AdminState {
         shared: shared.clone(),
-        tls: tls.clone(),
+        tls_status: admin::StatusFn(Box::new({
+            let tls = tls.clone();
+            move || tls.status_json()
+        })),
         reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),

@@ -39,8 +39,9 @@ pub struct AdminState {
     pub reload: Arc<Mutex<ReloadStatus>>,
     /// Where rules come from, as shown on `/v1/status`.
     pub source_name: String,
-    /// The listeners' certificates, as shown on `/v1/status`.
-    pub tls: crate::tls::Tls,
+    /// The listeners' certificates, as shown on `/v1/status` (the TLS
+    /// layer's report, handed in: the admin plane knows no certificate).
+    pub tls_status: StatusFn,
     /// `admin:` as last loaded (tokens are read again on reload).
     pub settings: arc_swap::ArcSwap<settings::AdminSettings>,
     /// `plans:` and the rules' plan settings, as last loaded.
@@ -63,6 +64,15 @@ pub struct AdminState {
     /// compiled, and the rule set version and plan book it was compiled
     /// under (a one-key change updates it while they stay).
     pub compiling: Mutex<Option<Compiled>>,
+}
+
+/// A section of `/v1/status` another part of the service reports.
+pub struct StatusFn(pub Box<dyn Fn() -> serde_json::Value + Send + Sync>);
+
+impl std::fmt::Debug for StatusFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatusFn")
+    }
 }
 
 /// The per-key rules last compiled, kept to change one key of.
@@ -404,7 +414,7 @@ async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::Heade
         "last_reload_unix_ms": reload.last_reload_unix_ms,
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
-        "tls": state.tls.status_json(),
+        "tls": (state.tls_status.0)(),
     });
     // Open without tokens: no value from `${NAME}` in any string of it
     // (a store's address, a reload error, a certificate's path).

@@ -21,13 +21,13 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use spillway_core::{FailPolicy, Nanos, PathMatching, Rule};
 
+pub use crate::tls::{TlsFiles, TlsSettings};
 pub use admin::limits_from_json;
 pub use envoy::{load_envoy, parse_envoy};
 pub use spillway_rules::env::Secrets;
 pub use spillway_rules::{
     Error as ConfigError, Errors as ConfigErrors, parse_duration, parse_rate,
 };
-pub use tls::{TlsFiles, TlsSettings};
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
 use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};

@@ -3,9 +3,9 @@
 //!
 //! Validation only checks that both paths are given: the files themselves
 //! are read when the server starts (and by `check-config`, through
-//! [`TlsSettings::check`]), and again whenever they change. A rules reload
-//! does not read them, so a certificate caught half-rotated never holds
-//! back new rules.
+//! [`TlsSettings::check`](crate::tls::TlsSettings::check)), and again
+//! whenever they change. A rules reload does not read them, so a
+//! certificate caught half-rotated never holds back new rules.
 
 use std::path::PathBuf;
 
@@ -14,100 +14,7 @@ use serde_saphyr::Spanned;
 use spillway_rules::build::Collector;
 
 use super::raw::RawTls;
-use super::{ConfigError, ConfigErrors};
-
-/// A certificate chain and its private key, as PEM files. Paths are taken
-/// as written: a relative one is relative to the server's working
-/// directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The certificate chain, the server's own certificate first (PEM
-    /// `CERTIFICATE` blocks).
-    pub cert: PathBuf,
-    /// The private key (PEM: PKCS#8 `PRIVATE KEY`, PKCS#1 `RSA PRIVATE
-    /// KEY` or SEC1 `EC PRIVATE KEY`).
-    pub key: PathBuf,
-    /// What named the pair, for messages: `tls`, `admin.tls` or
-    /// `--tls-cert/--tls-key`.
-    pub named_by: String,
-}
-
-/// Which listeners serve HTTPS, with which files.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TlsSettings {
-    /// Every listener's pair (`tls:`, or the `--tls-cert`/`--tls-key`
-    /// flags): the decision or proxy port, gRPC and the admin listener.
-    pub listeners: Option<TlsFiles>,
-    /// The admin listener's own pair (`admin.tls:`), when it differs.
-    pub admin: Option<TlsFiles>,
-}
-
-impl TlsSettings {
-    /// The pair the admin listener serves: its own, else every listener's.
-    pub fn for_admin(&self) -> Option<&TlsFiles> {
-        self.admin.as_ref().or(self.listeners.as_ref())
-    }
-
-    /// Whether any listener serves HTTPS.
-    pub fn any(&self) -> bool {
-        self.listeners.is_some() || self.admin.is_some()
-    }
-
-    /// Reads every pair named, as the server does at start: one error per
-    /// file that cannot be read, holds no certificate or key, or whose key
-    /// does not match its certificate (each under the file's path).
-    ///
-    /// # Errors
-    /// Every problem found.
-    pub fn check(&self) -> Result<(), ConfigErrors> {
-        self.describe().map(|_| ())
-    }
-
-    /// As [`TlsSettings::check`], and on success one line per pair for
-    /// `check-config`: its paths, the certificate's serial number and
-    /// expiry (never the key's content).
-    ///
-    /// # Errors
-    /// As [`TlsSettings::check`].
-    pub fn describe(&self) -> Result<Vec<String>, ConfigErrors> {
-        let mut lines = Vec::new();
-        let mut errors = Vec::new();
-        for files in [&self.listeners, &self.admin].into_iter().flatten() {
-            match crate::tls::load_all_errors(files) {
-                Ok(loaded) => {
-                    let info = &loaded.info;
-                    let mut line = format!(
-                        "{}: cert {}, key {}",
-                        files.named_by,
-                        files.cert.display(),
-                        files.key.display()
-                    );
-                    if let Some(s) = &info.serial {
-                        line.push_str(&format!(", serial {s}"));
-                    }
-                    if let Some(t) = &info.not_after {
-                        line.push_str(&format!(", valid until {}", t.rfc3339));
-                        if t.unix < crate::tls::unix_secs() {
-                            line.push_str(" (EXPIRED: clients will refuse it)");
-                        }
-                    }
-                    lines.push(line);
-                }
-                Err(list) => errors.extend(list.into_iter().map(|e| ConfigError {
-                    file: e.path.display().to_string(),
-                    line: 0,
-                    column: 0,
-                    message: format!("{} ({})", e.message, files.named_by),
-                })),
-            }
-        }
-        if errors.is_empty() {
-            Ok(lines)
-        } else {
-            Err(ConfigErrors(errors))
-        }
-    }
-}
+use crate::tls::TlsFiles;
 
 /// Reads a `tls:` map (`what`: `tls` or `admin.tls`).
 pub(super) fn tls(errs: &mut Collector<'_>, raw: &Spanned<RawTls>, what: &str) -> Option<TlsFiles> {

@@ -1,0 +1,342 @@
+//! Reading the rules file and the envoyproxy/ratelimit files together, as
+//! `serve`, a reload and `check-config` do.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Reads and validates the file at `path`.
+///
+/// # Errors
+/// The file cannot be read, is not valid YAML, or fails validation.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let (name, text) = spillway_rules::recover::read_file(path)?;
+    parse(&name, &text)
+}
+
+/// The configuration source: a file, or the built-in example.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The rules file at this path.
+    File(PathBuf),
+    /// The built-in `examples/rules.yaml`.
+    Example,
+}
+
+impl Source {
+    /// Loads and validates.
+    ///
+    /// # Errors
+    /// As [`load`].
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
+        self.load_from(&Preread::default())
+    }
+
+    /// As [`Source::load`], taking the file's text from `pre` when it
+    /// was read already.
+    fn load_from(&self, pre: &Preread) -> Result<Config, ConfigErrors> {
+        match self {
+            Source::File(p) => {
+                let (name, text) = pre.read(p)?;
+                parse(&name, &text)
+            }
+            Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
+        }
+    }
+}
+
+/// Files read once already. A pipe, `/dev/stdin` or a process
+/// substitution (`<(...)`) gives its text once: `check-config`, which
+/// looks into each file to tell a rules file from an envoyproxy/ratelimit
+/// one, hands what it read to the loader instead of letting it read an
+/// empty pipe (which checked as a valid file of no rules).
+#[derive(Debug, Default)]
+pub struct Preread {
+    /// Each path, and its text or why it could not be read.
+    files: Vec<(PathBuf, Result<String, String>)>,
+}
+
+impl Preread {
+    /// Reads `path` (once: a second call gives the same text); `None`
+    /// when it cannot be read (the loader reports why).
+    pub fn text(&mut self, path: &Path) -> Option<&str> {
+        let at = match self.files.iter().position(|(p, _)| p == path) {
+            Some(i) => i,
+            None => {
+                let read = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"));
+                self.files.push((path.to_path_buf(), read));
+                self.files.len() - 1
+            }
+        };
+        self.files[at].1.as_deref().ok()
+    }
+
+    /// `path`'s name and text: as read before, else read now.
+    fn read(&self, path: &Path) -> Result<(String, String), ConfigErrors> {
+        match self.files.iter().find(|(p, _)| p == path) {
+            None => spillway_rules::recover::read_file(path),
+            Some((_, Ok(text))) => Ok((path.display().to_string(), text.clone())),
+            Some((_, Err(message))) => Err(ConfigErrors(vec![ConfigError {
+                file: path.display().to_string(),
+                line: 0,
+                column: 0,
+                message: message.clone(),
+            }])),
+        }
+    }
+}
+
+/// Why a file without a `rules:` key is refused.
+pub const NO_RULES: &str = "no `rules:` key (an empty or cut-short file?): it would limit \
+     nothing; write `rules: []` for a file of no rules";
+
+/// The files an `--envoy-config` directory gives: its `*.yaml` and `*.yml`
+/// files (following links; hidden ones left out, as editors' and
+/// Kubernetes' `..data` are), in name order.
+///
+/// # Errors
+/// The directory cannot be listed.
+pub fn envoy_dir_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let hidden = path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        let yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+        if yaml && !hidden && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// What `spillway serve` loads: the rules file (or the built-in example)
+/// and every `--envoy-config` path, a file or a directory of them (see
+/// [`envoy_dir_files`]). A domain given twice (by two files, or by a file
+/// and the rules file's `domains:`) is refused, as envoyproxy/ratelimit
+/// refuses it, unless `merge_domains`: then its top-level descriptors are
+/// merged, in file order, and only a composite key given twice is refused.
+///
+/// # Errors
+/// Every problem in every file.
+pub fn load_all(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+) -> Result<Config, ConfigErrors> {
+    load_with(source, envoy, merge_domains, None, &Preread::default()).map(|(c, _)| c)
+}
+
+/// As [`load_all`], taking each file's text from `pre` when it was read
+/// already (`check-config`'s pipes).
+///
+/// # Errors
+/// As [`load_all`].
+pub fn load_all_read(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<Config, ConfigErrors> {
+    load_with(source, envoy, merge_domains, None, pre).map(|(c, _)| c)
+}
+
+/// As [`load_all`], for a reload: an `--envoy-config` file that is gone
+/// drops its domain (and is returned) instead of failing the load. A
+/// directory that is gone (one of `dirs`, the paths that were directories
+/// at start) still fails it: an unmounted volume is not a request to drop
+/// every domain.
+///
+/// # Errors
+/// As [`load_all`].
+pub fn reload_all(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    dirs: &[PathBuf],
+) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
+    load_with(
+        source,
+        envoy,
+        merge_domains,
+        Some(dirs),
+        &Preread::default(),
+    )
+}
+
+/// `reload`: a file gone is dropped, unless it is one of these directories.
+pub(super) fn load_with(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    reload: Option<&[PathBuf]>,
+    pre: &Preread,
+) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
+    let mut errors = Vec::new();
+    let source_name = match source {
+        Source::File(p) => p.display().to_string(),
+        Source::Example => "<examples/rules.yaml>".to_string(),
+    };
+    let mut config = match source.load_from(pre) {
+        // Start, check and reload refuse alike a file without `rules:`:
+        // an empty or cut-short file is not a request to limit nothing.
+        Ok(c) if !c.has_rules => {
+            errors.push(ConfigError {
+                file: source_name.clone(),
+                line: 0,
+                column: 0,
+                message: NO_RULES.to_string(),
+            });
+            None
+        }
+        Ok(c) => Some(c),
+        Err(e) => {
+            errors.extend(e.0);
+            None
+        }
+    };
+    // Each domain, and the file it came from.
+    let start: Vec<(crate::grpc::Domain, String)> = config
+        .as_mut()
+        .map(|c| std::mem::take(&mut c.domains))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| (d, source_name.clone()))
+        .collect();
+    let (domains, gone) = envoy_domains(start, envoy, merge_domains, reload, pre, &mut errors);
+    match config {
+        Some(mut c) if errors.is_empty() => {
+            c.domains = domains;
+            c.merge_domains = merge_domains;
+            Ok((c, gone))
+        }
+        _ => Err(ConfigErrors(errors)),
+    }
+}
+
+/// The domains of `--envoy-config` paths alone (`spillway check-config`
+/// without a rules file), checked as [`load_all`] checks them.
+///
+/// # Errors
+/// Every problem in every file.
+pub fn load_envoy_all(
+    envoy: &[PathBuf],
+    merge_domains: bool,
+) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
+    load_envoy_all_read(envoy, merge_domains, &Preread::default())
+}
+
+/// As [`load_envoy_all`], taking each file's text from `pre` when it was
+/// read already.
+///
+/// # Errors
+/// As [`load_envoy_all`].
+pub fn load_envoy_all_read(
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
+    let mut errors = Vec::new();
+    let (domains, _) = envoy_domains(Vec::new(), envoy, merge_domains, None, pre, &mut errors);
+    if errors.is_empty() {
+        Ok(domains)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// `start`'s domains and those of every `--envoy-config` path; and, on a
+/// `reload` (the paths that were directories), the files found gone.
+pub(super) fn envoy_domains(
+    mut domains: Vec<(crate::grpc::Domain, String)>,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    reload: Option<&[PathBuf]>,
+    pre: &Preread,
+    errors: &mut Vec<ConfigError>,
+) -> (Vec<crate::grpc::Domain>, Vec<PathBuf>) {
+    let mut gone = Vec::new();
+    let mut files = Vec::new();
+    for p in envoy {
+        if p.is_dir() || reload.is_some_and(|dirs| dirs.contains(p)) {
+            match envoy_dir_files(p) {
+                Ok(list) => files.extend(list),
+                Err(e) => errors.push(ConfigError {
+                    file: p.display().to_string(),
+                    line: 0,
+                    column: 0,
+                    message: format!("cannot read the directory: {e}"),
+                }),
+            }
+        } else if reload.is_some() && !p.exists() {
+            gone.push(p.clone());
+        } else {
+            files.push(p.clone());
+        }
+    }
+    for f in files {
+        match pre
+            .read(&f)
+            .and_then(|(name, text)| envoy::parse_located(&name, &text))
+        {
+            Ok(l) => add_domain(&mut domains, l, merge_domains, errors),
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    (domains.into_iter().map(|(d, _)| d).collect(), gone)
+}
+
+/// Adds a file's domain: a new one, or (merging) its descriptors to the
+/// one of that name.
+pub(super) fn add_domain(
+    domains: &mut Vec<(crate::grpc::Domain, String)>,
+    l: envoy::Located,
+    merge: bool,
+    errors: &mut Vec<ConfigError>,
+) {
+    let envoy::Located {
+        domain,
+        file,
+        at,
+        tops,
+    } = l;
+    let Some((existing, other)) = domains.iter_mut().find(|(d, _)| d.name == domain.name) else {
+        domains.push((domain, file));
+        return;
+    };
+    let error = |(line, column): (u64, u64), message: String| ConfigError {
+        file: file.clone(),
+        line,
+        column,
+        message,
+    };
+    if !merge {
+        errors.push(error(
+            at,
+            format!(
+                "duplicate domain {:?}: {other} gives it too (one file per domain; --merge-domains, or MERGE_DOMAIN_CONFIG=true, merges them)",
+                domain.name
+            ),
+        ));
+        return;
+    }
+    for (node, at) in domain.nodes.into_iter().zip(tops) {
+        let key = envoy::composite(&node.key, node.value.as_deref());
+        if existing
+            .nodes
+            .iter()
+            .any(|n| envoy::composite(&n.key, n.value.as_deref()) == key)
+        {
+            errors.push(error(
+                at,
+                format!(
+                    "duplicate descriptor composite key '{}.{key}' in the merged domain: {other} gives it too",
+                    domain.name
+                ),
+            ));
+        } else {
+            existing.nodes.push(node);
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! `store:`: the memory store's bound, Redis and Redis Cluster, and
+//! local-first sync.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Most slots of the Redis over-limit cache (32 bytes each).
+pub(super) const MAX_OVER_LIMIT_CACHE: usize = 1 << 24;
+
+/// Most Redis buckets: more would only cost memory (one key each).
+pub(super) const MAX_BUCKETS: u32 = 1 << 24;
+
+pub(super) fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
+    let raw = &r.value;
+    let mut cfg = spillway_redis::RedisConfig::default();
+    match (&raw.url, &raw.cluster) {
+        (Some(_), Some(c)) => errs.at(c, "redis: give url or cluster, not both"),
+        (None, None) => errs.at(r, "redis: needs url (or cluster: a list of node urls)"),
+        _ => {}
+    }
+    let check_url = |errs: &mut Collector<'_>, u: &str, at: &dyn Fn(&mut Collector<'_>, String)| {
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            at(
+                errs,
+                format!(
+                    "{:?} is not a redis:// or rediss:// url",
+                    spillway_redis::redact(u)
+                ),
+            );
+        }
+    };
+    if let Some(u) = &raw.url {
+        check_url(errs, &u.value, &|e, m| e.at(u, m));
+        cfg.url = u.value.clone();
+    }
+    if let Some(c) = &raw.cluster {
+        if c.value.is_empty() {
+            errs.at(c, "redis.cluster: list at least one node");
+        }
+        for u in &c.value {
+            check_url(errs, u, &|e, m| e.at(c, m));
+        }
+        cfg.cluster = c.value.clone();
+    }
+    if let Some(t) = &raw.timeout
+        && let Some(d) = duration(errs, t, "redis.timeout", false)
+    {
+        cfg.timeout = d.into();
+    }
+    if let Some(p) = &raw.probe_interval
+        && let Some(d) = duration(errs, p, "redis.probe_interval", false)
+    {
+        cfg.probe_interval = d.into();
+    }
+    if let Some(b) = &raw.breaker_failures
+        && let Some(n) = count(errs, b, "redis.breaker_failures")
+    {
+        cfg.breaker_failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    if let Some(b) = &raw.buckets
+        && let Some(n) = count(errs, b, "redis.buckets")
+    {
+        match u32::try_from(n) {
+            Ok(n) if n <= MAX_BUCKETS => cfg.buckets = n,
+            _ => errs.at(b, format!("redis.buckets: at most {MAX_BUCKETS}")),
+        }
+    }
+    if let Some(n) = &raw.over_limit_cache {
+        match usize::try_from(n.value) {
+            Ok(v) if v <= MAX_OVER_LIMIT_CACHE => cfg.over_limit_cache = v,
+            _ => errs.at(
+                n,
+                format!("redis.over_limit_cache: 0 (off) to {MAX_OVER_LIMIT_CACHE} entries"),
+            ),
+        }
+    }
+    if let Some(p) = &raw.prefix {
+        if p.value.len() > 64 || p.value.contains(['{', '}']) {
+            errs.at(p, "redis.prefix: at most 64 characters, without { or }");
+        }
+        cfg.prefix = p.value.clone();
+    }
+    match &raw.sync {
+        None => StoreConfig::Redis(cfg),
+        Some(s) => StoreConfig::Sync(sync_config(errs, s, cfg)),
+    }
+}
+
+/// Longest sync interval: past it, instances would not see each other's
+/// traffic for longer than most windows last.
+pub(super) const MAX_SYNC_INTERVAL: Nanos = Nanos(60_000_000_000);
+
+pub(super) fn sync_config(
+    errs: &mut Collector<'_>,
+    s: &Spanned<raw::RawSync>,
+    redis: spillway_redis::RedisConfig,
+) -> SyncSettings {
+    let raw = &s.value;
+    let mut sync = spillway_sync::SyncConfig::default();
+    if !redis.cluster.is_empty() {
+        errs.at(
+            s,
+            "redis.sync needs one server per region (url): a Redis Cluster is decided per request only",
+        );
+    }
+    if let Some(m) = &raw.mode {
+        sync.mode = match m.value.as_str() {
+            "eventual" => spillway_sync::SyncMode::Eventual,
+            "lease" => spillway_sync::SyncMode::Lease,
+            other => {
+                errs.at(
+                    m,
+                    format!("redis.sync.mode {other:?}: expected eventual or lease"),
+                );
+                spillway_sync::SyncMode::Eventual
+            }
+        };
+    }
+    if let Some(i) = &raw.interval
+        && let Some(d) = duration(errs, i, "redis.sync.interval", false)
+    {
+        if d > MAX_SYNC_INTERVAL {
+            errs.at(i, "redis.sync.interval: at most 60s");
+        } else {
+            sync.interval = d.into();
+        }
+    }
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 64
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    };
+    if let Some(r) = &raw.region {
+        if !name_ok(&r.value) {
+            errs.at(
+                r,
+                "redis.sync.region: 1 to 64 letters, digits, '-', '_' or '.'",
+            );
+        }
+        sync.region = Some(r.value.clone());
+    }
+    let mut regions = Vec::new();
+    if let Some(rs) = &raw.regions {
+        if raw.region.is_none() && !rs.value.is_empty() {
+            errs.at(
+                rs,
+                "redis.sync.regions needs redis.sync.region: this instance's own region",
+            );
+        }
+        for (name, url) in &rs.value {
+            if !name_ok(name) {
+                errs.at(rs, format!("redis.sync.regions: region name {name:?}: 1 to 64 letters, digits, '-', '_' or '.'"));
+            }
+            if sync.region.as_deref() == Some(name.as_str()) {
+                errs.at(
+                    rs,
+                    format!("redis.sync.regions: {name:?} is this instance's own region"),
+                );
+            }
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                errs.at(
+                    rs,
+                    format!(
+                        "redis.sync.regions.{name}: {:?} is not a redis:// or rediss:// url",
+                        spillway_redis::redact(url)
+                    ),
+                );
+            }
+            regions.push((
+                name.clone(),
+                spillway_redis::RedisConfig {
+                    url: url.clone(),
+                    ..redis.clone()
+                },
+            ));
+        }
+    }
+    if let Some(n) = &raw.max_keys
+        && let Some(n) = count(errs, n, "redis.sync.max_keys")
+    {
+        sync.max_keys = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    if let Some(n) = &raw.failures
+        && let Some(n) = count(errs, n, "redis.sync.failures")
+    {
+        sync.failures = u32::try_from(n).unwrap_or(u32::MAX);
+    }
+    SyncSettings {
+        redis,
+        sync,
+        regions,
+    }
+}

@@ -47,6 +47,22 @@ pub struct RuleDecision {
     pub outcome: Outcome,
 }
 
+impl RuleDecision {
+    /// How long the client should wait before asking again, in whole
+    /// milliseconds rounded up, as every way in writes it (JSON
+    /// `retry_after_ms`, simulate's decisions): 0 when allowed, and
+    /// `u64::MAX / 1_000_000` for a cost no limit can ever admit.
+    pub fn retry_ms(&self) -> u64 {
+        if self.verdict.allowed {
+            0
+        } else if self.verdict.retry_after.is_never() {
+            u64::MAX / 1_000_000
+        } else {
+            self.verdict.retry_after.as_millis_ceil()
+        }
+    }
+}
+
 /// The per-rule results of a [`Decision`].
 pub type RuleDecisions = smallvec::SmallVec<[RuleDecision; 1]>;
 

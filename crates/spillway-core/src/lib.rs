@@ -31,6 +31,7 @@
 //! ```
 
 pub mod algo;
+pub mod date;
 pub mod decision;
 pub mod elastic;
 mod error;

@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use spillway_server::admin::describe_limit;
 use spillway_server::config;
 
 /// `println!` for the report, which people pipe into `head` or `grep -q`:
@@ -249,7 +248,7 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                     outln!("    path_matching: {}", describe_matching(m));
                 }
                 for l in r.limits() {
-                    outln!("    {}", describe_limit(l));
+                    outln!("    {}", l.describe());
                 }
             }
             print_domains(&cfg.domains);
@@ -340,7 +339,7 @@ fn print_domains(domains: &[spillway_server::grpc::Domain]) {
                     r.name(),
                     r.limits()
                         .iter()
-                        .map(describe_limit)
+                        .map(spillway_core::Limit::describe)
                         .collect::<Vec<_>>()
                         .join(", "),
                     if r.mode() == spillway_core::Mode::Shadow {

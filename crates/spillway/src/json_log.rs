@@ -154,7 +154,7 @@ fn timestamp(out: &mut String, t: SystemTime) {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs();
     let (y, m, day) =
-        spillway_server::admin::audit::civil(i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2));
+        spillway_core::date::civil_from_days(i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2));
     let s = secs % 86_400;
     let _ = write!(
         out,

@@ -19,11 +19,11 @@ use serde_json::{Value, json};
 use spillway_core::{KeyPart, Limit, Nanos, Rule, Verdict};
 use spillway_store::{Charge, Key, RuleSet, Store};
 
+use super::AdminState;
 use super::assign::{Override, PlanAssignment, WriteError};
 use super::audit::{Entry, rfc3339};
 use super::settings::Scope;
 use super::top::By;
-use super::{AdminState, describe_limit};
 
 /// The largest body a write call takes.
 const MAX_BODY: usize = 64 * 1024;
@@ -436,7 +436,7 @@ fn override_json(o: &Override, state: &AdminState) -> Value {
         .limits
         .as_ref()
         .and_then(|l| (state.parse_limits)(l, max_wait).ok())
-        .map(|l| l.iter().map(describe_limit).collect())
+        .map(|l| l.iter().map(spillway_core::Limit::describe).collect())
         .unwrap_or_default();
     json!({
         "rule": o.rule,
@@ -489,7 +489,7 @@ async fn key_get(State(state): State<Arc<AdminState>>, headers: HeaderMap, uri: 
         .zip(now.iter().zip(next))
         .map(|(l, (n, x))| {
             json!({
-                "limit": describe_limit(l),
+                "limit": l.describe(),
                 "algorithm": algorithm(l),
                 "size": l.size(),
                 "remaining": n.remaining.min(l.size()),

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use parking_lot::Mutex;
 use serde::Serialize;
+use spillway_core::date::{civil_from_days, days_from_civil};
 
 /// One write call.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -140,43 +141,7 @@ impl Audit {
 
 /// `ms` since the Unix epoch in RFC 3339, UTC, with milliseconds.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    let (y, m, d) = civil(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
-/// Days since 1970-01-01 as (year, month, day) (Howard Hinnant's
-/// algorithm for the proleptic Gregorian calendar).
-pub fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// Days since 1970-01-01 of a civil date.
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    spillway_core::date::rfc3339_ms(ms)
 }
 
 /// Reads `since`: milliseconds since the Unix epoch, or an RFC 3339 time
@@ -252,7 +217,7 @@ pub fn parse_since(s: &str) -> Result<u64, String> {
     };
     // No Feb 31: the date must read back as itself.
     let days = days_from_civil(y, mo as u32, d as u32);
-    if civil(days) != (y, mo as u32, d as u32) {
+    if civil_from_days(days) != (y, mo as u32, d as u32) {
         return Err(bad());
     }
     let secs = days * 86_400 + h * 3600 + mi * 60 + se - offset_s;

@@ -315,58 +315,8 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
         "api": r.route().map(|x| x.as_str()),
         "by": r.by().to_string(),
         "mode": r.mode().to_string(),
-        "limits": r.limits().iter().map(describe_limit).collect::<Vec<_>>(),
+        "limits": r.limits().iter().map(Limit::describe).collect::<Vec<_>>(),
     })
-}
-
-/// One limit in words, e.g. `sliding_window_log: 5 per 60s`.
-pub fn describe_limit(l: &Limit) -> String {
-    let secs = |n: spillway_core::Nanos| {
-        let ms = n.as_millis_ceil();
-        if ms.is_multiple_of(1000) {
-            format!("{}s", ms / 1000)
-        } else {
-            format!("{ms}ms")
-        }
-    };
-    match l {
-        Limit::TokenBucket(a) => format!(
-            "token_bucket: capacity {}, refill {} per {}",
-            a.capacity(),
-            a.refill().count(),
-            secs(a.refill().per())
-        ),
-        Limit::LeakyBucket(a) => format!(
-            "leaky_bucket: capacity {}, leak {} per {}",
-            a.capacity(),
-            a.leak().count(),
-            secs(a.leak().per())
-        ),
-        Limit::Shaper(a) => format!(
-            "leaky_bucket (queue): capacity {}, leak {} per {}, max wait {}",
-            a.capacity(),
-            a.leak().count(),
-            secs(a.leak().per()),
-            secs(a.max_wait())
-        ),
-        Limit::FixedWindow(a) => {
-            format!("fixed_window: {} per {}", a.limit(), secs(a.window()))
-        }
-        Limit::SlidingLog(a) => {
-            format!("sliding_window_log: {} per {}", a.limit(), secs(a.window()))
-        }
-        Limit::SlidingCounter(a) => format!(
-            "sliding_window_counter: {} per {}",
-            a.limit(),
-            secs(a.window())
-        ),
-        Limit::Gcra(a) => format!(
-            "gcra: {} per {}, burst {}",
-            a.rate().count(),
-            secs(a.rate().per()),
-            a.burst()
-        ),
-    }
 }
 
 async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {

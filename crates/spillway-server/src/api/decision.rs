@@ -59,7 +59,11 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
         ),
         (
             "retry_after_ms",
-            Some(deciding.filter(|_| !d.allowed).map_or(0, retry_ms)),
+            Some(
+                deciding
+                    .filter(|_| !d.allowed)
+                    .map_or(0, spillway_core::RuleDecision::retry_ms),
+            ),
         ),
         ("wait_ms", Some(d.wait.as_millis_ceil())),
     ] {
@@ -115,7 +119,7 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
             ("limit", rd.verdict.limit),
             ("remaining", rd.verdict.remaining),
             ("reset_ms", rd.verdict.reset.as_millis_ceil()),
-            ("retry_after_ms", retry_ms(rd)),
+            ("retry_after_ms", rd.retry_ms()),
         ] {
             out.push_str(",\"");
             out.push_str(key);
@@ -131,16 +135,6 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
         StatusCode::TOO_MANY_REQUESTS
     };
     (status, out.into_bytes())
-}
-
-pub(crate) fn retry_ms(rd: &spillway_core::RuleDecision) -> u64 {
-    if rd.verdict.allowed {
-        0
-    } else if rd.verdict.retry_after.is_never() {
-        u64::MAX / 1_000_000
-    } else {
-        rd.verdict.retry_after.as_millis_ceil()
-    }
 }
 
 #[cfg(test)]
@@ -271,7 +265,9 @@ mod tests {
             limit: deciding.map(|r| r.verdict.limit),
             remaining: deciding.map(|r| r.verdict.remaining),
             reset_ms: deciding.map_or(0, |r| r.verdict.reset.as_millis_ceil()),
-            retry_after_ms: deciding.filter(|_| !d.allowed).map_or(0, retry_ms),
+            retry_after_ms: deciding
+                .filter(|_| !d.allowed)
+                .map_or(0, spillway_core::RuleDecision::retry_ms),
             wait_ms: d.wait.as_millis_ceil(),
             shadow_denied: with_outcome(Outcome::ShadowDenied),
             soft_exceeded: with_outcome(Outcome::SoftExceeded),
@@ -292,7 +288,7 @@ mod tests {
                     limit: rd.verdict.limit,
                     remaining: rd.verdict.remaining,
                     reset_ms: rd.verdict.reset.as_millis_ceil(),
-                    retry_after_ms: retry_ms(rd),
+                    retry_after_ms: rd.retry_ms(),
                 })
                 .collect(),
         };

@@ -268,7 +268,7 @@ pub(super) fn plans<'r>(errs: &mut Collector<'_>, raw: Option<&'r RawPlans>) -> 
         .map(|(name, list)| {
             (
                 name,
-                list.iter().map(crate::admin::describe_limit).collect(),
+                list.iter().map(spillway_core::Limit::describe).collect(),
             )
         })
         .collect();

@@ -301,7 +301,7 @@ fn decision_line(
             d.outcome.as_str(),
             d.verdict.limit,
             d.verdict.remaining,
-            crate::api::decision::retry_ms(d)
+            d.retry_ms()
         );
     }
     out.push_str("]}\n");

@@ -21,7 +21,6 @@ use super::summary::{
     Suggestion, Timeline,
 };
 use super::trace::Record;
-use crate::admin::describe_limit;
 // Keys are the engine's keyed hashes already.
 use crate::admin::top::AsIs;
 use crate::config::{Config, StoreConfig};
@@ -480,7 +479,12 @@ impl Track {
         RuleSummary {
             rule: self.rule.name().to_string(),
             mode: self.rule.mode().to_string(),
-            limits: self.rule.limits().iter().map(describe_limit).collect(),
+            limits: self
+                .rule
+                .limits()
+                .iter()
+                .map(spillway_core::Limit::describe)
+                .collect(),
             applied: self.applied,
             admitted: self.admitted,
             denied: self.denied,
@@ -734,7 +738,7 @@ fn variants(l: &Limit) -> Option<Vec<Variant>> {
         out.into_iter()
             .map(|limit| Variant {
                 algorithm: limit.algorithm_name(),
-                configured: describe_limit(&limit),
+                configured: limit.describe(),
                 limit,
                 wrongly_allowed: 0,
                 wrongly_denied: 0,

@@ -100,23 +100,13 @@ pub(super) fn time(tag: u8, text: &[u8]) -> Option<Expiry> {
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
         return None;
     }
-    let unix = days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s;
+    let (m32, d32) = (u32::try_from(month).ok()?, u32::try_from(day).ok()?);
+    let unix =
+        spillway_core::date::days_from_civil(year, m32, d32) * 86_400 + h * 3600 + m * 60 + s;
     Some(Expiry {
         unix,
         rfc3339: format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z"),
     })
-}
-
-/// Days from 1970-01-01 to a proleptic Gregorian date (Howard
-/// Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = if y >= 0 { y } else { y - 399 } / 400;
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

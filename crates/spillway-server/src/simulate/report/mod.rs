@@ -626,7 +626,7 @@ fn finite(v: f64) -> f64 {
 
 /// ns since the epoch in RFC 3339, UTC, milliseconds.
 fn time(ns: u64) -> String {
-    crate::admin::audit::rfc3339(ns / 1_000_000)
+    spillway_core::date::rfc3339_ms(ns / 1_000_000)
 }
 
 /// Seconds as a short duration: `250ms`, `10s`, `1m`, `1m30s`, `2h`, `1d`.

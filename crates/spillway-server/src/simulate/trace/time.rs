@@ -1,61 +1,15 @@
 //! Timestamps: calendar dates (combined log, RFC 3339) and epoch numbers,
 //! all to nanoseconds since the Unix epoch, UTC.
 //!
-//! The date arithmetic is written here rather than taken from chrono or
-//! time: it is one function each way, and the readers need only dates from
-//! 1970 to 2554 (the last second a `u64` of nanoseconds holds).
+//! The date arithmetic is spillway-core's (`spillway_core::date`); the
+//! readers need only dates from 1970 to 2554 (the last second a `u64` of
+//! nanoseconds holds).
 
 use super::TsUnit;
 
 const NS_PER_SEC: i128 = 1_000_000_000;
 
-/// Days from 1970-01-01 to the given proleptic Gregorian date.
-///
-/// The year is counted from March, so the leap day is the last day of its
-/// year and every month's first day is a fixed formula of its index; 400
-/// years (an era) are always 146 097 days.
-pub(crate) fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let year_of_era = y - era * 400;
-    // March = 0, ..., February = 11.
-    let m = i64::from((month + 9) % 12);
-    let day_of_year = (153 * m + 2) / 5 + i64::from(day) - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    // 719 468 days from 0000-03-01 to 1970-01-01.
-    era * 146_097 + day_of_era - 719_468
-}
-
-/// The date `days` after 1970-01-01: the inverse of [`days_from_civil`].
-pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let m = (5 * day_of_year + 2) / 153;
-    // Both are in range by construction (day 1..=31, month 1..=12).
-    let day = u32::try_from(day_of_year - (153 * m + 2) / 5 + 1).unwrap_or(1);
-    let month = u32::try_from(if m < 10 { m + 3 } else { m - 9 }).unwrap_or(1);
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// Whether `year` has a 29 February.
-pub(crate) fn is_leap(year: i64) -> bool {
-    year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
-}
-
-/// Days in a month of a year.
-pub(crate) fn days_in_month(year: i64, month: u32) -> u32 {
-    match month {
-        2 if is_leap(year) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
+pub(crate) use spillway_core::date::{civil_from_days, days_from_civil, days_in_month};
 
 /// A local date and time with its offset from UTC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

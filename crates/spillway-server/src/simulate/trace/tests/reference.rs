@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::corpus::{load, manifest};
-use super::time::{is_leap, parse_clf_date, parse_rfc3339};
+use super::time::{parse_clf_date, parse_rfc3339};
 use super::*;
+use spillway_core::date::is_leap;
 
 // ---------------------------------------------------------------- dates
 

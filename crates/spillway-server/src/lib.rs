@@ -25,7 +25,7 @@ pub mod metrics;
 pub mod os;
 pub mod proxy;
 mod reload;
-pub mod simulate;
+
 mod store;
 pub mod tls;
 

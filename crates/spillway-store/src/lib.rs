@@ -54,7 +54,7 @@ use std::fmt;
 use std::future::Future;
 
 pub use clock::SystemClock;
-pub use keyrules::{KeyRules, SharedWatch, Watch};
+pub use keyrules::{AsIs, KeyRules, SharedWatch, Watch};
 pub use limiter::{Checked, Limiter, Request, RuleSet, SimpleAttributes};
 pub use memory::{MemoryConfig, MemoryStore, MemoryUsage};
 use spillway_core::{Clock, Decision, Rule, Verdict};

@@ -130,11 +130,11 @@ pub(crate) struct SimulateArgs {
     pub(crate) decisions: Option<PathBuf>,
     /// Suggest, for every limit, the smallest size that limits at most
     /// this share of a rule's clients, e.g. 1%.
-    #[arg(long, value_name = "PERCENT", value_parser = spillway_server::simulate::parse_share)]
+    #[arg(long, value_name = "PERCENT", value_parser = spillway_simulate::parse_share)]
     pub(crate) target_limited: Option<f64>,
     /// The trace's format [default: detected from its first line].
     #[arg(long, value_name = "combined|json|csv")]
-    pub(crate) format: Option<spillway_server::simulate::trace::Format>,
+    pub(crate) format: Option<spillway_simulate::trace::Format>,
     /// A JSON key or CSV column name for a field: ts=, ip=, user=, method=,
     /// path=, status=, cost=, api=, request= or headers=, e.g. --field
     /// ts=@timestamp (repeatable).
@@ -142,7 +142,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) field: Vec<String>,
     /// Unit of numeric timestamps: s, ms, us or ns [default: by magnitude].
     #[arg(long, value_name = "UNIT")]
-    pub(crate) ts_unit: Option<spillway_server::simulate::trace::TsUnit>,
+    pub(crate) ts_unit: Option<spillway_simulate::trace::TsUnit>,
     /// Heaviest keys listed per rule.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub(crate) top: usize,
@@ -154,7 +154,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) quiet: bool,
     /// Write a synthetic trace instead: heavy-tail, uniform, bursty or diurnal.
     #[arg(long, value_name = "SHAPE", conflicts_with_all = ["trace", "compare", "report", "json", "decisions"])]
-    pub(crate) synthesize: Option<spillway_server::simulate::synth::Shape>,
+    pub(crate) synthesize: Option<spillway_simulate::synth::Shape>,
     /// Synthetic clients.
     #[arg(
         long,

@@ -13,6 +13,7 @@
 //!
 //! The 15 most recent minutes are kept: `k * 2 * 15` slots per rule.
 
+use spillway_store::AsIs;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::Arc;
@@ -51,27 +52,6 @@ pub struct SpaceSaving {
 }
 
 const NIL: u32 = u32::MAX;
-
-/// A hasher for keys that are hashes already.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct AsIs(u64);
-
-impl std::hash::Hasher for AsIs {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are filed; anything else is folded in plainly.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Slot {

@@ -44,7 +44,7 @@ struct File<'a> {
 /// # Examples
 ///
 /// ```
-/// use spillway_server::simulate::{report, summary::Summary};
+/// use spillway_simulate::{report, summary::Summary};
 ///
 /// let html = report::render(&Summary::default());
 /// assert!(html.starts_with("<!DOCTYPE html>"));
@@ -722,7 +722,7 @@ footer{margin-top:40px;color:var(--muted);font-size:12px}\
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::summary::{
+    use crate::summary::{
         AlgorithmError, BadLine, DifferingRequest, Distribution, HistogramBucket, KeyCount, Speed,
         Suggestion, Timeline,
     };

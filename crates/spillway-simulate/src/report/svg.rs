@@ -6,7 +6,7 @@
 use std::fmt::{self, Display, Write as _};
 
 use super::{esc, esc_short, finite, int, pct, secs};
-use crate::simulate::summary::{Accuracy, Distribution, Timeline};
+use crate::summary::{Accuracy, Distribution, Timeline};
 
 /// Width and height of the timeline and distribution plots (viewBox units).
 const W: f64 = 640.0;

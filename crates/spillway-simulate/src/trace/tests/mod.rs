@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 
 use super::*;
-use crate::simulate::summary::BadLine;
+use crate::summary::BadLine;
 
 /// Everything a reader produced.
 #[derive(Debug)]

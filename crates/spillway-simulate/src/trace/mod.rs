@@ -2,7 +2,7 @@
 //! and CSV, plain or gzip, into [`Record`]s.
 //!
 //! ```no_run
-//! use spillway_server::simulate::trace::{Record, TraceOptions, TraceReader};
+//! use spillway_simulate::trace::{Record, TraceOptions, TraceReader};
 //!
 //! let mut reader = TraceReader::open("access.log.gz".as_ref(), &TraceOptions::default())?;
 //! let mut rec = Record::default();
@@ -10,7 +10,7 @@
 //!     println!("{} {} {} {}", rec.ts_ns, rec.ip, rec.method, rec.path);
 //! }
 //! println!("{} malformed lines", reader.malformed());
-//! # Ok::<(), spillway_server::simulate::trace::TraceError>(())
+//! # Ok::<(), spillway_simulate::trace::TraceError>(())
 //! ```
 //!
 //! A line that is not a request is counted and skipped, never an error:

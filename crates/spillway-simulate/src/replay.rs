@@ -22,8 +22,8 @@ use super::summary::{
 };
 use super::trace::Record;
 // Keys are the engine's keyed hashes already.
-use crate::admin::top::AsIs;
-use crate::config::{Config, StoreConfig};
+use crate::RulesFile;
+use spillway_store::AsIs;
 
 /// The timeline starts at this bucket width and doubles whenever a trace
 /// would need more than [`MAX_BUCKETS`] buckets.
@@ -60,18 +60,10 @@ impl FileRun {
     /// A run of `config` on `clock`: the rule set `serve` would build (its
     /// elastic rules without a health source: held to their plain
     /// limits), on a memory store of the file's key cap.
-    pub fn new(
-        name: String,
-        config: &Config,
-        clock: &ManualClock,
-        opts: &ReplayOptions,
-    ) -> FileRun {
-        let health = Arc::new(spillway_core::HealthGauge::default());
-        let set: RuleSet = crate::rule_set(config, 1, &health);
-        let max_keys = match &config.store {
-            StoreConfig::Memory { max_keys } => *max_keys,
-            _ => MemoryConfig::default().max_keys,
-        };
+    pub fn new(file: &RulesFile, clock: &ManualClock, opts: &ReplayOptions) -> FileRun {
+        let set: RuleSet = file.rules.clone();
+        let name = file.name.clone();
+        let max_keys = file.max_keys;
         let store = MemoryStore::new(
             clock.clone(),
             MemoryConfig {

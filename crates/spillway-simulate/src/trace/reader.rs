@@ -9,7 +9,7 @@ use super::lines::{Got, Lines, MAX_LINE};
 use super::{
     Bad, FieldNames, Format, Record, TraceError, TraceErrorKind, TraceOptions, combined, csv, json,
 };
-use crate::simulate::summary::BadLine;
+use crate::summary::BadLine;
 
 /// How many malformed lines are kept with their reasons.
 const KEPT_BAD_LINES: usize = 100;

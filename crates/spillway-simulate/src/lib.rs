@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use spillway_core::{ManualClock, Nanos};
+use spillway_store::RuleSet;
 
-use crate::config::{Config, Source};
 use replay::{FileRun, ReplayOptions};
 use summary::{Differing, DifferingRequest, Speed, Summary};
 use trace::{Record, TraceOptions, TraceReader};
@@ -32,14 +32,15 @@ use trace::{Record, TraceOptions, TraceReader};
 const DIFFERING_SAMPLES: usize = 50;
 
 /// What `spillway simulate` was asked to do.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SimulateOptions {
-    /// The rules file (`--config`); the shipped examples when absent.
-    pub config: Option<PathBuf>,
+    /// The rules file (`--config`), read and validated by the caller as
+    /// `serve` reads it.
+    pub config: RulesFile,
     /// Trace files (`--trace`, `-` for stdin), replayed one after another.
     pub traces: Vec<PathBuf>,
     /// A second rules file to replay side by side (`--compare`).
-    pub compare: Option<PathBuf>,
+    pub compare: Option<RulesFile>,
     /// Where to write the HTML report (`--report`).
     pub report: Option<PathBuf>,
     /// Where to write the summary as JSON (`--json`).
@@ -54,6 +55,52 @@ pub struct SimulateOptions {
     pub progress: bool,
 }
 
+/// A rules file to replay, as the caller read and validated it (the
+/// `spillway` binary reads it exactly as `serve` does, so a file `serve`
+/// refuses is refused here too, with the same errors).
+#[derive(Debug, Clone)]
+pub struct RulesFile {
+    /// The name shown in the summary and report (its path as given).
+    pub name: String,
+    /// The rules `serve` would build from the file (elastic rules without
+    /// a health source: held to their plain limits).
+    pub rules: RuleSet,
+    /// The memory store's key cap (`store.memory.max_keys`, or the
+    /// default when the file names another store: the replay always runs
+    /// on the memory store, where every store decides alike).
+    pub max_keys: usize,
+}
+
+impl RulesFile {
+    /// Reads the rules of a rules file as spillway-rules reads them
+    /// (rules, plans' default limits, descriptors, path matching, failure
+    /// policy; a server's other sections skipped), for a library user who
+    /// replays rules without the server. The `spillway` binary reads the
+    /// whole file as `serve` does instead, so that it refuses what `serve`
+    /// refuses and honours `store.memory.max_keys`.
+    ///
+    /// # Errors
+    /// Every problem in the file, located.
+    pub fn parse(name: &str, text: &str) -> Result<RulesFile, spillway_rules::Errors> {
+        let file = spillway_rules::parse(name, text)?;
+        // Elastic rules without a health source: held to their plain limits.
+        let health = std::sync::Arc::new(spillway_core::HealthGauge::default());
+        let rules = file
+            .rules
+            .into_iter()
+            .map(|r| r.with_health(health.clone()))
+            .collect();
+        let mut set = RuleSet::with_path_matching(rules, file.path_matching);
+        set.on_store_error = file.on_store_error;
+        set.version = 1;
+        Ok(RulesFile {
+            name: name.to_string(),
+            rules: set,
+            max_keys: spillway_store::MemoryConfig::default().max_keys,
+        })
+    }
+}
+
 /// Why a simulation could not run: a message for the operator.
 #[derive(Debug)]
 pub struct SimulateError(pub String);
@@ -65,21 +112,6 @@ impl std::fmt::Display for SimulateError {
 }
 
 impl std::error::Error for SimulateError {}
-
-fn load(path: Option<&Path>) -> Result<(String, Config), SimulateError> {
-    let source = match path {
-        Some(p) => Source::File(p.to_path_buf()),
-        None => Source::Example,
-    };
-    let name = path.map_or_else(
-        || "<examples/rules.yaml>".to_string(),
-        |p| p.display().to_string(),
-    );
-    let config = source
-        .load()
-        .map_err(|e| SimulateError(format!("{name}: the rules file is not valid:\n{e}")))?;
-    Ok((name, config))
-}
 
 fn create(path: &Path, what: &str) -> Result<std::io::BufWriter<std::fs::File>, SimulateError> {
     std::fs::File::create(path)
@@ -100,17 +132,9 @@ fn write_failed(path: &Path, e: std::io::Error) -> SimulateError {
 /// Malformed lines are not errors: they are counted in the summary.
 pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
     let started = Instant::now();
-    let mut files = vec![load(opts.config.as_deref())?];
-    if let Some(other) = &opts.compare {
-        files.push(load(Some(other))?);
-    }
-    for (name, config) in &files {
-        if !matches!(config.store, crate::config::StoreConfig::Memory { .. }) {
-            tracing::info!(
-                "{name}: replayed on the embedded memory store at virtual time (the file's store is not used; every store decides alike)"
-            );
-        }
-    }
+    let files: Vec<&RulesFile> = std::iter::once(&opts.config)
+        .chain(opts.compare.as_ref())
+        .collect();
     if opts.traces.is_empty() {
         return Err(SimulateError("no trace given: --trace FILE".into()));
     }
@@ -123,7 +147,7 @@ pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
     let clock = ManualClock::new(Nanos(0));
     let mut runs: Vec<FileRun> = files
         .iter()
-        .map(|(name, config)| FileRun::new(name.clone(), config, &clock, &opts.replay))
+        .map(|file| FileRun::new(file, &clock, &opts.replay))
         .collect();
     let mut decisions = match &opts.decisions {
         Some(p) => Some((create(p, "decisions")?, p)),
@@ -138,7 +162,7 @@ pub fn simulate(opts: &SimulateOptions) -> Result<Summary, SimulateError> {
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()
             .join(", "),
-        config: files[0].0.clone(),
+        config: files[0].name.clone(),
         ..Summary::default()
     };
     let mut differing = Differing::default();
@@ -499,7 +523,7 @@ pub fn write_synthetic(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::summary::RuleSummary;
+    use crate::summary::RuleSummary;
 
     /// A file under the system's temp directory, removed on drop.
     struct Temp(PathBuf);
@@ -527,19 +551,21 @@ mod tests {
     const T0: f64 = 1_767_225_600.0;
 
     fn run(rules: &str, trace: &str, compare: Option<&str>, target: Option<f64>) -> Summary {
-        let rules = Temp::new("rules.yaml", rules);
         let trace = Temp::new("trace.jsonl", trace);
-        let other = compare.map(|c| Temp::new("other.yaml", c));
         simulate(&SimulateOptions {
-            config: Some(rules.0.clone()),
+            config: RulesFile::parse("rules.yaml", rules).unwrap(),
             traces: vec![trace.0.clone()],
-            compare: other.as_ref().map(|o| o.0.clone()),
+            compare: compare.map(|c| RulesFile::parse("other.yaml", c).unwrap()),
+            report: None,
+            json: None,
+            decisions: None,
+            trace: TraceOptions::default(),
             replay: ReplayOptions {
                 top: 5,
                 target_limited: target,
                 accuracy: true,
             },
-            ..SimulateOptions::default()
+            progress: false,
         })
         .unwrap()
     }

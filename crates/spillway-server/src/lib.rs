@@ -20,6 +20,7 @@ pub mod api;
 mod app;
 pub mod config;
 pub mod credentials;
+pub mod events;
 pub mod grpc;
 pub mod metrics;
 pub mod os;

@@ -7,6 +7,7 @@ use std::future::Future;
 /// Milliseconds since the Unix epoch, by the wall clock: for what people
 /// read (reload times, audit lines, certificate expiry, chart points),
 /// never for a decision (decisions take the store's monotonic clock).
+#[allow(clippy::disallowed_methods)] // the one place (crates/spillway-server/clippy.toml)
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -660,7 +660,7 @@ async fn override_put(
             "ttl: say how long the override lasts, like \"1h\" (overrides end by themselves)",
         );
     };
-    let ttl = match crate::config::parse_duration(ttl) {
+    let ttl = match spillway_core::parse_duration(ttl) {
         Ok(d) if d.as_u64() > 0 && d <= MAX_TTL => d,
         Ok(_) => {
             return problem(StatusCode::BAD_REQUEST, "ttl: from 1ms to 366d");
@@ -1016,7 +1016,7 @@ async fn top(
             );
         }
     };
-    let window = match crate::config::parse_duration(q.window.as_deref().unwrap_or("5m")) {
+    let window = match spillway_core::parse_duration(q.window.as_deref().unwrap_or("5m")) {
         Ok(d)
             if d >= Nanos::from_secs(1)
                 && d <= Nanos::from_secs(super::top::MINUTES as u64 * 60) =>

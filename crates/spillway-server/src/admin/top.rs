@@ -609,9 +609,7 @@ fn cut(mut s: String) -> Box<str> {
 }
 
 fn now_minute() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 60)
+    crate::os::unix_secs() / 60
 }
 
 /// A seed that differs per process.

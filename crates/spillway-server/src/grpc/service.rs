@@ -32,7 +32,7 @@ use super::proto::{
     RateLimitResponse, Unit,
 };
 use super::{Action, Node, envoy_rule, find};
-use crate::metrics::Hits;
+use crate::events::Hits;
 
 /// Most descriptors in one call. Envoy sends one per matching
 /// `rate_limits` entry, a handful; past this many the whole call is
@@ -394,9 +394,7 @@ fn seconds(s: i64) -> Option<proto::Duration> {
 
 /// Seconds since the epoch, for the reset of a ban.
 fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    crate::os::unix_secs()
 }
 
 /// What one decided descriptor left for the headers and statistics.

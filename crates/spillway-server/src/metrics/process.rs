@@ -177,10 +177,7 @@ mod tests {
         assert!(u.resident_bytes > 1 << 20, "{u:?}");
         assert!(u.virtual_bytes >= u.resident_bytes, "{u:?}");
         assert!(u.open_fds >= 3, "{u:?}");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
+        let now = crate::os::unix_ms() as f64 / 1000.0;
         assert!(
             u.start_time_seconds <= now + 1.0 && u.start_time_seconds > now - 86_400.0,
             "{u:?}"

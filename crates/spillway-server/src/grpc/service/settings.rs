@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use crate::config::ConfigError;
+use spillway_rules::Error as ConfigError;
 
 /// ratelimit's `NEAR_LIMIT_RATIO` default.
 pub const DEFAULT_NEAR_LIMIT_RATIO: f32 = 0.8;

@@ -368,18 +368,11 @@ pub async fn run_proxy(
             Some((l, r))
         }
     };
-    let h = &opts.config.health;
-    let measure = proxy::Measure {
-        target: h.latency_target,
-        percentile: h.percentile,
-        errors_max: h.errors_max,
-        window: h.window,
-    };
     let proxy = Arc::new(proxy::Proxy::new(
         parts.shared.clone(),
         &settings,
         upstream,
-        measure,
+        opts.config.health,
     ));
     proxy.start_measuring();
     let router = proxy::hyper::HyperProxy::new(proxy.clone()).router();

@@ -22,6 +22,7 @@ pub mod config;
 pub mod credentials;
 pub mod events;
 pub mod grpc;
+pub mod health;
 pub mod metrics;
 pub mod os;
 pub mod proxy;

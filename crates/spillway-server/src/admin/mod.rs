@@ -57,7 +57,7 @@ pub struct AdminState {
     /// What the service last said of its health (`PUT /v1/health`).
     pub health: Mutex<Option<api::Reported>>,
     /// `health:` as last loaded.
-    pub health_settings: arc_swap::ArcSwap<settings::HealthSettings>,
+    pub health_settings: arc_swap::ArcSwap<crate::health::HealthSettings>,
     /// Reads an override's limits (the config layer's reader).
     pub parse_limits: assign::ParseLimits,
     /// Held while the per-key rules are compiled: the last table
@@ -163,7 +163,7 @@ impl AdminState {
         &self,
         admin: &settings::AdminSettings,
         plans: &settings::PlanBook,
-        health: &settings::HealthSettings,
+        health: &crate::health::HealthSettings,
     ) {
         self.health_settings.store(Arc::new(*health));
         self.settings.store(Arc::new(admin.clone()));

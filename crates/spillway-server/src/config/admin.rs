@@ -9,9 +9,8 @@ use spillway_core::{Limit, Nanos};
 use spillway_rules::build::{Collector, duration, limit};
 
 use super::raw::{RawAdmin, RawHealth, RawLimit, RawPlans, RawRatio};
-use crate::admin::settings::{
-    AdminSettings, HealthSettings, MAX_TOP_SLOTS, PlanBook, RulePlans, Scope, Token,
-};
+use crate::admin::settings::{AdminSettings, MAX_TOP_SLOTS, PlanBook, RulePlans, Scope, Token};
+use crate::health::HealthSettings;
 
 /// The most tokens `admin.tokens` may list.
 const MAX_TOKENS: usize = 64;

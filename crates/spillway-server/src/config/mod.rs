@@ -115,7 +115,7 @@ pub struct Config {
     /// The plans (`plans:`) and the rules' plan settings.
     pub plans: crate::admin::settings::PlanBook,
     /// What "the service has room" means (`health:`).
-    pub health: crate::admin::settings::HealthSettings,
+    pub health: crate::health::HealthSettings,
     /// HTTPS on the listeners (`tls:`, `admin.tls:`, the `--tls-*` flags).
     pub tls: TlsSettings,
     /// The file has a `rules:` key (`rules: []` included). A reload
@@ -638,8 +638,8 @@ fn size(s: &raw::RawSize) -> Result<usize, String> {
 fn concurrency(
     errs: &mut Collector<'_>,
     c: &Spanned<raw::RawConcurrency>,
-) -> Option<crate::proxy::ConcurrencyConfig> {
-    use crate::proxy::InFlight as LimitKind;
+) -> Option<crate::proxy::concurrency::ConcurrencySettings> {
+    use crate::proxy::concurrency::LimitKind;
     /// The most in flight a limit may allow.
     const MOST: i64 = 1_000_000;
     let raw = &c.value;
@@ -680,7 +680,7 @@ fn concurrency(
             }
         }
     };
-    let mut out = crate::proxy::ConcurrencyConfig {
+    let mut out = crate::proxy::concurrency::ConcurrencySettings {
         limit: limit?,
         max_wait: std::time::Duration::from_millis(500),
         max_queued: 1024,

@@ -390,8 +390,7 @@ impl Sim {
     ) -> Vec<u32> {
         let mut limits = Vec::with_capacity(calls);
         for _ in 0..calls {
-            while self.c.in_flight() < self.c.limit()
-                && self.c.in_flight() < clients(self.t).max(1)
+            while self.c.in_flight() < self.c.limit() && self.c.in_flight() < clients(self.t).max(1)
             {
                 let permit = now(&self.c, D);
                 let latency = upstream.latency(self.c.in_flight());
@@ -749,11 +748,7 @@ fn threads_racing_leave_nothing_behind() {
                         if (i + j) % 4 == 0 {
                             drop(permit);
                         } else {
-                            permit.done(
-                                Instant::now(),
-                                Duration::from_micros(i * j),
-                                j % 5 != 0,
-                            );
+                            permit.done(Instant::now(), Duration::from_micros(i * j), j % 5 != 0);
                         }
                     }
                 }

@@ -1,4 +1,3 @@
-
 use super::*;
 use spillway_store::Key;
 

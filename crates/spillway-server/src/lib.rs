@@ -21,6 +21,7 @@ pub mod check_config;
 pub mod config;
 pub mod credentials;
 pub mod grpc;
+pub mod health;
 pub mod metrics;
 pub mod proxy;
 mod reload;
@@ -610,18 +611,11 @@ pub async fn run_proxy(
             Some((l, r))
         }
     };
-    let h = &opts.config.health;
-    let measure = proxy::Measure {
-        target: h.latency_target,
-        percentile: h.percentile,
-        errors_max: h.errors_max,
-        window: h.window,
-    };
     let proxy = Arc::new(proxy::Proxy::new(
         parts.shared.clone(),
         &settings,
         upstream,
-        measure,
+        opts.config.health,
     ));
     proxy.start_measuring();
     let router = proxy::hyper::HyperProxy::new(proxy.clone()).router();

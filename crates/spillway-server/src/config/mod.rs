@@ -1157,8 +1157,8 @@ fn size(s: &raw::RawSize) -> Result<usize, String> {
 fn concurrency(
     errs: &mut Collector<'_>,
     c: &Spanned<raw::RawConcurrency>,
-) -> Option<crate::proxy::ConcurrencyConfig> {
-    use crate::proxy::InFlight as LimitKind;
+) -> Option<crate::proxy::ConcurrencySettings> {
+    use crate::proxy::LimitKind;
     /// The most in flight a limit may allow.
     const MOST: i64 = 1_000_000;
     let raw = &c.value;
@@ -1199,7 +1199,7 @@ fn concurrency(
             }
         }
     };
-    let mut out = crate::proxy::ConcurrencyConfig {
+    let mut out = crate::proxy::ConcurrencySettings {
         limit: limit?,
         max_wait: std::time::Duration::from_millis(500),
         max_queued: 1024,

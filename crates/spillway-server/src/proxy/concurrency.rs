@@ -42,7 +42,7 @@
 //! slow call from deciding at low rates; the second keeps a high limit
 //! reacting when calls become slow. At each close:
 //!
-//! - `observed` is the window's latency at the [`Target`]'s percentile (the
+//! - `observed` is the window's latency at the `health:` percentile (the
 //!   median without a target);
 //! - `reference` is the target's latency, or without one twice the
 //!   no-load latency: the smallest latency seen;
@@ -89,6 +89,8 @@ use parking_lot::{Mutex, MutexGuard};
 use spillway_core::Priority;
 use tokio::sync::oneshot;
 
+use crate::health::HealthSettings;
+
 /// How the limit on calls in flight is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LimitKind {
@@ -113,18 +115,6 @@ pub struct ConcurrencySettings {
     pub max_wait: Duration,
     /// How many requests may wait at once, all priorities together.
     pub max_queued: usize,
-}
-
-/// What the adaptive controller aims for: the latency `target` at
-/// `percentile` (e.g. 99.0) of its sample windows. Without one it aims at
-/// twice the no-load latency it has seen (Vegas or gradient style).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Target {
-    /// The latency to hold.
-    pub latency: Duration,
-    /// At which percentile of a window, from 0 to 100 (clamped; NaN is
-    /// read as 100).
-    pub percentile: f64,
 }
 
 /// Why a request was refused a slot: the answer is a 503 with
@@ -276,15 +266,16 @@ impl State {
 }
 
 impl Concurrency {
-    /// A limit and queue as `settings` say; `target` steers an adaptive
-    /// limit (see the [module docs](self)) and is ignored by a fixed one.
+    /// A limit and queue as `settings` say; `health`'s latency target (at
+    /// its percentile) steers an adaptive limit (see the
+    /// [module docs](self)) and is ignored by a fixed one.
     /// Out-of-range settings are read as the nearest sensible ones (see
     /// [`LimitKind`]); validating them for the user is the config's job.
-    pub fn new(settings: ConcurrencySettings, target: Option<Target>) -> Arc<Concurrency> {
+    pub fn new(settings: ConcurrencySettings, health: &HealthSettings) -> Arc<Concurrency> {
         let (limit, controller) = match settings.limit {
             LimitKind::Fixed(n) => (n.max(1), None),
             LimitKind::Adaptive { min, max } => {
-                let g = Gradient::new(min, max, target);
+                let g = Gradient::new(min, max, health);
                 (g.limit(), Some(g))
             }
         };
@@ -558,16 +549,16 @@ struct Gradient {
 }
 
 impl Gradient {
-    fn new(min: u32, max: u32, target: Option<Target>) -> Gradient {
+    fn new(min: u32, max: u32, health: &HealthSettings) -> Gradient {
         let min = min.max(1);
         let max = max.max(min);
-        let target = target.map(|t| {
-            let p = if t.percentile.is_nan() {
+        let target = health.latency_target.map(|latency| {
+            let p = if health.percentile.is_nan() {
                 100.0
             } else {
-                t.percentile.clamp(0.0, 100.0)
+                health.percentile.clamp(0.0, 100.0)
             };
-            (t.latency.as_nanos() as f64, p)
+            (latency.as_nanos() as f64, p)
         });
         Gradient {
             min,
@@ -692,18 +683,27 @@ mod tests {
                 max_wait,
                 max_queued,
             },
-            None,
+            &HealthSettings::default(),
         )
     }
 
-    fn adaptive(min: u32, max: u32, target: Option<Target>) -> Arc<Concurrency> {
+    /// A latency target at a percentile, as `health:` gives it.
+    fn target(latency: Duration, percentile: f64) -> HealthSettings {
+        HealthSettings {
+            latency_target: Some(latency),
+            percentile,
+            ..HealthSettings::default()
+        }
+    }
+
+    fn adaptive(min: u32, max: u32, target: Option<HealthSettings>) -> Arc<Concurrency> {
         Concurrency::new(
             ConcurrencySettings {
                 limit: LimitKind::Adaptive { min, max },
                 max_wait: ms(500),
                 max_queued: 1024,
             },
-            target,
+            &target.unwrap_or_default(),
         )
     }
 
@@ -802,11 +802,8 @@ mod tests {
         assert_eq!(adaptive(40, 10, None).limit(), 40);
         assert_eq!(adaptive(1, 8, None).limit(), 8);
         assert_eq!(adaptive(1, 1000, None).limit(), INITIAL_LIMIT);
-        let nan = Target {
-            latency: ms(10),
-            percentile: f64::NAN,
-        };
-        let g = Gradient::new(1, 10, Some(nan));
+        let nan = target(ms(10), f64::NAN);
+        let g = Gradient::new(1, 10, &nan);
         assert_eq!(g.target, Some((1e7, 100.0)));
     }
 
@@ -1085,11 +1082,8 @@ mod tests {
         tail.iter().map(|&l| f64::from(l)).sum::<f64>() / tail.len() as f64
     }
 
-    fn p99(latency: Duration) -> Option<Target> {
-        Some(Target {
-            latency,
-            percentile: 99.0,
-        })
+    fn p99(latency: Duration) -> Option<HealthSettings> {
+        Some(target(latency, 99.0))
     }
 
     #[test]
@@ -1183,7 +1177,7 @@ mod tests {
     #[test]
     fn windows_wait_for_enough_samples_or_a_second() {
         let t0 = Instant::now();
-        let mut g = Gradient::new(1, 1000, p99(ms(50)));
+        let mut g = Gradient::new(1, 1000, &target(ms(50), 99.0));
         // Fifteen samples never close a window, however long they take.
         for i in 0..15 {
             assert!(!g.sample(t0 + Duration::from_secs(i), ms(900), true, 1, false));
@@ -1282,7 +1276,7 @@ mod tests {
         ]
     }
 
-    fn settings() -> impl Strategy<Value = (ConcurrencySettings, Option<Target>)> {
+    fn settings() -> impl Strategy<Value = (ConcurrencySettings, HealthSettings)> {
         let limit = prop_oneof![
             (0u32..4).prop_map(LimitKind::Fixed),
             (0u32..4, 0u32..8).prop_map(|(min, extra)| LimitKind::Adaptive {
@@ -1290,17 +1284,15 @@ mod tests {
                 max: min + extra
             }),
         ];
-        let target = proptest::option::of((1u64..100, 0.0f64..=100.0).prop_map(|(l, p)| Target {
-            latency: ms(l),
-            percentile: p,
-        }));
-        (limit, 0u64..200, 0usize..5, target).prop_map(|(limit, wait, max_queued, target)| {
+        let health = proptest::option::of((1u64..100, 0.0f64..=100.0))
+            .prop_map(|t| t.map_or_else(HealthSettings::default, |(l, p)| target(ms(l), p)));
+        (limit, 0u64..200, 0usize..5, health).prop_map(|(limit, wait, max_queued, health)| {
             let settings = ConcurrencySettings {
                 limit,
                 max_wait: ms(wait),
                 max_queued,
             };
-            (settings, target)
+            (settings, health)
         })
     }
 
@@ -1320,7 +1312,7 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let c = Concurrency::new(settings, target);
+                let c = Concurrency::new(settings, &target);
                 let t0 = Instant::now();
                 let mut elapsed = Duration::ZERO;
                 let mut waiting: Vec<Acquire> = Vec::new();
@@ -1405,7 +1397,7 @@ mod tests {
                 max_wait: ms(2),
                 max_queued: 6,
             },
-            p99(ms(1)),
+            &target(ms(1), 99.0),
         );
         rt.block_on(async {
             let mut tasks = Vec::new();

@@ -38,9 +38,11 @@ use spillway_store::{Checked, Request};
 use spillway_tower::{Admission, Problem};
 use spillway_wire::{Headers, Sole};
 
+pub use concurrency::{ConcurrencySettings, LimitKind};
 pub use identity::{IpNet, UserSource};
 
 use crate::Shared;
+use crate::health::HealthSettings;
 
 /// The proxy's settings: the `proxy:` section, with flags over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +69,7 @@ pub struct Settings {
     /// plain requests. `h2c` is never among them.
     pub upgrades: Vec<String>,
     /// The in-flight limit to the upstream (`proxy.concurrency`), if any.
-    pub concurrency: Option<ConcurrencyConfig>,
+    pub concurrency: Option<ConcurrencySettings>,
     /// Request bodies up to this many bytes are read whole before the
     /// request takes an in-flight slot or an upstream connection
     /// (`proxy.buffer_body`; 0: never).
@@ -77,47 +79,6 @@ pub struct Settings {
 /// The most `proxy.buffer_body` may be: each buffered request holds that
 /// much memory while its body arrives.
 pub const MOST_BUFFERED: usize = 16 * 1024 * 1024;
-
-/// `proxy.concurrency`: how many requests may be in flight to the
-/// upstream, and how long the rest wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConcurrencyConfig {
-    /// Fixed or adaptive.
-    pub limit: InFlight,
-    /// Longest wait in the queue (then 503).
-    pub max_wait: Duration,
-    /// Most requests waiting, every priority together.
-    pub max_queued: usize,
-}
-
-/// The in-flight limit: fixed, or adapted to the upstream's latency.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InFlight {
-    /// `limit: N`.
-    Fixed(u32),
-    /// `adaptive: { min, max }`.
-    Adaptive {
-        /// Never below.
-        min: u32,
-        /// Never above.
-        max: u32,
-    },
-}
-
-/// What "the upstream is healthy" means to the proxy's measurements (the
-/// `health:` section): latency at a percentile against a target, and an
-/// error share against a maximum, over a sliding window.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Measure {
-    /// Latency at which the upstream is at capacity.
-    pub target: Option<Duration>,
-    /// The percentile measured (e.g. 99).
-    pub percentile: f64,
-    /// Error share (5xx, failures, timeouts) at which it is at capacity.
-    pub errors_max: Option<f64>,
-    /// The window measured over.
-    pub window: Duration,
-}
 
 impl Default for Settings {
     fn default() -> Settings {
@@ -234,7 +195,7 @@ pub struct Proxy {
     clients: std::hash::RandomState,
     /// Latency and errors of upstream calls, over `measure.window`.
     stats: upstream_health::UpstreamStats,
-    measure: Measure,
+    measure: HealthSettings,
     /// Whether anything reads the measurements (health targets or an
     /// in-flight limit): if not, no clock is read per request.
     measuring: bool,
@@ -297,26 +258,11 @@ impl Proxy {
         shared: Shared,
         settings: &Settings,
         upstream: UpstreamUrl,
-        measure: Measure,
+        measure: HealthSettings,
     ) -> Proxy {
-        let concurrency = settings.concurrency.map(|c| {
-            let limit = match c.limit {
-                InFlight::Fixed(n) => concurrency::LimitKind::Fixed(n),
-                InFlight::Adaptive { min, max } => concurrency::LimitKind::Adaptive { min, max },
-            };
-            let target = measure.target.map(|latency| concurrency::Target {
-                latency,
-                percentile: measure.percentile,
-            });
-            concurrency::Concurrency::new(
-                concurrency::ConcurrencySettings {
-                    limit,
-                    max_wait: c.max_wait,
-                    max_queued: c.max_queued,
-                },
-                target,
-            )
-        });
+        let concurrency = settings
+            .concurrency
+            .map(|c| concurrency::Concurrency::new(c, &measure));
         let connections = Arc::new(spillway_wire::client::Upstream::new(
             upstream.authority().to_string(),
             upstream.base().to_string(),
@@ -329,7 +275,7 @@ impl Proxy {
             connections,
             clients: std::hash::RandomState::new(),
             measuring: concurrency.is_some()
-                || measure.target.is_some()
+                || measure.latency_target.is_some()
                 || measure.errors_max.is_some(),
             concurrency,
             stats: upstream_health::UpstreamStats::new(measure.window),
@@ -512,7 +458,7 @@ impl Proxy {
     /// without calls in the window (or without targets).
     pub fn measured(&self) -> spillway_core::Health {
         let now = Instant::now();
-        let latency = self.measure.target.and_then(|t| {
+        let latency = self.measure.latency_target.and_then(|t| {
             let at = self
                 .stats
                 .latency_quantile(now, self.measure.percentile / 100.0)?;

@@ -1,5 +1,6 @@
+use super::plan::entries_key;
 use super::*;
-use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value};
+use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value, Unit};
 
 fn desc(entries: Vec<(String, String)>) -> RateLimitDescriptor {
     RateLimitDescriptor {

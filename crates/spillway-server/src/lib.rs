@@ -20,6 +20,7 @@ pub mod api;
 pub mod check_config;
 pub mod config;
 pub mod credentials;
+pub mod events;
 pub mod grpc;
 pub mod health;
 pub mod metrics;

@@ -15,6 +15,8 @@ use arc_swap::ArcSwap;
 use spillway_core::Outcome;
 use spillway_store::RuleSet;
 
+pub use crate::events::Hits;
+
 mod process;
 
 pub use process::{Usage, build_info, process_metrics, usage};
@@ -536,23 +538,6 @@ impl Metrics {
         process_metrics(&mut out);
         out
     }
-}
-
-/// What one descriptor adds to its limit's hit counters, counted as
-/// envoyproxy/ratelimit counts them: in hits (a call's `hits_addend`), not
-/// calls.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Hits {
-    /// Every hit on the limit.
-    pub total: u64,
-    /// Hits over the limit (shadow limits' included).
-    pub over_limit: u64,
-    /// Hits within the limit past its near-limit share.
-    pub near_limit: u64,
-    /// Hits within the limit.
-    pub within_limit: u64,
-    /// Hits over a shadow limit (answered OK).
-    pub shadow_mode: u64,
 }
 
 /// One kind of hit of each, as the exposition names them.

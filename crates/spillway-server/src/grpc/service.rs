@@ -31,7 +31,7 @@ use super::Node;
 use super::proto::{
     self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse,
 };
-use crate::metrics::Hits;
+use crate::events::Hits;
 use plan::{Ask, Group, Plan, ask_of, descriptor_label, plan};
 
 /// Most descriptors in one call. Envoy sends one per matching

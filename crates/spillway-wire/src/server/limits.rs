@@ -14,14 +14,16 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Each write of an answer must be taken by the client within this.
     pub write_timeout: Duration,
-    /// Most connections open at once (for [`serve`] and [`serve_on`];
-    /// [`serve_in`] takes the process's [`Budget`] instead).
+    /// Most connections open at once (for [`serve`](super::serve) and
+    /// [`serve_on`](super::serve_on); [`serve_in`](super::serve_in) takes
+    /// the process's [`Budget`](crate::budget::Budget) instead).
     pub max_connections: usize,
     /// Most requests in flight on one HTTP/2 connection (its
     /// `SETTINGS_MAX_CONCURRENT_STREAMS`).
     pub max_streams: u32,
     /// Most requests in flight on hyper connections process-wide (see
-    /// [`Budget`]; for [`serve`] and [`serve_on`], like `max_connections`).
+    /// [`Budget`](crate::budget::Budget); for [`serve`](super::serve) and
+    /// [`serve_on`](super::serve_on), like `max_connections`).
     pub max_streams_total: usize,
     /// How long shutdown waits for requests in flight.
     pub drain_timeout: Duration,

@@ -1,6 +1,5 @@
-//! What ways in report to the event sink ([`Shared::events`](crate::Shared),
-//! the metrics): the vocabulary they share, kept apart from the metrics so
-//! that a way in reports without importing another.
+//! What the ways in report to the metrics: value types both sides know.
+//! Not a way in: ways in and metrics import it; it imports neither.
 
 /// What one descriptor adds to its limit's hit counters, counted as
 /// envoyproxy/ratelimit counts them: in hits (a call's `hits_addend`), not

@@ -1,18 +1,16 @@
-//! What "the service has room" means (`health:`), in one type: the admin
-//! plane reads reports against it (`PUT /v1/health`), the proxy measures
-//! its upstream against it, and the proxy's adaptive in-flight limit aims
-//! at its latency target. Neither way in imports the other for it.
+//! `health:`: what "the service has room" means, one type read by the
+//! admin plane (reports against targets) and handed to the proxy (its
+//! measurements of the upstream and the in-flight limit's latency target).
+//!
+//! Not a way in: admin and proxy both import it; it imports neither.
 
 /// `health:`: what "the service has room" means.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HealthSettings {
     /// Latency at which the service is at capacity (a report's
-    /// `latency_ms` over it is a load above 1; the proxy's adaptive
-    /// in-flight limit holds its upstream's latency there).
+    /// `latency_ms` over it is a load above 1).
     pub latency_target: Option<std::time::Duration>,
-    /// The latency percentile measured (for the proxy's own measurements
-    /// and its adaptive limit), from 0 to 100 (clamped; NaN is read as
-    /// 100).
+    /// The latency percentile measured (for the proxy's own measurements).
     pub percentile: f64,
     /// The error share at which the service is at capacity.
     pub errors_max: Option<f64>,

@@ -34,7 +34,7 @@ use bytes::{Buf, BytesMut};
 use http::StatusCode;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -42,56 +42,13 @@ use tokio::time::Instant;
 use crate::budget::{Budget, ConnState};
 use crate::head::{self, Head, RequestHead};
 use crate::io::Rewind;
-use crate::stream::{Accept, Buffered, PlainTcp, Stream, Writer, WriterKind};
+use crate::stream::{Accept, PlainTcp, Stream, Writer, WriterKind};
 
-/// Time and connection bounds of a listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// A request head must arrive in full within this, from its first byte.
-    pub head_timeout: Duration,
-    /// A connection may wait this long for its next request (and a hyper
-    /// connection this long with nothing moving either way).
-    pub idle_timeout: Duration,
-    /// Each read of a request body must bring bytes within this.
-    pub body_timeout: Duration,
-    /// Each write of an answer must be taken by the client within this.
-    pub write_timeout: Duration,
-    /// Most connections open at once (for [`serve`] and [`serve_on`];
-    /// [`serve_in`] takes the process's [`Budget`] instead).
-    pub max_connections: usize,
-    /// Most requests in flight on one HTTP/2 connection (its
-    /// `SETTINGS_MAX_CONCURRENT_STREAMS`).
-    pub max_streams: u32,
-    /// Most requests in flight on hyper connections process-wide (see
-    /// [`Budget`]; for [`serve`] and [`serve_on`], like `max_connections`).
-    pub max_streams_total: usize,
-    /// How long shutdown waits for requests in flight.
-    pub drain_timeout: Duration,
-    /// Whether plain requests take the direct path; `false` hands every
-    /// connection to hyper from its first byte (for operators who want one
-    /// HTTP implementation only, and for tests that compare the two).
-    pub direct_path: bool,
-    /// Whether the listener speaks HTTP/2 only (gRPC): an HTTP/1.1 request
-    /// ends its connection.
-    pub http2_only: bool,
-}
+mod deadlines;
+mod limits;
 
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            head_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            body_timeout: Duration::from_secs(30),
-            write_timeout: Duration::from_secs(30),
-            max_connections: 10_000,
-            max_streams: 100,
-            max_streams_total: 4096,
-            drain_timeout: Duration::from_secs(30),
-            direct_path: true,
-            http2_only: false,
-        }
-    }
-}
+use deadlines::{Timed, read_more, write_buffered};
+pub use limits::Limits;
 
 /// A request the direct path read in full.
 #[derive(Debug)]
@@ -203,49 +160,6 @@ pub trait Handler: Send + Sync + 'static {
 
     /// The service for a connection handed to hyper.
     fn fallback(&self, peer: SocketAddr) -> Self::Fallback;
-}
-
-/// Writes `bytes` into a stream that buffers (TLS) and flushes it, within
-/// the write timeout; false if the client is gone or does not read.
-async fn write_buffered(s: &mut dyn Buffered, bytes: &[u8], timeout: Duration) -> bool {
-    let n = match write_now(s, bytes) {
-        Now::Done(ok) => return ok,
-        Now::Wrote(n) => n,
-    };
-    let rest = &bytes[n..];
-    let write = async {
-        s.write_all(rest).await?;
-        s.flush().await
-    };
-    matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())))
-}
-
-/// What [`write_now`] did.
-enum Now {
-    /// All written and flushed (true), or the stream broke (false).
-    Done(bool),
-    /// This many bytes were taken before the stream had to wait.
-    Wrote(usize),
-}
-
-/// Writes and flushes what `s` takes without waiting: most answers are
-/// sealed and taken by the socket at once, and then no timer is needed
-/// (one would cost a timer wheel registration per answer).
-fn write_now(s: &mut dyn Buffered, bytes: &[u8]) -> Now {
-    use std::task::{Context, Poll, Waker};
-    let mut cx = Context::from_waker(Waker::noop());
-    let mut n = 0;
-    while n < bytes.len() {
-        match std::pin::Pin::new(&mut *s).poll_write(&mut cx, &bytes[n..]) {
-            Poll::Ready(Ok(0) | Err(_)) => return Now::Done(false),
-            Poll::Ready(Ok(k)) => n += k,
-            Poll::Pending => return Now::Wrote(n),
-        }
-    }
-    match std::pin::Pin::new(&mut *s).poll_flush(&mut cx) {
-        Poll::Ready(r) => Now::Done(r.is_ok()),
-        Poll::Pending => Now::Wrote(n),
-    }
 }
 
 /// Accepts connections on `listener` until `shutdown` completes, then lets
@@ -778,128 +692,5 @@ impl<H: Handler, A: Accept> Conn<H, A> {
                 let _ = conn.await;
             }
         }
-    }
-}
-
-/// A connection handed to hyper, on the same coarse deadlines as the
-/// direct path: while a request is in flight, every read or write that
-/// moves bytes pushes its deadline `idle` ahead (with none in flight, the
-/// deadline was set when the last one ended, and bytes that open no
-/// request do not move it), and a write the client does not take within
-/// `write` ends it. (A tokio timer reset on every pending read cost a timer-wheel
-/// registration per request.)
-struct Timed<T> {
-    inner: T,
-    state: Arc<ConnState>,
-    drain: Arc<Drain>,
-    idle: Duration,
-    write: Duration,
-    /// A write is waiting for the client (its deadline is set).
-    write_blocked: bool,
-}
-
-impl<T> Timed<T> {
-    fn moved(&mut self) {
-        self.write_blocked = false;
-        if self.state.streams.load(Ordering::Relaxed) > 0 {
-            self.state.waiting(&self.drain.budget.clock, self.idle);
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Timed<T> {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        if r.is_ready() && buf.filled().len() > before {
-            self.state.heard.store(true, Ordering::Relaxed);
-            self.moved();
-        }
-        r
-    }
-}
-
-impl<T: AsyncWrite + Unpin> Timed<T> {
-    fn after_write(
-        &mut self,
-        r: std::task::Poll<io::Result<usize>>,
-    ) -> std::task::Poll<io::Result<usize>> {
-        match &r {
-            // An answer's tail still going out to a slow reader after its
-            // request ended (hyper queues a body's last bytes before they
-            // are written): each write it takes gets the write timeout,
-            // as on the direct path. A client that reads at once never
-            // blocks a write, so PING answers move nothing.
-            std::task::Poll::Ready(Ok(n))
-                if *n > 0
-                    && self.write_blocked
-                    && self.state.streams.load(Ordering::Relaxed) == 0 =>
-            {
-                self.write_blocked = false;
-                self.state.waiting(&self.drain.budget.clock, self.write);
-            }
-            std::task::Poll::Ready(Ok(n)) if *n > 0 => self.moved(),
-            std::task::Poll::Pending if !self.write_blocked => {
-                self.write_blocked = true;
-                let ms = u64::try_from(self.write.as_millis()).unwrap_or(u64::MAX);
-                let at = self.drain.budget.clock.now().saturating_add(ms);
-                self.state.deadline.fetch_min(at, Ordering::Relaxed);
-            }
-            _ => {}
-        }
-        r
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Timed<T> {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.after_write(r)
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> std::task::Poll<io::Result<usize>> {
-        let r = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        self.after_write(r)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Reads more of a request (its deadline is the sweeper's).
-async fn read_more<S: AsyncRead + Unpin>(tcp: &mut S, buf: &mut BytesMut) -> Read {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(4096);
-    }
-    match tcp.read_buf(buf).await {
-        Ok(n) if n > 0 => Read::More,
-        _ => Read::Done,
     }
 }

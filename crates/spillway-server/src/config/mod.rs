@@ -7,6 +7,7 @@
 
 mod admin;
 mod envoy;
+mod envoy_settings;
 mod load;
 mod raw;
 #[cfg(test)]
@@ -391,11 +392,9 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             .and_then(|a| a.value.tls.as_ref())
             .and_then(|t| tls::tls(&mut errs, t, "admin.tls")),
     };
-    let (envoy, envoy_errors) = crate::grpc::service::settings::EnvoySettings::load(
-        raw.envoy.as_ref(),
-        errs.file,
-        &|var| std::env::var(var).ok(),
-    );
+    let (envoy, envoy_errors) = envoy_settings::load(raw.envoy.as_ref(), errs.file, &|var| {
+        std::env::var(var).ok()
+    });
     errs.list.extend(envoy_errors);
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();

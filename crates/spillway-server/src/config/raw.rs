@@ -26,7 +26,7 @@ pub(crate) struct RawConfig {
     /// The Envoy rate limit service's settings envoyproxy/ratelimit takes
     /// from its environment.
     #[serde(default)]
-    pub(crate) envoy: Option<Spanned<crate::grpc::service::settings::RawEnvoy>>,
+    pub(crate) envoy: Option<Spanned<super::envoy_settings::RawEnvoy>>,
     #[serde(default)]
     pub(crate) admin_listen: Option<Spanned<String>>,
     /// The operator's plane: its listener, tokens and top keys.

@@ -28,7 +28,8 @@ pub struct GrpcState {
 }
 
 /// Serves the Envoy rate limit service and gRPC health on `listener`
-/// until `stop` completes; over TLS with `tls` (see [`crate::tls`]).
+/// until `stop` completes; over TLS with `tls` (the acceptor built from
+/// the TLS settings).
 pub async fn serve(
     state: Arc<GrpcState>,
     listener: TcpListener,

@@ -9,10 +9,10 @@
 //! overall code, headers and metadata.
 
 pub mod json;
+mod plan;
 pub mod rate;
 pub mod settings;
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -27,16 +27,12 @@ use tonic::server::NamedService;
 
 use self::settings::EnvoySettings;
 use super::GrpcState;
+use super::Node;
 use super::proto::{
-    self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitDescriptor, RateLimitRequest,
-    RateLimitResponse, Unit,
+    self, Code, DescriptorStatus, HeaderValue, RateLimit, RateLimitRequest, RateLimitResponse,
 };
-use super::{Action, Node, envoy_rule, find};
 use crate::events::Hits;
-
-mod plan;
-#[allow(clippy::wildcard_imports)]
-use plan::*;
+use plan::{Ask, Group, Plan, ask_of, descriptor_label, plan};
 
 /// Most descriptors in one call. Envoy sends one per matching
 /// `rate_limits` entry, a handful; past this many the whole call is

@@ -42,7 +42,7 @@
 //! slow call from deciding at low rates; the second keeps a high limit
 //! reacting when calls become slow. At each close:
 //!
-//! - `observed` is the window's latency at the target's percentile (the
+//! - `observed` is the window's latency at the `health:` percentile (the
 //!   median without a target);
 //! - `reference` is the target's latency, or without one twice the
 //!   no-load latency: the smallest latency seen;
@@ -266,8 +266,8 @@ impl State {
 }
 
 impl Concurrency {
-    /// A limit and queue as `settings` say; the latency target of
-    /// `health` (at its percentile) steers an adaptive limit (see the
+    /// A limit and queue as `settings` say; `health`'s latency target (at
+    /// its percentile) steers an adaptive limit (see the
     /// [module docs](self)) and is ignored by a fixed one.
     /// Out-of-range settings are read as the nearest sensible ones (see
     /// [`LimitKind`]); validating them for the user is the config's job.
@@ -275,8 +275,7 @@ impl Concurrency {
         let (limit, controller) = match settings.limit {
             LimitKind::Fixed(n) => (n.max(1), None),
             LimitKind::Adaptive { min, max } => {
-                let target = health.latency_target.map(|l| (l, health.percentile));
-                let g = Gradient::new(min, max, target);
+                let g = Gradient::new(min, max, health);
                 (g.limit(), Some(g))
             }
         };
@@ -550,16 +549,14 @@ struct Gradient {
 }
 
 impl Gradient {
-    /// `target`: the latency to hold, at which percentile of a window
-    /// (0 to 100, clamped; NaN is read as 100).
-    fn new(min: u32, max: u32, target: Option<(Duration, f64)>) -> Gradient {
+    fn new(min: u32, max: u32, health: &HealthSettings) -> Gradient {
         let min = min.max(1);
         let max = max.max(min);
-        let target = target.map(|(latency, percentile)| {
-            let p = if percentile.is_nan() {
+        let target = health.latency_target.map(|latency| {
+            let p = if health.percentile.is_nan() {
                 100.0
             } else {
-                percentile.clamp(0.0, 100.0)
+                health.percentile.clamp(0.0, 100.0)
             };
             (latency.as_nanos() as f64, p)
         });

@@ -25,127 +25,29 @@ pub mod concurrency;
 pub mod direct;
 pub mod hyper;
 pub mod identity;
+mod settings;
+mod target;
 pub mod upstream_health;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use http::{StatusCode, Uri};
+use http::StatusCode;
 use spillway_core::IpText;
 use spillway_store::{Checked, Request};
 use spillway_tower::{Admission, Problem};
 use spillway_wire::{Headers, Sole};
 
+pub use concurrency::{ConcurrencySettings, LimitKind};
 pub use identity::{IpNet, UserSource};
+pub use settings::{MOST_BUFFERED, Settings, UpstreamUrl, default_upstream_connections};
+pub use target::absolute_form;
+use target::valid_host;
 
 use crate::Shared;
 use crate::health::HealthSettings;
-
-/// The proxy's settings: the `proxy:` section, with flags over it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// Where admitted requests go.
-    pub upstream: Option<UpstreamUrl>,
-    /// Connections open to the upstream at most
-    /// (`proxy.upstream.max_connections`); `None`: derived from the
-    /// connection budget ([`default_upstream_connections`]).
-    pub max_connections: Option<usize>,
-    /// Where the user identity comes from.
-    pub user: Option<UserSource>,
-    /// Peers whose `Forwarded` / `X-Forwarded-For` are believed.
-    pub trusted_proxies: Vec<IpNet>,
-    /// Longest wait for the upstream's response head, and for each part of
-    /// its body.
-    pub timeout: Duration,
-    /// Where `spillway proxy` listens (before the file's `listen`).
-    pub listen: Option<SocketAddr>,
-    /// Where `spillway proxy` serves the admin API (metrics, health,
-    /// status, rules), which its own address forwards upstream.
-    pub admin_listen: Option<SocketAddr>,
-    /// Upgrade protocols passed through (lower case); others are served as
-    /// plain requests. `h2c` is never among them.
-    pub upgrades: Vec<String>,
-    /// The in-flight limit to the upstream (`proxy.concurrency`), if any.
-    pub concurrency: Option<concurrency::ConcurrencySettings>,
-    /// Request bodies up to this many bytes are read whole before the
-    /// request takes an in-flight slot or an upstream connection
-    /// (`proxy.buffer_body`; 0: never).
-    pub buffer_body: usize,
-}
-
-/// The most `proxy.buffer_body` may be: each buffered request holds that
-/// much memory while its body arrives.
-pub const MOST_BUFFERED: usize = 16 * 1024 * 1024;
-
-impl Default for Settings {
-    fn default() -> Settings {
-        Settings {
-            upstream: None,
-            max_connections: None,
-            user: None,
-            trusted_proxies: Vec::new(),
-            timeout: Duration::from_secs(30),
-            listen: None,
-            admin_listen: None,
-            upgrades: vec!["websocket".to_string()],
-            concurrency: None,
-            buffer_body: 64 * 1024,
-        }
-    }
-}
-
-/// An upstream URL, checked once: `http://host[:port][/base]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamUrl {
-    uri: Uri,
-    authority: String,
-    base: String,
-}
-
-impl UpstreamUrl {
-    /// Parses and checks an upstream URL.
-    ///
-    /// # Errors
-    /// Not an `http://` URL with a host, or one with a query.
-    pub fn parse(s: &str) -> Result<UpstreamUrl, String> {
-        let uri: Uri = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        let Some(host) = uri.host().filter(|h| !h.is_empty()) else {
-            return Err(format!("{s:?}: expected http://host[:port][/path]"));
-        };
-        if uri.scheme_str() != Some("http") || uri.query().is_some() {
-            return Err(format!("{s:?}: expected http://host[:port][/path]"));
-        }
-        let port = uri.port_u16().unwrap_or(80);
-        Ok(UpstreamUrl {
-            authority: format!("{host}:{port}"),
-            base: uri.path().trim_end_matches('/').to_string(),
-            uri,
-        })
-    }
-
-    /// `host:port`.
-    pub fn authority(&self) -> &str {
-        &self.authority
-    }
-
-    /// The path every target is put under (no trailing `/`; may be empty).
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
-    /// As given.
-    pub fn uri(&self) -> &Uri {
-        &self.uri
-    }
-}
-
-impl std::fmt::Display for UpstreamUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.uri.fmt(f)
-    }
-}
 
 /// Request headers a client never passes to the upstream: the proxy
 /// writes its own forwarding headers, and only a trusted proxy's
@@ -240,16 +142,6 @@ impl From<spillway_wire::client::Failure> for Failure {
         }
     }
 }
-
-/// `proxy.upstream.max_connections` when the file sets none: a quarter of
-/// the connection budget (`server.max_connections`, itself derived from
-/// the descriptor limit), at least 8: each proxied request may hold an
-/// upstream connection, and the rest of the descriptors serve clients,
-/// Redis and the other listeners.
-pub fn default_upstream_connections(server_max_connections: usize) -> usize {
-    (server_max_connections / 4).max(8)
-}
-
 impl Proxy {
     /// The proxy for `settings`, whose upstream is `upstream`, measuring
     /// its upstream's health as `measure` says.
@@ -690,49 +582,6 @@ impl Proxy {
     }
 }
 
-/// An absolute-form target (`http://host[:port]/path?query`, RFC 9112
-/// §3.2.2), which a server must accept: the authority it names and the
-/// origin-form target it stands for (`/` for an empty path). The request
-/// is then served exactly as that origin-form one, its `Host` replaced by
-/// the authority, so it is counted under the same route and keys.
-///
-/// # Errors
-/// What a reverse proxy must not guess at, as the 400's detail: a scheme
-/// other than `http` / `https`, no authority or an invalid one, userinfo
-/// (`http://user@host/`: RFC 9110 §4.2.4 says to treat it as an error; it
-/// is also how a target names one host to a reader and another to the
-/// next), a path that is not RFC 3986 characters.
-pub fn absolute_form<'a>(
-    scheme: Option<&str>,
-    authority: Option<&'a str>,
-    path_and_query: Option<&'a str>,
-) -> Result<(&'a str, &'a str), &'static str> {
-    let scheme_ok =
-        scheme.is_some_and(|s| s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https"));
-    if !scheme_ok {
-        return Err("the request target must be a path, or an http(s) URL (absolute-form)");
-    }
-    let Some(authority) = authority.filter(|a| !a.is_empty()) else {
-        return Err("an absolute-form target must name a host");
-    };
-    if authority.contains('@') {
-        return Err("an absolute-form target must not carry userinfo");
-    }
-    if !valid_host(authority.as_bytes()) {
-        return Err("the absolute-form target's host is not a valid host");
-    }
-    let origin = match path_and_query {
-        None | Some("") => "/",
-        Some(p) if p.starts_with('/') => p,
-        // `http://x?q` (a query on an empty path) and anything else.
-        Some(_) => return Err("the absolute-form target's path is not a path"),
-    };
-    if !spillway_wire::head::strict_origin_form(origin) {
-        return Err("the absolute-form target's path is not RFC 3986 characters");
-    }
-    Ok((authority, origin))
-}
-
 /// How often the proxy's measured health is brought up to date.
 pub const MEASURE_EVERY: Duration = Duration::from_millis(200);
 
@@ -747,37 +596,6 @@ pub fn priority_of(checked: &Checked) -> spillway_core::Priority {
         .max()
         .unwrap_or_default()
 }
-
-/// A host as `Host` may carry it: a reg-name or IPv4 address of RFC 3986
-/// characters, or a bracketed IPv6 literal, and an optional port.
-fn valid_host(h: &[u8]) -> bool {
-    let (host, port): (&[u8], Option<&[u8]>) = if let Some(rest) = h.strip_prefix(b"[") {
-        let Some(close) = rest.iter().position(|&b| b == b']') else {
-            return false;
-        };
-        let lit = std::str::from_utf8(&rest[..close]).unwrap_or("");
-        if lit.parse::<std::net::Ipv6Addr>().is_err() {
-            return false;
-        }
-        match &rest[close + 1..] {
-            [] => (b"x", None),
-            [b':', p @ ..] => (b"x", Some(p)),
-            _ => return false,
-        }
-    } else {
-        match h.iter().rposition(|&b| b == b':') {
-            Some(i) => (&h[..i], Some(&h[i + 1..])),
-            None => (h, None),
-        }
-    };
-    let host_ok = !host.is_empty() && host.iter().all(|&b| HOST[usize::from(b)]);
-    let port_ok = port.is_none_or(|p| p.len() <= 5 && p.iter().all(u8::is_ascii_digit));
-    host_ok && port_ok
-}
-
-/// The bytes a reg-name or IPv4 host may hold: RFC 3986's unreserved and
-/// sub-delims characters and `%` (escapes).
-static HOST: [bool; 256] = spillway_wire::head::rfc3986_bytes(b"%");
 
 /// A request's identity and headers, for the rules' keys.
 struct Attrs<'a, H: ?Sized> {

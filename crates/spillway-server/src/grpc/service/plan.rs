@@ -1,8 +1,14 @@
-//! How one descriptor of a call is decided: the rule it matches in its
-//! domain's tree (or none), and what it asks of that rule.
+//! What each descriptor of a call asks: the limit that decides it (or a
+//! request's `limit` override, a ban, none), and how its hits are asked of
+//! the store.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::borrow::Cow;
+
+use spillway_core::Rule;
+
+use super::super::proto::{RateLimitDescriptor, Unit};
+use super::super::{Action, Domain, Node, envoy_rule, find};
+use super::OVERRIDE;
 
 /// How a descriptor's hits are asked of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,10 +165,7 @@ pub(super) fn descriptor_label(d: &RateLimitDescriptor) -> String {
 /// ignored (envoyproxy/ratelimit fails the call).
 /// Also the names of the limits the matched node replaces (none for an
 /// override, as in envoyproxy/ratelimit).
-pub(super) fn plan<'a>(
-    domain: &'a crate::grpc::Domain,
-    d: &'a RateLimitDescriptor,
-) -> (Plan<'a>, &'a [String]) {
+pub(super) fn plan<'a>(domain: &'a Domain, d: &'a RateLimitDescriptor) -> (Plan<'a>, &'a [String]) {
     let entries: Vec<(&str, &str)> = d
         .entries
         .iter()

@@ -1,5 +1,6 @@
+use super::plan::entries_key;
 use super::*;
-use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value};
+use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value, Unit};
 
 fn desc(entries: Vec<(String, String)>) -> RateLimitDescriptor {
     RateLimitDescriptor {
@@ -16,10 +17,10 @@ fn desc(entries: Vec<(String, String)>) -> RateLimitDescriptor {
 fn state() -> GrpcState {
     use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, SystemClock};
     let domain = crate::config::parse_envoy(
-        "t.yaml",
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: b\n    value: x\n    rate_limit: { unit: second, requests_per_unit: 0 }\n  - key: c\n    rate_limit: { unlimited: true }\n",
-    )
-    .unwrap();
+            "t.yaml",
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n  - key: b\n    value: x\n    rate_limit: { unit: second, requests_per_unit: 0 }\n  - key: c\n    rate_limit: { unlimited: true }\n",
+        )
+        .unwrap();
     let set = RuleSet::new(Vec::new());
     let store = crate::ServerStore::Memory(MemoryStore::new(
         SystemClock::new(),

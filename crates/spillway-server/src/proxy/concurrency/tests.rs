@@ -26,7 +26,7 @@ fn fixed(limit: u32, max_wait: Duration, max_queued: usize) -> Arc<Concurrency> 
     )
 }
 
-/// The health settings with a latency target at a percentile.
+/// A latency target at a percentile, as `health:` gives it.
 fn target(latency: Duration, percentile: f64) -> HealthSettings {
     HealthSettings {
         latency_target: Some(latency),
@@ -141,7 +141,8 @@ fn bad_settings_are_read_as_the_nearest_sensible_ones() {
     assert_eq!(adaptive(40, 10, None).limit(), 40);
     assert_eq!(adaptive(1, 8, None).limit(), 8);
     assert_eq!(adaptive(1, 1000, None).limit(), INITIAL_LIMIT);
-    let g = Gradient::new(1, 10, Some((ms(10), f64::NAN)));
+    let nan = target(ms(10), f64::NAN);
+    let g = Gradient::new(1, 10, &nan);
     assert_eq!(g.target, Some((1e7, 100.0)));
 }
 
@@ -514,7 +515,7 @@ fn mostly_failing_windows_cut_the_limit() {
 #[test]
 fn windows_wait_for_enough_samples_or_a_second() {
     let t0 = Instant::now();
-    let mut g = Gradient::new(1, 1000, Some((ms(50), 99.0)));
+    let mut g = Gradient::new(1, 1000, &target(ms(50), 99.0));
     // Fifteen samples never close a window, however long they take.
     for i in 0..15 {
         assert!(!g.sample(t0 + Duration::from_secs(i), ms(900), true, 1, false));
@@ -613,7 +614,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn settings() -> impl Strategy<Value = (ConcurrencySettings, Option<HealthSettings>)> {
+fn settings() -> impl Strategy<Value = (ConcurrencySettings, HealthSettings)> {
     let limit = prop_oneof![
         (0u32..4).prop_map(LimitKind::Fixed),
         (0u32..4, 0u32..8).prop_map(|(min, extra)| LimitKind::Adaptive {
@@ -621,15 +622,15 @@ fn settings() -> impl Strategy<Value = (ConcurrencySettings, Option<HealthSettin
             max: min + extra
         }),
     ];
-    let target =
-        proptest::option::of((1u64..100, 0.0f64..=100.0).prop_map(|(l, p)| target(ms(l), p)));
-    (limit, 0u64..200, 0usize..5, target).prop_map(|(limit, wait, max_queued, target)| {
+    let health = proptest::option::of((1u64..100, 0.0f64..=100.0))
+        .prop_map(|t| t.map_or_else(HealthSettings::default, |(l, p)| target(ms(l), p)));
+    (limit, 0u64..200, 0usize..5, health).prop_map(|(limit, wait, max_queued, health)| {
         let settings = ConcurrencySettings {
             limit,
             max_wait: ms(wait),
             max_queued,
         };
-        (settings, target)
+        (settings, health)
     })
 }
 
@@ -649,7 +650,7 @@ proptest! {
             .build()
             .unwrap();
         rt.block_on(async {
-            let c = Concurrency::new(settings, &target.unwrap_or_default());
+            let c = Concurrency::new(settings, &target);
             let t0 = Instant::now();
             let mut elapsed = Duration::ZERO;
             let mut waiting: Vec<Acquire> = Vec::new();

@@ -1,0 +1,54 @@
+//! A listener's time and connection bounds.
+
+use std::time::Duration;
+
+/// Time and connection bounds of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A request head must arrive in full within this, from its first byte.
+    pub head_timeout: Duration,
+    /// A connection may wait this long for its next request (and a hyper
+    /// connection this long with nothing moving either way).
+    pub idle_timeout: Duration,
+    /// Each read of a request body must bring bytes within this.
+    pub body_timeout: Duration,
+    /// Each write of an answer must be taken by the client within this.
+    pub write_timeout: Duration,
+    /// Most connections open at once (for [`serve`](super::serve) and
+    /// [`serve_on`](super::serve_on); [`serve_in`](super::serve_in) takes
+    /// the process's [`Budget`](crate::budget::Budget) instead).
+    pub max_connections: usize,
+    /// Most requests in flight on one HTTP/2 connection (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_streams: u32,
+    /// Most requests in flight on hyper connections process-wide (see
+    /// [`Budget`](crate::budget::Budget); for [`serve`](super::serve) and
+    /// [`serve_on`](super::serve_on), like `max_connections`).
+    pub max_streams_total: usize,
+    /// How long shutdown waits for requests in flight.
+    pub drain_timeout: Duration,
+    /// Whether plain requests take the direct path; `false` hands every
+    /// connection to hyper from its first byte (for operators who want one
+    /// HTTP implementation only, and for tests that compare the two).
+    pub direct_path: bool,
+    /// Whether the listener speaks HTTP/2 only (gRPC): an HTTP/1.1 request
+    /// ends its connection.
+    pub http2_only: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            head_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            body_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+            max_streams: 100,
+            max_streams_total: 4096,
+            drain_timeout: Duration::from_secs(30),
+            direct_path: true,
+            http2_only: false,
+        }
+    }
+}

@@ -19,3 +19,15 @@ if [ -n "$big" ]; then
   echo "check-tree: remove them (git rm) or keep them outside the repository" >&2
   exit 1
 fi
+
+# The service, the wire layer and simulate keep each source file short
+# enough to read whole: at most 700 lines, tests (tests.rs files and
+# tests/ folders) aside. Split by concern when one grows past it.
+long=$(git ls-files 'crates/spillway-server/src/*.rs' 'crates/spillway-wire/src/*.rs' \
+    'crates/spillway-simulate/src/*.rs' | grep -v -e '/tests\.rs$' -e '/tests/' |
+  while read -r f; do n=$(wc -l <"$f"); [ "$n" -gt 700 ] && echo "$n $f"; done || true)
+if [ -n "$long" ]; then
+  echo "check-tree: source files over 700 lines (lines path):" >&2
+  echo "$long" | sed 's/^/  /' >&2
+  exit 1
+fi

@@ -92,6 +92,7 @@ impl AdaptiveThrottle {
 
 /// Why a request through [`Adaptive`] got no answer from the backend.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AdaptiveError<E> {
     /// The inner service failed.
     Inner(E),

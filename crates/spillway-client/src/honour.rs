@@ -62,6 +62,7 @@ impl Default for Config {
 
 /// Why a request was not answered by the server.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error<E> {
     /// The inner service failed.
     Inner(E),

@@ -15,6 +15,8 @@
 //!   is not hammered by retries.
 //! - [`api`]: a typed client for spillway's own decision API.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod adaptive;
 pub mod api;
 pub mod events;

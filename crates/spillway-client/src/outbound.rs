@@ -254,6 +254,7 @@ impl Default for OutboundConfig {
 
 /// Why an outbound request was not sent (or not answered).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum OutboundError<E> {
     /// The inner service failed.
     Inner(E),

@@ -30,6 +30,8 @@
 //! # Ok::<(), spillway_core::Error>(())
 //! ```
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod algo;
 pub mod date;
 pub mod decision;

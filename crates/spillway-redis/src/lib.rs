@@ -96,6 +96,8 @@
 //!   on one Redis, under `<prefix>{admin}:`, one cluster slot, with a
 //!   version bumped atomically by each change (`lua/admin.lua`).
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod admin;
 mod breaker;
 mod fault;
@@ -554,12 +556,9 @@ impl RedisStore {
             format!("redis: {}", fault::said(e))
         };
         inner.breaker.failure(fault, &message);
-        StoreError {
-            // Sent, and no answer in time: a stopped server may run it
-            // when it resumes.
-            maybe_applied: sent && fault == Fault::Timeout,
-            ..err(fault.transient(), message)
-        }
+        // Sent, and no answer in time: a stopped server may run it when
+        // it resumes.
+        err(fault.transient(), message).maybe_applied_if(sent && fault == Fault::Timeout)
     }
 
     /// A decision on a single server: queued for the batcher.

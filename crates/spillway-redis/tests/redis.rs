@@ -761,7 +761,7 @@ fn killed_and_paused_redis_fail_fast_and_recover() {
     for _ in 0..20 {
         let t = Instant::now();
         let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
-        assert!(e.transient, "{e}");
+        assert!(e.transient(), "{e}");
         slowest = slowest.max(t.elapsed());
     }
     let all = all.elapsed();
@@ -784,7 +784,7 @@ fn killed_and_paused_redis_fail_fast_and_recover() {
     server.signal("KILL");
     let t = Instant::now();
     let e = rt.block_on(redis.decide(&charges, 1)).unwrap_err();
-    assert!(e.transient);
+    assert!(e.transient());
     assert!(t.elapsed() < timeout + Duration::from_secs(2));
     server.restart();
     assert!(
@@ -822,7 +822,7 @@ fn a_store_started_before_redis_connects_when_it_appears() {
         assert!(
             rt.block_on(redis.decide(&charges, 1))
                 .unwrap_err()
-                .transient
+                .transient()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -989,7 +989,7 @@ fn a_full_redis_opens_the_breaker_says_why_and_recovers() {
         let (e1, e2) = (e1.expect("a store error"), e2.expect("a store error"));
         assert!(open, "fail-open admits");
         assert!(!closed, "fail-closed denies");
-        assert!(e1.transient && e2.transient, "{e1} / {e2}");
+        assert!(e1.transient() && e2.transient(), "{e1} / {e2}");
     }
     assert!(!redis.is_healthy());
     assert_ne!(redis.breaker(), BreakerState::Closed);
@@ -1065,7 +1065,7 @@ fn server_errors_open_the_breaker_with_their_reason() {
             let (e1, e2) = (e1.expect("a store error"), e2.expect("a store error"));
             assert!(open && !closed, "{said}: decided by policy");
             assert_eq!(
-                (e1.transient, e2.transient),
+                (e1.transient(), e2.transient()),
                 (transient, transient),
                 "{e1} / {e2}"
             );

@@ -210,6 +210,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// `on_store_error:` read: `allow`, `deny` or `share`, else an error at
+/// its location (and `allow`).
 pub fn policy(errs: &mut Collector<'_>, p: &Spanned<String>) -> FailPolicy {
     match p.value.as_str() {
         "allow" => FailPolicy::Allow,
@@ -225,6 +227,8 @@ pub fn policy(errs: &mut Collector<'_>, p: &Spanned<String>) -> FailPolicy {
     }
 }
 
+/// One item of `rules:` checked and built, every error located; `None`
+/// when it has any.
 pub fn rule(errs: &mut Collector<'_>, r: &Spanned<RawRule>, ctx: &RuleContext<'_>) -> Option<Rule> {
     let raw = &r.value;
     let before = errs.list.len();
@@ -405,6 +409,8 @@ fn response_cost(
     })
 }
 
+/// `mode:` read (`hard`, `soft N%`, `shadow`, `elastic ...`), else an
+/// error at its location (and hard).
 pub fn mode(errs: &mut Collector<'_>, m: &Spanned<String>) -> Mode {
     let v = m.value.trim();
     match v {
@@ -455,6 +461,7 @@ pub fn mode(errs: &mut Collector<'_>, m: &Spanned<String>) -> Mode {
     }
 }
 
+/// A count that must be at least 1 (`what` names it in the error).
 pub fn count(errs: &mut Collector<'_>, n: &Spanned<i64>, what: &str) -> Option<u64> {
     if n.value <= 0 {
         errs.at(n, format!("{what} must be at least 1, not {}", n.value));
@@ -463,6 +470,7 @@ pub fn count(errs: &mut Collector<'_>, n: &Spanned<i64>, what: &str) -> Option<u
     Some(n.value as u64)
 }
 
+/// One limit checked and built with its algorithm's parameters.
 pub fn limit(
     errs: &mut Collector<'_>,
     l: &Spanned<RawLimit>,
@@ -558,6 +566,8 @@ pub fn parse_rate(s: &str) -> Result<Rate, String> {
     s.parse::<Rate>().map_err(|e| e.to_string())
 }
 
+/// A duration such as `500ms` or `1m` (`what` names it in the error);
+/// zero only when `zero_ok`.
 pub fn duration(
     errs: &mut Collector<'_>,
     d: &Spanned<String>,
@@ -577,6 +587,7 @@ pub fn duration(
     }
 }
 
+/// A rate such as `10/1s` (`what` names it in the error).
 pub fn rate(errs: &mut Collector<'_>, r: &Spanned<String>, what: &str) -> Option<Rate> {
     match parse_rate(&r.value) {
         Ok(rate) => Some(rate),

@@ -7,6 +7,7 @@ use serde_saphyr::Spanned;
 
 /// One problem in a rules file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Error {
     /// The file (or `<example>` for the built-in one).
     pub file: String,
@@ -16,6 +17,24 @@ pub struct Error {
     pub column: u64,
     /// What is wrong.
     pub message: String,
+}
+
+impl Error {
+    /// A problem in `file` at `line` and `column` (1-based; 0 when not
+    /// known): `message`.
+    pub fn new(
+        file: impl Into<String>,
+        line: u64,
+        column: u64,
+        message: impl Into<String>,
+    ) -> Error {
+        Error {
+            file: file.into(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -58,7 +77,6 @@ impl std::error::Error for Errors {}
 /// (`error: line X column Y: `) or after it (` at line X column Y`): we
 /// print our own. Its word for a value that is not a whole number (or too
 /// large) is the type's name; ours says what was expected.
-#[doc(hidden)]
 pub fn first_line(s: &str) -> String {
     let mut line = s.lines().next().unwrap_or(s).trim();
     line = line.strip_prefix("error: ").unwrap_or(line);
@@ -93,7 +111,6 @@ pub fn first_line(s: &str) -> String {
 
 /// The errors of one file as validation finds them (plumbing shared with
 /// spillway-server, which validates the rest of the file with it).
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct Collector<'a> {
     /// The file's name, as errors show it.

@@ -39,14 +39,13 @@
 //! assert!(errors.to_string().starts_with("rules.yaml:3:"));
 //! ```
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod error;
 
-#[doc(hidden)]
 pub mod build;
 pub mod env;
-#[doc(hidden)]
 pub mod raw;
-#[doc(hidden)]
 pub mod recover;
 
 use std::collections::BTreeMap;
@@ -159,7 +158,6 @@ pub const SECTIONS: [&str; 20] = [
 ///
 /// # Errors
 /// As [`parse`], with `validate`'s errors.
-#[doc(hidden)]
 pub fn parse_with<T: recover::Sections, V>(
     file: &str,
     text: &str,
@@ -174,7 +172,6 @@ pub fn parse_with<T: recover::Sections, V>(
 ///
 /// # Errors
 /// As [`parse_with`].
-#[doc(hidden)]
 pub fn parse_with_secrets<T: recover::Sections, V>(
     file: &str,
     text: &str,

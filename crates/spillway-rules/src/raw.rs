@@ -10,12 +10,16 @@ use serde_saphyr::Spanned;
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPathMatching {
+    /// `/a/` is `/a`.
     #[serde(default)]
     pub trailing_slash: Option<bool>,
+    /// `/a;x=1` is `/a`.
     #[serde(default)]
     pub path_params: Option<bool>,
+    /// `/a%2Fb` is `/a/b`.
     #[serde(default)]
     pub encoded_slash: Option<bool>,
+    /// `HEAD` is `GET` for rules that name a method.
     #[serde(default)]
     pub head_as_get: Option<bool>,
     /// `case: insensitive`: `/Login` is `/login`.
@@ -37,7 +41,9 @@ pub enum PathCase {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPlan {
+    /// The plan's limits, as a rule's.
     pub limits: Spanned<Vec<Spanned<RawLimit>>>,
+    /// Free text for people (the dashboard, the admin API).
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -49,6 +55,7 @@ pub type RawPlans = Spanned<std::collections::BTreeMap<String, Spanned<RawPlan>>
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRulePlan {
+    /// The plan of keys assigned none.
     pub default: Spanned<String>,
 }
 
@@ -56,9 +63,12 @@ pub struct RawRulePlan {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRule {
+    /// Its name, unique in the file (metrics, answers, admin calls).
     pub name: Spanned<String>,
+    /// Which requests it applies to: `METHOD /path` or `/path`.
     #[serde(default)]
     pub api: Option<Spanned<String>>,
+    /// What it keys by: `user`, `ip`, `user+ip`, `header:X`, a descriptor name.
     #[serde(default)]
     pub by: Option<Spanned<String>>,
     /// Absent when the rule takes its limits from `plan:`.
@@ -67,13 +77,16 @@ pub struct RawRule {
     /// The key's assigned plan picks its limits, else this default.
     #[serde(default)]
     pub plan: Option<Spanned<RawRulePlan>>,
+    /// `hard`, `soft N%`, `shadow` or `elastic ...`.
     #[serde(default)]
     pub mode: Option<Spanned<String>>,
     /// How much the rule's traffic matters under overload.
     #[serde(default)]
     pub priority: Option<Spanned<String>>,
+    /// What it does while its store cannot decide (`allow`, `deny`, `share`).
     #[serde(default)]
     pub on_store_error: Option<Spanned<String>>,
+    /// A leaky bucket's queue: requests wait their turn instead of a 429.
     #[serde(default)]
     pub queue: Option<Spanned<RawQueue>>,
     /// This rule's own switches (unset ones are the file's).
@@ -82,6 +95,7 @@ pub struct RawRule {
     /// A cost known after the answer: `cost: { response_header: ... }`.
     #[serde(default)]
     pub cost: Option<Spanned<RawCost>>,
+    /// Free text for people (the dashboard, `check-config`).
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -90,7 +104,9 @@ pub struct RawRule {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
+    /// The upstream's response header that says what the request cost.
     pub response_header: Spanned<String>,
+    /// What is charged at admission, before the header is known.
     #[serde(default)]
     pub estimate: Option<Spanned<u64>>,
 }
@@ -99,6 +115,7 @@ pub struct RawCost {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawQueue {
+    /// The longest a request waits for its turn.
     pub max_wait: Spanned<String>,
 }
 
@@ -106,18 +123,27 @@ pub struct RawQueue {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum RawLimit {
+    /// `token_bucket: { capacity, refill }`.
     TokenBucket(RawBucket),
+    /// `leaky_bucket: { capacity, leak }`.
     LeakyBucket(RawLeaky),
+    /// `fixed_window: { limit, window }`.
     FixedWindow(RawWindow),
+    /// `sliding_window_log: { limit, window }`.
     SlidingWindowLog(RawWindow),
+    /// `sliding_window_counter: { limit, window }`.
     SlidingWindowCounter(RawWindow),
+    /// `gcra: { rate, burst }`.
     Gcra(RawGcra),
 }
 
+/// The parameters of the window algorithms.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWindow {
+    /// Requests per window.
     pub limit: Spanned<i64>,
+    /// The window, a duration.
     pub window: Spanned<String>,
     /// How long past its limit a charge may keep a key out (default:
     /// one period of the limit).
@@ -125,10 +151,13 @@ pub struct RawWindow {
     pub max_debt: Option<Spanned<String>>,
 }
 
+/// `token_bucket`'s parameters.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawBucket {
+    /// The most tokens it holds (the burst).
     pub capacity: Spanned<i64>,
+    /// Tokens added back, a rate such as `10/1s`.
     pub refill: Spanned<String>,
     /// How long past its limit a charge may keep a key out (default:
     /// one period of the limit).
@@ -136,10 +165,13 @@ pub struct RawBucket {
     pub max_debt: Option<Spanned<String>>,
 }
 
+/// `leaky_bucket`'s parameters.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLeaky {
+    /// The most requests the bucket holds.
     pub capacity: Spanned<i64>,
+    /// How fast it drains, a rate such as `10/1s`.
     pub leak: Spanned<String>,
     /// How long past its limit a charge may keep a key out (default:
     /// one period of the limit).
@@ -147,10 +179,13 @@ pub struct RawLeaky {
     pub max_debt: Option<Spanned<String>>,
 }
 
+/// `gcra`'s parameters.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGcra {
+    /// The sustained rate, such as `100/1m`.
     pub rate: Spanned<String>,
+    /// How many may come at once (default 1).
     #[serde(default)]
     pub burst: Option<Spanned<i64>>,
     /// How long past its limit a charge may keep a key out (default:

@@ -103,11 +103,11 @@ impl Handler for RouterOnly {
     }
 
     fn refuse(&self, status: http::StatusCode, detail: &str, out: &mut Vec<u8>) {
-        let json = spillway_tower::Problem::new(status, detail).to_json();
+        let json = spillway_tower::render::Problem::new(status, detail).to_json();
         spillway_wire::write::answer(
             out,
             status,
-            spillway_tower::PROBLEM_JSON,
+            spillway_tower::render::PROBLEM_JSON,
             json.as_bytes(),
             true,
             false,

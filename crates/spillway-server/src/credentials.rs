@@ -208,10 +208,14 @@ impl ApiTokens {
 
 impl axum::response::IntoResponse for Refusal {
     fn into_response(self) -> axum::response::Response {
-        let json = spillway_tower::Problem::new(self.status, self.detail.as_str()).to_json();
+        let json =
+            spillway_tower::render::Problem::new(self.status, self.detail.as_str()).to_json();
         let mut r = (
             self.status,
-            [(http::header::CONTENT_TYPE, spillway_tower::PROBLEM_JSON)],
+            [(
+                http::header::CONTENT_TYPE,
+                spillway_tower::render::PROBLEM_JSON,
+            )],
             json,
         )
             .into_response();

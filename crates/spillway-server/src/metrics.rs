@@ -25,8 +25,7 @@ mod store;
 pub use store::{redis_gauges, sync_metrics};
 
 mod grpc;
-#[allow(clippy::wildcard_imports)]
-use grpc::*;
+pub use grpc::{GrpcRule, OTHER_DESCRIPTORS};
 
 const OUTCOMES: [Outcome; 5] = [
     Outcome::Allowed,

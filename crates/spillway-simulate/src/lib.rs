@@ -10,6 +10,8 @@
 //! - [`report`]: the same as one self-contained HTML page with SVG plots.
 //! - [`synth`]: synthetic traces when there is no log to replay.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod replay;
 pub mod report;
 pub mod summary;
@@ -103,7 +105,7 @@ impl RulesFile {
 
 /// Why a simulation could not run: a message for the operator.
 #[derive(Debug)]
-pub struct SimulateError(pub String);
+pub struct SimulateError(String);
 
 impl std::fmt::Display for SimulateError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -41,6 +41,8 @@
 //! # Ok::<(), spillway_core::Error>(())
 //! ```
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod apply;
 mod clock;
 pub mod due;
@@ -142,19 +144,14 @@ pub struct Charge<'a> {
     pub key: &'a Key<'a>,
 }
 
-/// Why a store could not decide.
+/// Why a store could not decide. Its parts are read through methods so
+/// that it can say more later without breaking users.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoreError {
-    /// Whether retrying later may succeed (timeouts, lost connections) or not
-    /// (a script error, a misconfiguration).
-    pub transient: bool,
-    /// What happened.
-    pub message: String,
-    /// Whether the store may still apply the request: it was sent and no
-    /// answer came in time (a stopped server runs what was queued when it
-    /// resumes). A share that admits such a request does not charge it to
-    /// the store again (see [`Store::decide_share`]).
-    pub maybe_applied: bool,
+    transient: bool,
+    message: String,
+    maybe_applied: bool,
 }
 
 impl StoreError {
@@ -165,6 +162,35 @@ impl StoreError {
             message: message.into(),
             maybe_applied: false,
         }
+    }
+
+    /// The same error, for a request the store may still apply: it was
+    /// sent and no answer came in time (a stopped server runs what was
+    /// queued when it resumes).
+    #[must_use]
+    pub fn maybe_applied_if(mut self, maybe: bool) -> StoreError {
+        self.maybe_applied = maybe;
+        self
+    }
+
+    /// Whether retrying later may succeed (timeouts, lost connections) or
+    /// not (a script error, a misconfiguration): the failure policy reads
+    /// it.
+    pub fn transient(&self) -> bool {
+        self.transient
+    }
+
+    /// What happened, for logs and answers.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the store may still apply the request (see
+    /// [`StoreError::maybe_applied_if`]). A share that admits such a
+    /// request does not charge it to the store again (see
+    /// [`Store::decide_share`]).
+    pub fn maybe_applied(&self) -> bool {
+        self.maybe_applied
     }
 }
 

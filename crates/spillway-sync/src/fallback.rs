@@ -98,7 +98,7 @@ impl Store for Fallback {
         // A request sent to a Redis that did not answer in time may still
         // be run by it (a stopped server runs its queue when it resumes):
         // decided here, it is not charged to Redis a second time.
-        let owe = !error.maybe_applied;
+        let owe = !error.maybe_applied();
         Some(
             self.inner
                 .share

@@ -65,6 +65,8 @@
 //! store that cannot be reached keeps its deltas waiting (merged per key)
 //! until it can, then receives them once.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod clock;
 mod fallback;
 mod keys;

@@ -718,7 +718,7 @@ impl Inner {
                 if n >= self.config.failures.max(1) && !self.down.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         store = %self.home.store.describe(),
-                        error = %e.message,
+                        error = %e.message(),
                         "sync: {n} exchanges failed in a row; decisions follow on_store_error until the store answers"
                     );
                 }
@@ -877,7 +877,7 @@ async fn push_only(r: &Remote, instance: &str, timeout: Duration) {
             }
             Err(e) => {
                 if r.health.failed() == 3 {
-                    tracing::warn!(region = %r.name, error = %e.message, "sync: region's store unreachable; its deltas wait");
+                    tracing::warn!(region = %r.name, error = %e.message(), "sync: region's store unreachable; its deltas wait");
                 }
                 return;
             }
@@ -938,10 +938,10 @@ pub(crate) fn reset_failures(failed: &[(&str, StoreError)]) -> Result<(), StoreE
     }
     let what: Vec<String> = failed
         .iter()
-        .map(|(name, e)| format!("region {name}: {}", e.message))
+        .map(|(name, e)| format!("region {name}: {}", e.message()))
         .collect();
     Err(StoreError::new(
-        failed.iter().all(|(_, e)| e.transient),
+        failed.iter().all(|(_, e)| e.transient()),
         format!("reset failed in {}", what.join("; ")),
     ))
 }

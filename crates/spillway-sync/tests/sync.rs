@@ -357,9 +357,9 @@ fn a_reset_names_the_region_that_failed_after_trying_all() {
         let (home_redis, eu_redis) = (redis(home.url()).await, redis(eu.url()).await);
         assert_eq!(left_in(&eu_redis, &rule, "carol").await, 2);
         let e = store.reset(&c).await.unwrap_err();
-        assert!(e.transient, "{e}");
-        assert!(e.message.contains("region ap"), "{e}");
-        assert!(!e.message.contains("region eu"), "{e}");
+        assert!(e.transient(), "{e}");
+        assert!(e.message().contains("region ap"), "{e}");
+        assert!(!e.message().contains("region eu"), "{e}");
         assert_eq!(left_in(&home_redis, &rule, "carol").await, 5);
         assert_eq!(left_in(&eu_redis, &rule, "carol").await, 5);
         assert_eq!(store.peek(&c, 1).await.unwrap()[0][0].remaining, 4);
@@ -419,9 +419,9 @@ fn a_fallback_looks_and_resets_in_redis() {
         assert_eq!(fallback.peek(&c, 1).await.unwrap()[0][0].remaining, 4);
         server.kill();
         let e = fallback.peek(&c, 1).await.unwrap_err();
-        assert!(e.transient, "{e}");
+        assert!(e.transient(), "{e}");
         let e = fallback.reset(&c).await.unwrap_err();
-        assert!(e.transient && e.message.contains("region home"), "{e}");
+        assert!(e.transient() && e.message().contains("region home"), "{e}");
     });
 }
 

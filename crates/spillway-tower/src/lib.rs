@@ -46,6 +46,8 @@
 //!
 //! [`Limiter`]: spillway_store::Limiter
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod headers;
 mod problem;
 
@@ -61,11 +63,24 @@ use spillway_store::{Checked, Limiter, Store};
 use tower_layer::Layer;
 use tower_service::Service;
 
-pub use headers::{
-    DECISION_HEADERS, ZONE, insert_rate_limit_headers, push_rate_limit_headers, rate_limit_headers,
-    retry_after_secs, zone,
-};
-pub use problem::{PROBLEM_JSON, Problem, push_json_escaped};
+use headers::insert_rate_limit_headers;
+use problem::{PROBLEM_JSON, problem_body};
+
+pub mod render {
+    //! What a server that writes its own answers needs to write them as
+    //! the layer does: the rate limit headers (`RateLimit`,
+    //! `RateLimit-Policy`, `X-RateLimit-*`, `Retry-After`) and the RFC 9457
+    //! problem body of a denial or an error, as values or appended to a
+    //! reused buffer. spillway's decision API, reverse proxy and gRPC JSON
+    //! endpoint write with these, so every way in answers alike.
+    pub use crate::headers::{
+        DECISION_HEADERS, ZONE, insert_rate_limit_headers, push_rate_limit_headers,
+        rate_limit_headers, retry_after_secs, zone,
+    };
+    pub use crate::problem::{
+        PROBLEM_JSON, Problem, problem_body, push_json_escaped, push_problem_body,
+    };
+}
 
 /// Who a request comes from, as the application sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -117,18 +132,6 @@ pub trait Deny<ResBody>: Send + Sync + 'static {
 /// hyper's `Full`, ...).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemJson;
-
-/// The RFC 9457 problem document [`ProblemJson`] answers a denial with
-/// (the deciding rule's name and the seconds to wait), for servers that
-/// write their own responses.
-pub fn problem_body(checked: &Checked) -> String {
-    Problem::too_many_requests(checked).to_json()
-}
-
-/// [`problem_body`] appended to `out`, for a writer that reuses its buffer.
-pub fn push_problem_body(checked: &Checked, out: &mut String) {
-    Problem::too_many_requests(checked).write_json(out);
-}
 
 /// What [`admit`] decided.
 #[derive(Debug)]

@@ -135,6 +135,18 @@ pub fn push_json_escaped(out: &mut String, s: &str) {
     out.push_str(&s[plain..]);
 }
 
+/// The RFC 9457 problem document [`ProblemJson`](crate::ProblemJson) answers a denial with
+/// (the deciding rule's name and the seconds to wait), for servers that
+/// write their own responses.
+pub fn problem_body(checked: &Checked) -> String {
+    Problem::too_many_requests(checked).to_json()
+}
+
+/// [`problem_body`] appended to `out`, for a writer that reuses its buffer.
+pub fn push_problem_body(checked: &Checked, out: &mut String) {
+    Problem::too_many_requests(checked).write_json(out);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -329,7 +329,7 @@ async fn the_denial_body_is_valid_json_whatever_the_rule_is_called() {
     let denied = limiter.check(&req).await;
     assert!(!denied.decision.allowed);
     let body: serde_json::Value =
-        serde_json::from_str(&spillway_tower::problem_body(&denied)).unwrap();
+        serde_json::from_str(&spillway_tower::render::problem_body(&denied)).unwrap();
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "too many requests");
     assert_eq!(body["rule"], "we\"ird\\name\t");

@@ -21,6 +21,8 @@
 //!
 //! Ways in plug in through [`Handler`], with static dispatch.
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod budget;
 pub mod client;
 pub mod framing;

@@ -142,7 +142,7 @@ fn admin_errors_are_clear() {
     let redis = rt.block_on(connected_with(server.url(), Duration::from_millis(500)));
     server.cli(&["SET", "spillway:{admin}:version", "not a number"]);
     let e = rt.block_on(redis.admin_put("plans", "k", "v")).unwrap_err();
-    assert!(!e.transient, "{e}");
+    assert!(!e.transient(), "{e}");
     assert!(rt.block_on(redis.admin_version()).is_err());
     server.cli(&["DEL", "spillway:{admin}:version"]);
     server.cli(&["HSET", "spillway:{admin}:map:plans", "k", "\u{ff}"]);
@@ -151,9 +151,9 @@ fn admin_errors_are_clear() {
     assert_eq!(all, [("k".to_string(), "\u{ff}".to_string())]);
     server.kill();
     let e = rt.block_on(redis.admin_version()).unwrap_err();
-    assert!(e.transient, "{e}");
+    assert!(e.transient(), "{e}");
     let e = rt.block_on(redis.admin_put("plans", "k", "v")).unwrap_err();
-    assert!(e.transient, "{e}");
+    assert!(e.transient(), "{e}");
 }
 
 /// A sweep deletes an entry only if what Redis holds has ended: one

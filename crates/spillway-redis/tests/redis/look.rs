@@ -281,7 +281,7 @@ fn looks_and_resets_without_redis_are_transient_errors() {
     assert!(rt.block_on(redis.peek(&[], 1)).unwrap().is_empty());
     server.kill();
     let e = rt.block_on(redis.peek(&c, 1)).unwrap_err();
-    assert!(e.transient, "{e}");
+    assert!(e.transient(), "{e}");
     let e = rt.block_on(redis.reset(&c)).unwrap_err();
-    assert!(e.transient, "{e}");
+    assert!(e.transient(), "{e}");
 }

@@ -23,7 +23,7 @@ pub fn decision_json(checked: &Checked, ask: Ask) -> (StatusCode, Vec<u8>) {
     };
     let string = |out: &mut String, s: &str| {
         out.push('"');
-        spillway_tower::push_json_escaped(out, s);
+        spillway_tower::render::push_json_escaped(out, s);
         out.push('"');
     };
     let names = |out: &mut String, names: &mut dyn Iterator<Item = &str>| {

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use http::StatusCode;
-use spillway_tower::{PROBLEM_JSON, Problem};
+use spillway_tower::render::{PROBLEM_JSON, Problem};
 use spillway_wire::head::RequestHead;
 use spillway_wire::{ClientConn, Handler, Message, write};
 
@@ -90,7 +90,7 @@ impl DirectApi {
             Ok(checked) => {
                 let (status, json) = decision_json(&checked, ask);
                 write::answer(out, status, "application/json", &json, close, false, |o| {
-                    spillway_tower::push_rate_limit_headers(&checked, o);
+                    spillway_tower::render::push_rate_limit_headers(&checked, o);
                 });
             }
             Err(e) => write_problem(out, &e, close),

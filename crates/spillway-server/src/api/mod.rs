@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use spillway_store::{Checked, Request, SimpleAttributes};
-use spillway_tower::insert_rate_limit_headers;
-use spillway_tower::{PROBLEM_JSON, Problem};
+use spillway_tower::render::insert_rate_limit_headers;
+use spillway_tower::render::{PROBLEM_JSON, Problem};
 
 use crate::Shared;
 

@@ -64,12 +64,12 @@ pub(crate) fn load_located(path: &Path) -> Result<Located, ConfigErrors> {
 
 pub(crate) fn parse_located(file: &str, text: &str) -> Result<Located, ConfigErrors> {
     let one = |line: u64, column: u64, message: &str| {
-        ConfigErrors(vec![ConfigError {
-            file: file.to_string(),
+        ConfigErrors(vec![ConfigError::new(
+            file.to_string(),
             line,
             column,
-            message: message.to_string(),
-        }])
+            message.to_string(),
+        )])
     };
     if text.len() > MAX_FILE {
         return Err(one(0, 0, "file larger than 16 MiB"));

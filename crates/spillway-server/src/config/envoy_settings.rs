@@ -54,12 +54,7 @@ pub(crate) fn load(
     let r = raw.map_or(&empty, |r| &r.value);
     let mut errors = Vec::new();
     let mut err = |line: u64, column: u64, file: &str, message: String| {
-        errors.push(ConfigError {
-            file: file.to_string(),
-            line,
-            column,
-            message,
-        });
+        errors.push(ConfigError::new(file.to_string(), line, column, message));
     };
     // The environment's value if set (parsed), else the file's, else `default`.
     let pick = |var: &'static str,

@@ -75,12 +75,12 @@ impl Preread {
         match self.files.iter().find(|(p, _)| p == path) {
             None => spillway_rules::recover::read_file(path),
             Some((_, Ok(text))) => Ok((path.display().to_string(), text.clone())),
-            Some((_, Err(message))) => Err(ConfigErrors(vec![ConfigError {
-                file: path.display().to_string(),
-                line: 0,
-                column: 0,
-                message: message.clone(),
-            }])),
+            Some((_, Err(message))) => Err(ConfigErrors(vec![ConfigError::new(
+                path.display().to_string(),
+                0,
+                0,
+                message.clone(),
+            )])),
         }
     }
 }
@@ -182,12 +182,12 @@ pub(super) fn load_with(
         // Start, check and reload refuse alike a file without `rules:`:
         // an empty or cut-short file is not a request to limit nothing.
         Ok(c) if !c.has_rules => {
-            errors.push(ConfigError {
-                file: source_name.clone(),
-                line: 0,
-                column: 0,
-                message: NO_RULES.to_string(),
-            });
+            errors.push(ConfigError::new(
+                source_name.clone(),
+                0,
+                0,
+                NO_RULES.to_string(),
+            ));
             None
         }
         Ok(c) => Some(c),
@@ -262,12 +262,12 @@ pub(super) fn envoy_domains(
         if p.is_dir() || reload.is_some_and(|dirs| dirs.contains(p)) {
             match envoy_dir_files(p) {
                 Ok(list) => files.extend(list),
-                Err(e) => errors.push(ConfigError {
-                    file: p.display().to_string(),
-                    line: 0,
-                    column: 0,
-                    message: format!("cannot read the directory: {e}"),
-                }),
+                Err(e) => errors.push(ConfigError::new(
+                    p.display().to_string(),
+                    0,
+                    0,
+                    format!("cannot read the directory: {e}"),
+                )),
             }
         } else if reload.is_some() && !p.exists() {
             gone.push(p.clone());
@@ -305,11 +305,8 @@ pub(super) fn add_domain(
         domains.push((domain, file));
         return;
     };
-    let error = |(line, column): (u64, u64), message: String| ConfigError {
-        file: file.clone(),
-        line,
-        column,
-        message,
+    let error = |(line, column): (u64, u64), message: String| {
+        ConfigError::new(file.clone(), line, column, message)
     };
     if !merge {
         errors.push(error(

@@ -563,7 +563,7 @@ fn ietf_headers(decided: &[Option<Decided<'_>>], over: bool, out: &mut Vec<Heade
     add("X-RateLimit-Remaining", v.remaining.to_string());
     add("X-RateLimit-Reset", reset.to_string());
     if over {
-        let retry = spillway_tower::retry_after_secs(v.retry_after).to_string();
+        let retry = spillway_tower::render::retry_after_secs(v.retry_after).to_string();
         add("Retry-After", retry.clone());
         add("X-RateLimit-Retry-After", retry);
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use http::StatusCode;
 use spillway_store::Checked;
-use spillway_tower::{Admission, PROBLEM_JSON, Problem};
+use spillway_tower::Admission;
+use spillway_tower::render::{PROBLEM_JSON, Problem};
 use spillway_wire::client::{Outgoing, Upstream};
 use spillway_wire::head::RequestHead;
 use spillway_wire::{ClientConn, Handler, Message, write};
@@ -65,7 +66,7 @@ impl DirectProxy {
                 head_request,
                 |o| {
                     if let Some(c) = checked {
-                        spillway_tower::push_rate_limit_headers(c, o);
+                        spillway_tower::render::push_rate_limit_headers(c, o);
                     }
                     if problem.status == StatusCode::METHOD_NOT_ALLOWED {
                         write::header(o, "allow", b"GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
@@ -176,7 +177,7 @@ impl DirectProxy {
                 let ok = resp.code < 500;
                 let head = turn.mark();
                 out.extend_from_slice(&resp.head);
-                spillway_tower::push_rate_limit_headers(&checked, out);
+                spillway_tower::render::push_rate_limit_headers(&checked, out);
                 let close = close || resp.close_client;
                 if close {
                     out.extend_from_slice(b"connection: close\r\n");
@@ -265,7 +266,7 @@ mod tests {
 
     #[test]
     fn the_replaced_headers_are_the_ones_a_decision_adds() {
-        let headers = spillway_tower::DECISION_HEADERS;
+        let headers = spillway_tower::render::DECISION_HEADERS;
         let names: Vec<&str> = headers.iter().map(|n| n.as_str()).collect();
         assert_eq!(names, DECISION_HEADER_NAMES);
     }

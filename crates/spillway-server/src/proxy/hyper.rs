@@ -19,7 +19,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connected, Connection, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use spillway_store::Checked;
-use spillway_tower::{Admission, PROBLEM_JSON, Problem, insert_rate_limit_headers};
+use spillway_tower::Admission;
+use spillway_tower::render::{PROBLEM_JSON, Problem, insert_rate_limit_headers};
 use spillway_wire::HOP_BY_HOP;
 use spillway_wire::client::{Conn, Upstream};
 use spillway_wire::headers::{FRAMING, connection_tokens, named};
@@ -268,7 +269,7 @@ impl HyperProxy {
                     keep_upgrade(&mut parts.headers, switched);
                     if super::ours(&checked) {
                         // Set only above a plain limit: never the upstream's.
-                        parts.headers.remove(spillway_tower::ZONE);
+                        parts.headers.remove(spillway_tower::render::ZONE);
                     }
                     insert_rate_limit_headers(&checked, &mut parts.headers);
                     return Response::from_parts(parts, Body::empty());
@@ -277,7 +278,7 @@ impl HyperProxy {
                 strip_hop_by_hop(&mut parts.headers);
                 if super::ours(&checked) {
                     // Set only above a plain limit: never the upstream's.
-                    parts.headers.remove(spillway_tower::ZONE);
+                    parts.headers.remove(spillway_tower::render::ZONE);
                 }
                 insert_rate_limit_headers(&checked, &mut parts.headers);
                 return Response::from_parts(parts, body);

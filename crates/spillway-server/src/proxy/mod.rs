@@ -13,7 +13,7 @@
 //! 3. [`Proxy::forwarding`]: the forwarding headers sent upstream, and the
 //!    client headers that never go there;
 //! 4. response headers: the decision's rate limit headers replace the
-//!    upstream's ([`DECISION_HEADERS`](spillway_tower::DECISION_HEADERS));
+//!    upstream's ([`DECISION_HEADERS`](spillway_tower::render::DECISION_HEADERS));
 //! 5. [`Proxy::failure`]: an upstream that failed or timed out is a 502 /
 //!    504 with a generic detail; the address and OS error go to the log.
 //!
@@ -37,7 +37,8 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use spillway_core::IpText;
 use spillway_store::{Checked, Request};
-use spillway_tower::{Admission, Problem};
+use spillway_tower::Admission;
+use spillway_tower::render::Problem;
 use spillway_wire::{Headers, Sole};
 
 pub use concurrency::{ConcurrencySettings, LimitKind};

@@ -83,11 +83,13 @@ impl TlsSettings {
                     }
                     lines.push(line);
                 }
-                Err(list) => errors.extend(list.into_iter().map(|e| ConfigError {
-                    file: e.path.display().to_string(),
-                    line: 0,
-                    column: 0,
-                    message: format!("{} ({})", e.message, files.named_by),
+                Err(list) => errors.extend(list.into_iter().map(|e| {
+                    ConfigError::new(
+                        e.path.display().to_string(),
+                        0,
+                        0,
+                        format!("{} ({})", e.message, files.named_by),
+                    )
                 })),
             }
         }

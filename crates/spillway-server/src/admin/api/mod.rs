@@ -91,10 +91,10 @@ struct Detail(String);
 /// An RFC 9457 problem answer.
 pub fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
     let detail = detail.into();
-    let json = spillway_tower::Problem::new(status, detail.as_str()).to_json();
+    let json = spillway_tower::render::Problem::new(status, detail.as_str()).to_json();
     let mut r = (
         status,
-        [(header::CONTENT_TYPE, spillway_tower::PROBLEM_JSON)],
+        [(header::CONTENT_TYPE, spillway_tower::render::PROBLEM_JSON)],
         json,
     )
         .into_response();

@@ -217,39 +217,41 @@ impl Budget {
         self.ended.notify_waiters();
     }
 
-    /// Closes a connection waiting for a request, on any listener, to
+    /// Closes a connection waiting on its client, on any listener, to
     /// make room: of the client address holding the most of them (a flood
     /// from a few addresses makes room out of its own connections, never a
     /// lone client's), one that never sent a byte first (a client that has
     /// begun, a TLS handshake on a slow link say, goes after every silent
-    /// one), the oldest first. Failing that (every connection is in a
-    /// request), likewise one waiting on its client in a request (a body
-    /// trickling in), so connections that never finish a request cannot
-    /// hold the cap either. False if none qualifies, or every one that
-    /// does was accepted less than [`GRACE`] ago.
+    /// one), then one waiting for a request before one in a request (a
+    /// body trickling in, so connections that never finish a request
+    /// cannot hold the cap either), the oldest first. The address counts
+    /// over both kinds: a flood of trickled bodies makes room out of its
+    /// own connections, not out of a lone client's handshake that a busy
+    /// machine has kept past the grace. False if none qualifies, or every
+    /// one that does was accepted less than [`GRACE`] ago.
     pub(crate) fn shed_idle(&self) -> bool {
         let mut table = self.table.lock();
         let now = self.clock.now();
-        let old = |e: &Entry| now.saturating_sub(e.state.since) >= GRACE_MS;
-        let pick = |table: &HashMap<u64, Entry>, fits: &dyn Fn(&Entry) -> bool| {
-            let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
-            for e in table.values().filter(|e| fits(e)) {
-                *per_peer.entry(e.state.peer).or_insert(0) += 1;
-            }
-            table
-                .iter()
-                .filter(|(_, e)| fits(e))
-                .min_by_key(|(id, e)| {
-                    (
-                        std::cmp::Reverse(per_peer[&e.state.peer]),
-                        e.state.heard.load(Ordering::Relaxed),
-                        **id,
-                    )
-                })
-                .map(|(id, _)| *id)
+        let fits = |e: &Entry| {
+            now.saturating_sub(e.state.since) >= GRACE_MS
+                && (e.state.is_idle() || e.state.waits_on_client())
         };
-        let oldest = pick(&table, &|e| e.state.is_idle() && old(e))
-            .or_else(|| pick(&table, &|e| e.state.waits_on_client() && old(e)));
+        let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+        for e in table.values().filter(|e| fits(e)) {
+            *per_peer.entry(e.state.peer).or_insert(0) += 1;
+        }
+        let oldest = table
+            .iter()
+            .filter(|(_, e)| fits(e))
+            .min_by_key(|(id, e)| {
+                (
+                    std::cmp::Reverse(per_peer[&e.state.peer]),
+                    e.state.heard.load(Ordering::Relaxed),
+                    !e.state.is_idle(),
+                    **id,
+                )
+            })
+            .map(|(id, _)| *id);
         match oldest.and_then(|id| table.remove(&id)) {
             Some(e) => {
                 self.shed.fetch_add(1, Ordering::SeqCst);
@@ -578,6 +580,52 @@ mod tests {
         assert!(budget.shed_idle());
         // One each: the oldest goes.
         assert_eq!(left(&budget), [talking]);
+    }
+
+    /// A lone client still in its handshake when the machine is busy (it
+    /// has sent its first bytes, and the grace has passed) is not closed
+    /// while a crowd's connections trickle request bodies in: the crowd
+    /// makes room out of its own, silent ones first, then idle ones, then
+    /// those in a request.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_handshake_outlasts_a_crowd_of_trickled_bodies() {
+        let budget = Budget::new(8, 10);
+        let add = |ip: [u8; 4], heard: bool, in_body: bool| {
+            let c = conn(&budget, ip);
+            c.heard.store(heard, Ordering::Relaxed);
+            if in_body {
+                // On the direct path, a head read and its body awaited.
+                c.idle.store(false, Ordering::SeqCst);
+                c.waiting(&budget.clock, IDLE);
+            }
+            let id = budget.next_id();
+            budget.register(id, 1, c, || {
+                tokio::spawn(std::future::pending::<()>()).abort_handle()
+            });
+            id
+        };
+        let body1 = add([10, 0, 0, 66], true, true);
+        let body2 = add([10, 0, 0, 66], true, true);
+        let lone = add([10, 0, 0, 1], true, false);
+        let talking = add([10, 0, 0, 66], true, false);
+        let silent = add([10, 0, 0, 66], false, false);
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        let left = |b: &Budget| {
+            let mut ids: Vec<u64> = b.table.lock().keys().copied().collect();
+            ids.sort_unstable();
+            ids
+        };
+        assert!(budget.shed_idle());
+        assert_eq!(left(&budget), [body1, body2, lone, talking], "{silent}");
+        assert!(budget.shed_idle());
+        assert_eq!(left(&budget), [body1, body2, lone]);
+        assert!(budget.shed_idle());
+        assert_eq!(left(&budget), [body2, lone], "the oldest body goes");
+        // One each: even now, one waiting for a request goes before one in
+        // a request.
+        assert!(budget.shed_idle());
+        assert_eq!(left(&budget), [body2]);
     }
 
     #[test]

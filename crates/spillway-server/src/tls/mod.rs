@@ -429,8 +429,13 @@ impl Certs {
                     not_after = l.info.not_after.as_ref().map_or("?", |t| t.rfc3339.as_str()),
                     "TLS certificate reloaded: new connections get it"
                 );
-                self.current.store(l.key);
+                // Sessions first: once any handshake gets the new pair, no
+                // session made under the old one may be resumed (a resumed
+                // session presents the certificate it was made with). The
+                // other order left a window, wide on a busy machine, where
+                // the new pair was served and the old sessions still were.
                 self.sessions.forget();
+                self.current.store(l.key);
                 st.info = l.info;
                 st.loaded_unix_ms = unix_ms();
                 st.last_error = None;

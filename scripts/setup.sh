@@ -10,6 +10,9 @@
 set -euo pipefail
 
 validator='openapi-spec-validator>=0.7,<1'
+# The contract tester run against a live server (docs/openapi.yaml); pinned,
+# because its checks change between releases.
+contract='schemathesis==4.32.5'
 # Looks the module up without importing it (an import takes most of a second).
 has_validator='import importlib.util, sys; sys.exit(importlib.util.find_spec("openapi_spec_validator") is None)'
 
@@ -45,4 +48,11 @@ if ! python3 -c "$has_validator"; then
   # the user's site only, which leaves the system's packages alone.
   python3 -m pip install --quiet "$validator" 2>/dev/null \
     || python3 -m pip install --quiet --user --break-system-packages "$validator"
+fi
+
+if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("schemathesis") is None)'; then
+  echo "setup: installing $contract (pip)" >&2
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  python3 -m pip install --quiet "$contract" 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages "$contract"
 fi

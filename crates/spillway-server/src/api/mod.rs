@@ -96,18 +96,58 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The body of `POST /v1/check`. Every field is optional.
+/// The body of `POST /v1/check`. Every field is optional; a field given
+/// is given as its type says (`"api": null` is refused: leave it out).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckBody {
+    #[serde(default, deserialize_with = "some_string")]
     api: Option<String>,
+    #[serde(default, deserialize_with = "some_string")]
     user: Option<String>,
+    #[serde(default, deserialize_with = "some_string")]
     ip: Option<String>,
     #[serde(default)]
     descriptors: BTreeMap<String, String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "whole_number")]
     cost: Option<u64>,
+}
+
+/// A string field that is present: `null` is an error, not "absent" (the
+/// description says string, and a client that sends `null` for a key
+/// part should learn that it keys nothing).
+fn some_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(d).map(Some)
+}
+
+/// A whole number from 0 to `u64::MAX`, written as JSON writes it: `1436`
+/// or `1436.0` (JSON Schema's `integer` is any number without a
+/// fraction, and some encoders write every number with one); `1436.5`,
+/// a negative or a larger number is an error.
+fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error as _;
+    let n = serde_json::Number::deserialize(d)?;
+    if let Some(u) = n.as_u64() {
+        return Ok(Some(u));
+    }
+    let bad = || {
+        D::Error::custom(format!(
+            "expected a whole number from 0 to {}, not {n}",
+            u64::MAX
+        ))
+    };
+    match n.as_f64() {
+        // 2^64 is the first float past u64::MAX; below it every whole
+        // float converts exactly.
+        Some(f) if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) =>
+        {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Ok(Some(f as u64))
+        }
+        _ => Err(bad()),
+    }
 }
 
 async fn check(
@@ -212,10 +252,12 @@ async fn decide_body(
 
 fn validate_body(b: &CheckBody) -> Result<(), ApiError> {
     let too_long = |what: &str, v: &str| -> Result<(), ApiError> {
-        if v.len() > MAX_VALUE {
+        // Characters, as the description's maxLength counts them (at
+        // most four bytes each).
+        let n = v.chars().count();
+        if n > MAX_VALUE {
             Err(ApiError::bad_request(format!(
-                "{what} is {} bytes; at most {MAX_VALUE}",
-                v.len()
+                "{what} is {n} characters long; at most {MAX_VALUE}"
             )))
         } else {
             Ok(())
@@ -347,4 +389,47 @@ fn render(checked: &Checked, ask: Ask) -> Response {
     );
     insert_rate_limit_headers(checked, h);
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CheckBody;
+
+    fn body(json: &str) -> Result<CheckBody, String> {
+        serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    /// JSON Schema's integers are numbers without a fraction, however
+    /// written: `1436.0` is 1436 (the contract test's find); a fraction,
+    /// a negative or a number past u64 is refused with what was expected.
+    #[test]
+    fn a_cost_is_a_whole_number_however_written() {
+        assert_eq!(body(r#"{"cost": 1436}"#).unwrap().cost, Some(1436));
+        assert_eq!(body(r#"{"cost": 1436.0}"#).unwrap().cost, Some(1436));
+        assert_eq!(body(r#"{"cost": 1.4360e3}"#).unwrap().cost, Some(1436));
+        assert_eq!(body(r#"{"cost": 0.0}"#).unwrap().cost, Some(0));
+        assert_eq!(
+            body(r#"{"cost": 18446744073709551615}"#).unwrap().cost,
+            Some(u64::MAX)
+        );
+        for bad in ["1436.5", "-1", "-1.0", "1e20", "18446744073709551616"] {
+            let e = body(&format!(r#"{{"cost": {bad}}}"#)).unwrap_err();
+            assert!(e.contains("expected a whole number"), "{bad}: {e}");
+        }
+        assert!(body(r#"{"cost": "1"}"#).is_err());
+        assert!(body(r#"{"cost": null}"#).is_err());
+        assert_eq!(body("{}").unwrap().cost, None);
+    }
+
+    /// A string field given as `null` is refused, not read as absent.
+    #[test]
+    fn null_is_not_a_string() {
+        for field in ["api", "user", "ip"] {
+            let e = body(&format!(r#"{{"{field}": null}}"#)).unwrap_err();
+            assert!(e.contains("string"), "{field}: {e}");
+        }
+        let b = body(r#"{"api": "GET /a", "user": "u", "ip": "10.0.0.1"}"#).unwrap();
+        assert_eq!(b.api.as_deref(), Some("GET /a"));
+        assert!(body("{}").unwrap().user.is_none());
+    }
 }

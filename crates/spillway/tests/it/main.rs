@@ -8,6 +8,7 @@ mod client;
 mod client_api;
 mod client_outbound;
 mod config;
+mod contract;
 mod credentials;
 mod dashboard;
 mod elastic;

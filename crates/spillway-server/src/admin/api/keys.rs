@@ -156,22 +156,30 @@ pub(super) async fn override_get(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct OverrideBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     limits: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     block: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     ttl: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     reason: Option<String>,
 }
 
-/// A reason for the audit trail: at most 1,024 bytes, one line.
+/// A field that is given is given as its type says: `null` is refused
+/// (leave the field out), never read as absent.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A reason for the audit trail: at most 1,024 characters, one line.
 pub(super) fn check_reason(reason: &str) -> Result<(), Response> {
-    if reason.len() > 1024 || reason.chars().any(char::is_control) {
+    if reason.chars().count() > 1024 || reason.chars().any(char::is_control) {
         return Err(problem(
             StatusCode::BAD_REQUEST,
-            "reason: at most 1024 bytes, no control characters (one line)",
+            "reason: at most 1024 characters, no control characters (one line)",
         ));
     }
     Ok(())
@@ -460,7 +468,7 @@ pub(super) async fn plan_get(
 #[serde(deny_unknown_fields)]
 pub(super) struct PlanBody {
     plan: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     reason: Option<String>,
 }
 

@@ -465,14 +465,32 @@ fn override_json(o: &Override, state: &AdminState) -> Value {
 #[serde(deny_unknown_fields)]
 pub struct Health {
     /// 0 = idle, 1 = at capacity.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_number"
+    )]
     pub load: Option<f64>,
     /// The service's latency.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_number"
+    )]
     pub latency_ms: Option<f64>,
     /// The service's share of failed requests, 0 to 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "some_number"
+    )]
     pub error_rate: Option<f64>,
+}
+
+/// A number field that is present: `null` is refused (leave the field
+/// out to say nothing of it).
+fn some_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    f64::deserialize(d).map(Some)
 }
 
 /// A health report and when it came.

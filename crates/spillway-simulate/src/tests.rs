@@ -47,9 +47,7 @@ fn run(rules: &str, trace: &str, compare: Option<&str>, target: Option<f64>) -> 
 }
 
 fn line(t: f64, user: &str) -> String {
-    format!(
-        "{{\"ts\": {t:.3}, \"user\": \"{user}\", \"method\": \"GET\", \"path\": \"/v1/a\"}}\n"
-    )
+    format!("{{\"ts\": {t:.3}, \"user\": \"{user}\", \"method\": \"GET\", \"path\": \"/v1/a\"}}\n")
 }
 
 fn rule<'a>(s: &'a [RuleSummary], name: &str) -> &'a RuleSummary {

@@ -23,6 +23,7 @@ pub mod credentials;
 pub mod events;
 pub mod grpc;
 pub mod health;
+mod json;
 pub mod metrics;
 pub mod os;
 pub mod proxy;

@@ -101,11 +101,11 @@ impl IntoResponse for ApiError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CheckBody {
-    #[serde(default, deserialize_with = "some_string")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     api: Option<String>,
-    #[serde(default, deserialize_with = "some_string")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     user: Option<String>,
-    #[serde(default, deserialize_with = "some_string")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     ip: Option<String>,
     #[serde(default)]
     descriptors: BTreeMap<String, String>,
@@ -113,13 +113,6 @@ struct CheckBody {
     headers: BTreeMap<String, String>,
     #[serde(default, deserialize_with = "whole_number")]
     cost: Option<u64>,
-}
-
-/// A string field that is present: `null` is an error, not "absent" (the
-/// description says string, and a client that sends `null` for a key
-/// part should learn that it keys nothing).
-fn some_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    String::deserialize(d).map(Some)
 }
 
 /// A whole number from 0 to `u64::MAX`, written as JSON writes it: `1436`

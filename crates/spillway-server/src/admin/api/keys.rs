@@ -156,22 +156,14 @@ pub(super) async fn override_get(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct OverrideBody {
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     limits: Option<Value>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     block: Option<bool>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     ttl: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     reason: Option<String>,
-}
-
-/// A field that is given is given as its type says: `null` is refused
-/// (leave the field out), never read as absent.
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
 }
 
 /// A reason for the audit trail: at most 1,024 characters, one line.
@@ -468,7 +460,7 @@ pub(super) async fn plan_get(
 #[serde(deny_unknown_fields)]
 pub(super) struct PlanBody {
     plan: String,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "crate::json::present")]
     reason: Option<String>,
 }
 

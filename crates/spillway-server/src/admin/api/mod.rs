@@ -468,29 +468,23 @@ pub struct Health {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "some_number"
+        deserialize_with = "crate::json::present"
     )]
     pub load: Option<f64>,
     /// The service's latency.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "some_number"
+        deserialize_with = "crate::json::present"
     )]
     pub latency_ms: Option<f64>,
     /// The service's share of failed requests, 0 to 1.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "some_number"
+        deserialize_with = "crate::json::present"
     )]
     pub error_rate: Option<f64>,
-}
-
-/// A number field that is present: `null` is refused (leave the field
-/// out to say nothing of it).
-fn some_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    f64::deserialize(d).map(Some)
 }
 
 /// A health report and when it came.

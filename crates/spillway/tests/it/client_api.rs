@@ -129,7 +129,7 @@ async fn bad_input_is_a_bad_request_with_the_problems_detail() {
     match client.check(&Check::new().user("u".repeat(2000))).await {
         Err(ApiError::BadRequest { status, detail }) => {
             assert_eq!(status, 400);
-            assert!(detail.contains("user is 2000 bytes"), "{detail}");
+            assert!(detail.contains("user is 2000 characters long"), "{detail}");
         }
         other => panic!("{other:?}"),
     }

@@ -14,14 +14,27 @@
 //! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
 //!   is not hammered by retries.
 //! - [`api`]: a typed client for spillway's own decision API.
+//!
+//! ## Features
+//!
+//! Each part is a cargo feature, so a program takes only what it uses:
+//! `honour` (the default: lean, no YAML reader, store or HTTP client),
+//! `adaptive`, `outbound` (brings spillway's rules reader and store) and
+//! `api` (brings hyper-util and serde). `headers` and `events` are always
+//! there. With `outbound` and `api` together, a spillway server can be the
+//! outbound `Decider`.
 
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(feature = "adaptive")]
 pub mod adaptive;
+#[cfg(feature = "api")]
 pub mod api;
 pub mod events;
 pub mod headers;
+#[cfg(feature = "honour")]
 pub mod honour;
+#[cfg(feature = "outbound")]
 pub mod outbound;
 
 /// docs/CLIENT.md's examples, compiled and run as doc tests.

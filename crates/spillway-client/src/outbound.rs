@@ -6,8 +6,8 @@
 //! - a [`spillway_store::Limiter`] in-process (a `MemoryStore`), or over
 //!   Redis (a `RedisStore` from `spillway-redis`): instances sharing the
 //!   Redis share the limit;
-//! - a spillway server's decision API ([`crate::api::DecisionClient`]):
-//!   every instance asking one server shares its rules.
+//! - a spillway server's decision API (`api::DecisionClient`, with the
+//!   `api` feature): every instance asking one server shares its rules.
 //!
 //! An outbound request is described to the rules as the decision API
 //! describes an inbound one: its API is `METHOD /path` (so `api:` and
@@ -146,12 +146,14 @@ impl<S: Store> Decider for Limiter<S> {
 }
 
 /// Headers never sent to a spillway server with a check: credentials.
+#[cfg(feature = "api")]
 const SECRET_HEADERS: [&str; 3] = ["authorization", "proxy-authorization", "cookie"];
 
 /// A spillway server decides: every instance asking it shares the rules
 /// of its rules file. The request goes as a check: `api` `METHOD /path`,
 /// its headers (up to 64, without `Authorization`, `Proxy-Authorization`
 /// and `Cookie`), and the descriptor `host`.
+#[cfg(feature = "api")]
 impl Decider for crate::api::DecisionClient {
     fn decide<'a>(&'a self, req: &'a Outbound<'a>) -> BoxFuture<'a, Result<Verdict, DeciderError>> {
         Box::pin(async move {

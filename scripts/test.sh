@@ -16,4 +16,5 @@ scripts/check-layers.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc -p spillway-client --all-features --no-deps --locked
 cargo test --workspace --locked

@@ -5,15 +5,15 @@
 //! - [`headers`]: what a server says about its limits: `Retry-After`
 //!   (seconds or an HTTP date), the IETF `RateLimit` / `RateLimit-Policy`
 //!   structured fields, and `X-RateLimit-*`, read into one [`headers::Advice`].
-//! - [`honour`]: a tower layer that waits when the server says the quota
+//! - `honour` (feature `honour`, the default): a tower layer that waits when the server says the quota
 //!   is spent and retries idempotent requests after a 429 or 503 as advised.
-//! - [`outbound`]: limit your own outbound calls with spillway's rules
+//! - `outbound` (feature `outbound`): limit your own outbound calls with spillway's rules
 //!   and algorithms, in-process, through Redis or through a spillway
 //!   server, so you stay within a third party's published limits.
 //! - [`events`]: metrics hooks: retries, waits, local refusals.
-//! - [`adaptive`]: adaptive client-side throttling, so an overloaded backend
+//! - `adaptive` (feature `adaptive`): adaptive client-side throttling, so an overloaded backend
 //!   is not hammered by retries.
-//! - [`api`]: a typed client for spillway's own decision API.
+//! - `api` (feature `api`): a typed client for spillway's own decision API.
 //!
 //! ## Features
 //!

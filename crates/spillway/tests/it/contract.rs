@@ -82,6 +82,8 @@ fn the_server_does_what_docs_openapi_yaml_says() {
             "--no-color",
         ])
         .env("SCHEMATHESIS_HOOKS", "")
+        // Its cache (.schemathesis/) goes to the test's own folder.
+        .current_dir(&dir.0)
         .output()
         .expect("run schemathesis");
     let report = String::from_utf8_lossy(&out.stdout);

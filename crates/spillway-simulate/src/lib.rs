@@ -94,7 +94,6 @@ impl RulesFile {
             .collect();
         let mut set = RuleSet::with_path_matching(rules, file.path_matching);
         set.on_store_error = file.on_store_error;
-        set.version = 1;
         Ok(RulesFile {
             name: name.to_string(),
             rules: set,

@@ -106,9 +106,10 @@ fn provider() -> Arc<CryptoProvider> {
         .clone()
 }
 
-/// Seconds since the Unix epoch, now.
+/// Seconds since the Unix epoch, now, signed as certificate times are
+/// ([`crate::os::unix_secs`]).
 pub fn unix_secs() -> i64 {
-    i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX)
+    i64::try_from(crate::os::unix_secs()).unwrap_or(i64::MAX)
 }
 
 /// Reads and checks the pair `files` names.

@@ -310,6 +310,24 @@ pub(super) fn book(
     }
 }
 
+/// `v` with every number that has no fraction (and fits an `i64`)
+/// written as a whole number: `10.0` becomes `10`.
+fn whole_numbers(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => match n.as_f64() {
+            #[allow(clippy::cast_possible_truncation)]
+            Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(a) => Value::Array(a.into_iter().map(whole_numbers).collect()),
+        Value::Object(o) => {
+            Value::Object(o.into_iter().map(|(k, v)| (k, whole_numbers(v))).collect())
+        }
+        other => other,
+    }
+}
+
 /// Limits given as JSON (an override's `limits`), read as a rules file's
 /// `limits:` list is, for a rule with `max_wait`.
 ///
@@ -328,7 +346,9 @@ pub fn limits_from_json(
         return Err("limits: expected a list of limits, like [{\"gcra\": {\"rate\": \"600/1m\", \"burst\": 100}}]".into());
     }
     // JSON is YAML: the same reader, messages and checks as the file's.
-    let text = format!("limits: {value}");
+    // JSON Schema's integers are numbers without a fraction however
+    // written (`10.0` is 10); YAML's reader wants them written whole.
+    let text = format!("limits: {}", whole_numbers(value.clone()));
     let wrap: Wrap = serde_saphyr::from_str(&text).map_err(|e| {
         format!(
             "limits: {}",

@@ -335,3 +335,17 @@ fn redis_over_limit_cache() {
         assert!(e.0[0].message.contains("over_limit_cache"), "{bad}: {e}");
     }
 }
+
+/// An override's limits are JSON: `10.0` is the integer 10, as JSON
+/// Schema reads it; `10.5` is still refused where a count is asked.
+#[test]
+fn override_limits_take_whole_numbers_written_with_a_fraction() {
+    let whole = serde_json::json!([{ "fixed_window": { "limit": 10.0, "window": "1m" } }]);
+    let plain = serde_json::json!([{ "fixed_window": { "limit": 10, "window": "1m" } }]);
+    assert_eq!(
+        limits_from_json(&whole, None).unwrap(),
+        limits_from_json(&plain, None).unwrap()
+    );
+    let half = serde_json::json!([{ "fixed_window": { "limit": 10.5, "window": "1m" } }]);
+    assert!(limits_from_json(&half, None).is_err());
+}

@@ -218,34 +218,43 @@ impl Budget {
     }
 
     /// Closes a connection waiting on its client, on any listener, to
-    /// make room: of the client address holding the most of them (a flood
-    /// from a few addresses makes room out of its own connections, never a
-    /// lone client's), one that never sent a byte first (a client that has
-    /// begun, a TLS handshake on a slow link say, goes after every silent
-    /// one), then one waiting for a request before one in a request (a
-    /// body trickling in, so connections that never finish a request
-    /// cannot hold the cap either), the oldest first. The address counts
-    /// over both kinds: a flood of trickled bodies makes room out of its
-    /// own connections, not out of a lone client's handshake that a busy
-    /// machine has kept past the grace. False if none qualifies, or every
-    /// one that does was accepted less than [`GRACE`] ago.
+    /// make room: of the client address holding the most connections (a
+    /// flood from a few addresses makes room out of its own connections,
+    /// never a lone client's), one that never sent a byte first (a client
+    /// that has begun, a TLS handshake on a slow link say, goes after every
+    /// silent one), then one waiting for a request before one in a request
+    /// (a body trickling in, so connections that never finish a request
+    /// cannot hold the cap either), the oldest first.
+    ///
+    /// Addresses are weighed by every connection they hold, whatever its
+    /// state: while some address holds more than its fair share (the cap
+    /// divided by the addresses), only such an address's connections are
+    /// closed. A flood whose own connections are all busy (requests in
+    /// flight on hyper, bounded by the stream caps) or younger than the
+    /// grace then waits for one of them to end, rather than close a lone
+    /// client's handshake that a busy machine has kept past the grace.
+    /// False if none qualifies, or every one that does was accepted less
+    /// than [`GRACE`] ago.
     pub(crate) fn shed_idle(&self) -> bool {
         let mut table = self.table.lock();
         let now = self.clock.now();
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for e in table.values() {
+            *held.entry(e.state.peer).or_insert(0) += 1;
+        }
+        let fair = (self.max_connections() / held.len().max(1)).max(1);
+        let crowded = held.values().any(|&n| n > fair);
         let fits = |e: &Entry| {
             now.saturating_sub(e.state.since) >= GRACE_MS
                 && (e.state.is_idle() || e.state.waits_on_client())
+                && (!crowded || held[&e.state.peer] > fair)
         };
-        let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
-        for e in table.values().filter(|e| fits(e)) {
-            *per_peer.entry(e.state.peer).or_insert(0) += 1;
-        }
         let oldest = table
             .iter()
             .filter(|(_, e)| fits(e))
             .min_by_key(|(id, e)| {
                 (
-                    std::cmp::Reverse(per_peer[&e.state.peer]),
+                    std::cmp::Reverse(held[&e.state.peer]),
                     e.state.heard.load(Ordering::Relaxed),
                     !e.state.is_idle(),
                     **id,
@@ -626,6 +635,48 @@ mod tests {
         // a request.
         assert!(budget.shed_idle());
         assert_eq!(left(&budget), [body2]);
+    }
+
+    /// A crowd whose connections are all busy on hyper (a stream each,
+    /// its body trickling in) does not make room out of a lone client's
+    /// handshake kept past the grace: nothing is closed until one of the
+    /// crowd's is idle, and then that one goes.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_crowd_never_makes_room_out_of_a_lone_client() {
+        let budget = Budget::new(8, 100);
+        let mut guards = Vec::new();
+        let mut crowd = Vec::new();
+        for _ in 0..7 {
+            let c = conn(&budget, [10, 0, 0, 66]);
+            c.heard.store(true, Ordering::Relaxed);
+            c.hyper.store(true, Ordering::Relaxed);
+            guards.push(budget.open_stream(&c, IDLE).unwrap());
+            let id = budget.next_id();
+            budget.register(id, 1, c.clone(), || {
+                tokio::spawn(std::future::pending::<()>()).abort_handle()
+            });
+            crowd.push(id);
+        }
+        let lone = conn(&budget, [10, 0, 0, 1]);
+        lone.heard.store(true, Ordering::Relaxed);
+        let lone_id = budget.next_id();
+        budget.register(lone_id, 1, lone, || {
+            tokio::spawn(std::future::pending::<()>()).abort_handle()
+        });
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        assert!(budget.full());
+        assert!(
+            !budget.shed_idle(),
+            "the lone client's handshake was closed"
+        );
+        assert!(budget.table.lock().contains_key(&lone_id));
+        // One of the crowd's requests ends: that connection goes.
+        drop(guards.pop());
+        assert!(budget.shed_idle());
+        let table = budget.table.lock();
+        assert!(table.contains_key(&lone_id));
+        assert!(!table.contains_key(&crowd[6]));
     }
 
     #[test]

@@ -231,6 +231,11 @@ async fn paced(
     (admitted, elastic)
 }
 
+/// Admissions in `times` at or after `from`.
+fn admitted_after(times: &[Duration], from: Duration) -> usize {
+    times.iter().filter(|&&t| t >= from).count()
+}
+
 /// The most admissions in any whole second of `times` after `from`.
 fn busiest_second(times: &[Duration], from: Duration) -> usize {
     let mut most = 0;
@@ -296,10 +301,16 @@ rules:
     // within a few seconds.
     up.set_service(Duration::from_millis(300));
     let (slow, _) = paced(&c, &url, "ann", 25, 7.0).await;
-    let most = busiest_second(&slow, Duration::from_secs(3));
+    // Over the last 4 s, 100 offered: about 40 at the plain rate (10 a
+    // window), 100 with the elastic room. Counted over the span, not in
+    // its busiest second: times are taken when a request is sent, and on
+    // a busy machine a request sent late in one window may be decided in
+    // the next, which moves an admission across a second's edge but never
+    // adds one to a span's total beyond a window's worth at each end.
+    let late = admitted_after(&slow, Duration::from_secs(3));
     assert!(
-        most <= 11,
-        "slow upstream: {most} in a second after 3 s: {slow:?}"
+        late <= 4 * 10 + 10,
+        "slow upstream: {late} admitted in the 4 s after 3 s: {slow:?}"
     );
     let m = metrics(&c, &admin).await;
     assert!(metric(&m, "spillway_health_load").unwrap() > 1.0, "{m}");
@@ -313,12 +324,13 @@ rules:
     // Errors past the maximum share: the plain limit again.
     up.set_error_share(0.5);
     let (errors, _) = paced(&c, &url, "ann", 25, 6.0).await;
-    let admitted_ok = busiest_second(&errors, Duration::from_secs(3));
+    let admitted_ok = admitted_after(&errors, Duration::from_secs(3));
     // Half the admitted answers are the upstream's 500s (not counted by
-    // `paced`): at most about half of the plain 10.
+    // `paced`): over the last 3 s about half of the plain 30, where the
+    // elastic room would give about half of 75.
     assert!(
-        admitted_ok <= 8,
-        "erroring upstream: {admitted_ok} good answers in a second after 3 s"
+        admitted_ok <= 3 * 10 / 2 + 10,
+        "erroring upstream: {admitted_ok} good answers in the 3 s after 3 s: {errors:?}"
     );
     let m = metrics(&c, &admin).await;
     assert!(

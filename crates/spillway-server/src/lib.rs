@@ -23,6 +23,7 @@ pub mod credentials;
 pub mod events;
 pub mod grpc;
 pub mod health;
+pub mod identity;
 mod json;
 pub mod metrics;
 pub mod os;

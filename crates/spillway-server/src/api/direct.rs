@@ -22,6 +22,8 @@ pub enum Route {
     Charge,
     /// `GET /v1/limit`, with its query string.
     Limit(String),
+    /// `forward_auth.path` (any method, and anything under it).
+    ForwardAuth,
 }
 
 /// The decision API's direct path, with the router for the rest.
@@ -29,13 +31,22 @@ pub enum Route {
 pub struct DirectApi {
     shared: Shared,
     router: axum::Router,
+    forward_auth: std::sync::Arc<super::forward_auth::ForwardAuth>,
 }
 
 impl DirectApi {
-    /// The direct path of the API deciding with `shared`; `router` serves
-    /// every other request.
-    pub fn new(shared: Shared, router: axum::Router) -> DirectApi {
-        DirectApi { shared, router }
+    /// The direct path of the API deciding with `shared`, and of
+    /// `forward_auth`; `router` serves every other request.
+    pub fn new(
+        shared: Shared,
+        router: axum::Router,
+        forward_auth: std::sync::Arc<super::forward_auth::ForwardAuth>,
+    ) -> DirectApi {
+        DirectApi {
+            shared,
+            router,
+            forward_auth,
+        }
     }
 
     async fn answer(
@@ -50,6 +61,21 @@ impl DirectApi {
             Ask::Charge
         } else {
             Ask::Check
+        };
+        let query = match route {
+            Route::ForwardAuth => {
+                let head = &msg.head;
+                let headers: &[httparse::Header<'_>] = head.headers;
+                let answer = self
+                    .forward_auth
+                    .decide(head.method, head.target, headers, msg.peer.ip())
+                    .await;
+                self.forward_auth
+                    .write(&answer, out, msg.close, msg.is_head());
+                return conn.write_all(out).await;
+            }
+            Route::Check | Route::Charge => None,
+            Route::Limit(q) => Some(q),
         };
         // `api.tokens`: the same check as the axum routes' layer (one
         // atomic load while none is set).
@@ -81,9 +107,9 @@ impl DirectApi {
             );
             return conn.write_all(out).await;
         }
-        let result = match route {
-            Route::Check | Route::Charge => check_json(&self.shared, msg.body, started, ask).await,
-            Route::Limit(q) => check_query(&self.shared, &q, started).await,
+        let result = match query {
+            None => check_json(&self.shared, msg.body, started, ask).await,
+            Some(q) => check_query(&self.shared, &q, started).await,
         };
         let close = msg.close;
         match result {
@@ -123,6 +149,9 @@ impl Handler for DirectApi {
     }
 
     fn route(&self, head: &RequestHead<'_, '_>) -> Option<Route> {
+        if self.forward_auth.matches(head.target) {
+            return Some(Route::ForwardAuth);
+        }
         match (head.method, head.target) {
             ("POST", "/v1/check") => Some(Route::Check),
             ("POST", "/v1/charge") => Some(Route::Charge),

@@ -21,6 +21,7 @@ use crate::Shared;
 
 pub mod decision;
 pub mod direct;
+pub mod forward_auth;
 
 pub use decision::decision_json;
 
@@ -328,6 +329,7 @@ pub(crate) async fn check_query(
         let slot = match k.as_str() {
             "key" => &mut body.user,
             "api" => &mut body.api,
+            "ip" => &mut body.ip,
             "cost" => {
                 let v = decode(v).map_err(bad)?;
                 if body.cost.is_some() {

@@ -8,6 +8,7 @@
 mod admin;
 mod envoy;
 mod envoy_settings;
+mod forward_auth;
 mod load;
 mod raw;
 #[cfg(test)]
@@ -79,6 +80,8 @@ pub struct Config {
     pub listen: Option<SocketAddr>,
     /// The `proxy:` section, if any.
     pub proxy: Option<crate::proxy::Settings>,
+    /// The gateways' way in (`forward_auth:`; its defaults without one).
+    pub forward_auth: crate::api::forward_auth::Settings,
     /// Where `spillway serve` serves the admin API (metrics, status, rules)
     /// instead of its decision port (`admin_listen`).
     pub admin_listen: Option<SocketAddr>,
@@ -306,6 +309,11 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         .as_ref()
         .and_then(|l| address(&mut errs, l, "listen", 8080));
     let proxy = raw.proxy.as_ref().map(|p| proxy_config(&mut errs, p));
+    let forward_auth = raw
+        .forward_auth
+        .as_ref()
+        .map(|f| forward_auth::forward_auth(&mut errs, f))
+        .unwrap_or_default();
     let grpc_listen = raw
         .grpc_listen
         .as_ref()
@@ -515,6 +523,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             health,
             tls,
             has_rules: raw.rules.is_some(),
+            forward_auth,
             secrets: Secrets::default(),
         })
     } else {

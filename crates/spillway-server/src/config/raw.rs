@@ -19,6 +19,9 @@ pub(crate) struct RawConfig {
     pub(crate) listen: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) proxy: Option<Spanned<RawProxy>>,
+    /// The gateways' way in (`forward_auth:`).
+    #[serde(default)]
+    pub(crate) forward_auth: Option<Spanned<RawForwardAuth>>,
     #[serde(default)]
     pub(crate) grpc_listen: Option<Spanned<String>>,
     #[serde(default)]
@@ -73,6 +76,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             on_store_error,
             listen,
             proxy,
+            forward_auth,
             grpc_listen,
             grpc_response_headers,
             envoy,
@@ -99,6 +103,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.on_store_error, on_store_error);
         take(&mut self.listen, listen);
         take(&mut self.proxy, proxy);
+        take(&mut self.forward_auth, forward_auth);
         take(&mut self.grpc_listen, grpc_listen);
         take(&mut self.grpc_response_headers, grpc_response_headers);
         take(&mut self.envoy, envoy);
@@ -213,6 +218,20 @@ pub(crate) struct RawEnvoyRate {
 pub(crate) struct RawReplace {
     #[serde(default)]
     pub(crate) name: Option<Spanned<String>>,
+}
+
+/// `forward_auth:`: the endpoint gateways ask before passing a request on.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawForwardAuth {
+    #[serde(default)]
+    pub(crate) path: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) trusted_proxies: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub(crate) user: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) deny_status: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -24,7 +24,7 @@
 pub mod concurrency;
 pub mod direct;
 pub mod hyper;
-pub mod identity;
+pub use crate::identity;
 mod settings;
 mod target;
 pub mod upstream_health;

@@ -1,6 +1,7 @@
-//! Who a proxied request comes from: the user (a header or a query
-//! parameter) and the client IP (the peer, or what trusted proxies in
-//! front of it say).
+//! Who a request comes from, for the ways in that see the client's own
+//! request (the reverse proxy, forward-auth): the user (a header or a
+//! query parameter) and the client IP (the peer, or what trusted proxies
+//! in front of it say).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -172,6 +173,31 @@ pub fn client_ip<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[IpNe
     rightmost_untrusted(peer, headers, trusted).to_canonical()
 }
 
+/// As [`client_ip`], for a gateway's auth call: when the trusted peer
+/// sends neither `X-Forwarded-For` nor `Forwarded`, its `X-Real-IP` (one
+/// address) is the chain. (nginx's `auth_request` examples set it alone.)
+pub fn client_ip_or_real<H: Headers + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    trusted: &[IpNet],
+) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(peer) {
+        return peer.to_canonical();
+    }
+    let mut chain = forwarded_chain(headers);
+    if chain.is_empty() {
+        chain = headers
+            .all("x-real-ip")
+            .into_iter()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(parse_ip)
+            .collect();
+    }
+    walk(peer, chain, &is_trusted).to_canonical()
+}
+
 fn rightmost_untrusted<H: Headers + ?Sized>(
     peer: IpAddr,
     headers: &H,
@@ -181,9 +207,14 @@ fn rightmost_untrusted<H: Headers + ?Sized>(
     if !is_trusted(peer) {
         return peer;
     }
+    walk(peer, forwarded_chain(headers), &is_trusted)
+}
+
+/// The client named by `chain` as sent by the trusted `peer`.
+fn walk(peer: IpAddr, chain: Vec<Option<IpAddr>>, is_trusted: &dyn Fn(IpAddr) -> bool) -> IpAddr {
     // From the right, each trusted hop vouches for the entry to its left.
     let mut last = peer;
-    for hop in forwarded_chain(headers).into_iter().rev() {
+    for hop in chain.into_iter().rev() {
         match hop {
             Some(ip) if is_trusted(ip) => last = ip,
             Some(ip) => return ip,

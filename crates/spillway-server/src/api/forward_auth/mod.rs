@@ -1,0 +1,368 @@
+//! Forward-auth: the way in of the gateways teams already run (nginx
+//! `auth_request`, Traefik `forwardAuth`, Caddy `forward_auth`, HAProxy,
+//! Envoy `ext_authz`). Before passing a request on, the gateway asks
+//! `forward_auth.path` (any method); the request decided is the
+//! gateway's client request ([`original`]), under every rule as the
+//! reverse proxy applies them, at a cost of 1. The answer is one a
+//! gateway uses as it is: `200` and an empty body when admitted, with the
+//! `RateLimit` headers to copy; `deny_status` with `Retry-After`, the same
+//! headers and a problem document when not.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use spillway_store::{Checked, Request as Decide};
+use spillway_tower::Admission;
+use spillway_tower::render::{PROBLEM_JSON, Problem, insert_rate_limit_headers};
+use spillway_wire::{Headers, Sole};
+
+use crate::Shared;
+use crate::identity::{IpNet, UserSource};
+
+pub mod original;
+
+/// The default `forward_auth.path`.
+pub const DEFAULT_PATH: &str = "/v1/forward-auth";
+
+/// The header a gateway's auth call carries `api.tokens`' token in (the
+/// client's own `Authorization` is the upstream's business, and gateways
+/// copy it onto the call).
+pub const TOKEN_HEADER: &str = "spillway-authorization";
+
+/// `forward_auth:` of the rules file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The endpoint; what follows it in a call's target is the request's
+    /// path (Envoy's `path_prefix`).
+    pub path: String,
+    /// Gateways whose forwarded headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Where the user is read: a header of the call, or a query parameter
+    /// of the original request.
+    pub user: Option<UserSource>,
+    /// The status of a denial (and of a request refused as malformed when
+    /// it is 401 or 403, which is all nginx's `auth_request` passes on).
+    pub deny_status: StatusCode,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            path: DEFAULT_PATH.to_string(),
+            trusted_proxies: Vec::new(),
+            user: None,
+            deny_status: StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+}
+
+/// The endpoint, with what it decides with.
+#[derive(Debug)]
+pub struct ForwardAuth {
+    shared: Shared,
+    settings: Settings,
+    /// The user's source, as the proxy reads it.
+    identify: crate::identity::Identify,
+    /// When an untrusted peer's forwarding headers were last logged, in
+    /// seconds since `started` (at most one line a minute).
+    warned: AtomicU64,
+    started: Instant,
+}
+
+/// What a call is answered.
+#[derive(Debug)]
+pub enum Answer {
+    /// Admitted: `200`, the decision's headers.
+    Admitted(Checked),
+    /// Denied: `deny_status`, `Retry-After`, the decision's headers.
+    Denied(Checked),
+    /// Not decided: the call's token, or an ambiguous user.
+    Refused {
+        /// The status.
+        status: StatusCode,
+        /// Why, for a person.
+        detail: String,
+        /// A 401's `WWW-Authenticate`.
+        challenge: Option<&'static str>,
+    },
+}
+
+impl ForwardAuth {
+    /// The endpoint deciding with `shared` under `settings`.
+    pub fn new(shared: Shared, settings: Settings) -> ForwardAuth {
+        ForwardAuth {
+            shared,
+            identify: crate::identity::Identify {
+                user: settings.user.clone(),
+                trusted: Vec::new(),
+            },
+            settings,
+            warned: AtomicU64::new(u64::MAX),
+            started: Instant::now(),
+        }
+    }
+
+    /// Its settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Whether a call to `target` is one for this endpoint: its path, or
+    /// its path and more (`/`, a query).
+    pub fn matches(&self, target: &str) -> bool {
+        target
+            .strip_prefix(self.settings.path.as_str())
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(['/', '?']))
+    }
+
+    /// Decides the request a call of `method` to `target` from `peer` asks
+    /// about.
+    pub async fn decide<H: Headers + Sync + ?Sized>(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &H,
+        peer: IpAddr,
+    ) -> Answer {
+        if self.shared.api_tokens.any() {
+            let token = match headers.sole(TOKEN_HEADER) {
+                Sole::One(v) => Some(v),
+                Sole::Missing | Sole::Many => None,
+            };
+            if let Err(r) = self.shared.api_tokens.admit(token, false) {
+                return Answer::Refused {
+                    status: r.status,
+                    detail: format!("{} (forward-auth reads it from {TOKEN_HEADER})", r.detail),
+                    challenge: r.challenge,
+                };
+            }
+        }
+        let s = &self.settings;
+        if !s.trusted_proxies.iter().any(|n| n.contains(peer)) {
+            self.warn_untrusted(peer, headers);
+        }
+        let o = original::read(method, target, &s.path, headers, peer, &s.trusted_proxies);
+        let user = match self.identify.user(headers, o.query()) {
+            Ok(u) => u,
+            Err(a) => {
+                self.shared.events.bad_request();
+                let status = match s.deny_status.as_u16() {
+                    401 | 403 => s.deny_status,
+                    _ => StatusCode::BAD_REQUEST,
+                };
+                return Answer::Refused {
+                    status,
+                    detail: format!("{}: the limit could not tell which one counts", a.0),
+                    challenge: None,
+                };
+            }
+        };
+        let ip = spillway_core::IpText::new(o.ip);
+        let attrs = Attrs {
+            user: user.as_deref(),
+            ip: ip.as_str(),
+            host: o.host.as_deref(),
+            headers,
+        };
+        let request = Decide {
+            method: Some(&o.method),
+            path: Some(o.path()),
+            attrs: &attrs,
+            cost: 1,
+        };
+        let events = &self.shared.events;
+        match spillway_tower::admit(&self.shared.limiter, &request, |c, took| {
+            events.decided(c, took);
+        })
+        .await
+        {
+            Admission::Admitted(c) => Answer::Admitted(c),
+            Admission::Denied(c) => Answer::Denied(c),
+        }
+    }
+
+    /// Logs, at most once a minute, a call from a peer outside
+    /// `trusted_proxies` that carries forwarding headers: they were not
+    /// read, which is the safe reading and a likely misconfiguration.
+    fn warn_untrusted<H: Headers + ?Sized>(&self, peer: IpAddr, headers: &H) {
+        const FORWARDING: [&str; 6] = [
+            "x-forwarded-uri",
+            "x-original-uri",
+            "x-original-url",
+            "x-forwarded-method",
+            "x-forwarded-for",
+            "forwarded",
+        ];
+        if !FORWARDING.iter().any(|n| headers.value(n).is_some()) {
+            return;
+        }
+        let now = self.started.elapsed().as_secs();
+        let last = self.warned.load(Ordering::Relaxed);
+        if (last == u64::MAX || now >= last.saturating_add(60))
+            && self
+                .warned
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                %peer,
+                "forward-auth: a call from {peer}, which is not in forward_auth.trusted_proxies, \
+                 carries forwarding headers; they are not read (the call is decided as its own \
+                 request from {peer})"
+            );
+        }
+    }
+
+    /// The answer's status and problem (none when admitted).
+    pub fn status(&self, answer: &Answer) -> StatusCode {
+        match answer {
+            Answer::Admitted(_) => StatusCode::OK,
+            Answer::Denied(_) => self.settings.deny_status,
+            Answer::Refused { status, .. } => *status,
+        }
+    }
+
+    /// `answer` written as HTTP/1.1 for the direct path.
+    pub fn write(&self, answer: &Answer, out: &mut Vec<u8>, close: bool, head_request: bool) {
+        use spillway_wire::write;
+        let status = self.status(answer);
+        match answer {
+            Answer::Admitted(c) => {
+                write::answer(out, status, "text/plain", b"", close, head_request, |o| {
+                    spillway_tower::render::push_rate_limit_headers(c, o);
+                });
+            }
+            Answer::Denied(c) => {
+                let mut p = Problem::too_many_requests(c);
+                p.status = status;
+                let json = p.to_json();
+                write::answer(
+                    out,
+                    status,
+                    PROBLEM_JSON,
+                    json.as_bytes(),
+                    close,
+                    head_request,
+                    |o| spillway_tower::render::push_rate_limit_headers(c, o),
+                );
+            }
+            Answer::Refused {
+                detail, challenge, ..
+            } => {
+                let json = Problem::new(status, detail.as_str()).to_json();
+                write::answer(
+                    out,
+                    status,
+                    PROBLEM_JSON,
+                    json.as_bytes(),
+                    close,
+                    head_request,
+                    |o| {
+                        if let Some(c) = challenge {
+                            write::header(o, "www-authenticate", c.as_bytes());
+                        }
+                    },
+                );
+            }
+        }
+    }
+
+    /// `answer` as a response for the axum routes (HTTP/2, TLS).
+    pub fn response(&self, answer: &Answer, head_request: bool) -> Response {
+        let status = self.status(answer);
+        let (body, checked, challenge) = match answer {
+            Answer::Admitted(c) => (String::new(), Some(c), None),
+            Answer::Denied(c) => {
+                let mut p = Problem::too_many_requests(c);
+                p.status = status;
+                (p.to_json(), Some(c), None)
+            }
+            Answer::Refused {
+                detail, challenge, ..
+            } => (
+                Problem::new(status, detail.as_str()).to_json(),
+                None,
+                *challenge,
+            ),
+        };
+        let problem = !body.is_empty();
+        let len = body.len();
+        let mut resp = if head_request {
+            (status, Body::empty()).into_response()
+        } else {
+            (status, body).into_response()
+        };
+        let h = resp.headers_mut();
+        if problem {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        } else {
+            h.remove(header::CONTENT_TYPE);
+        }
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        if let Some(c) = checked {
+            insert_rate_limit_headers(c, h);
+        }
+        if let Some(c) = challenge {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
+        }
+        resp
+    }
+}
+
+/// The endpoint on the axum side of the decision listener (HTTP/2, TLS),
+/// as a layer ahead of the routes: a call to it is answered here, any
+/// other request goes on.
+pub async fn ahead(
+    axum::extract::State(fa): axum::extract::State<std::sync::Arc<ForwardAuth>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_string(), ToString::to_string);
+    if !fa.matches(&target) {
+        return next.run(req).await;
+    }
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+    let (parts, _body) = req.into_parts();
+    let answer = fa
+        .decide(parts.method.as_str(), &target, &parts.headers, peer)
+        .await;
+    fa.response(&answer, parts.method == http::Method::HEAD)
+}
+
+/// The request's identity and the call's headers, for the rules' keys;
+/// `host` is the original request's.
+struct Attrs<'a, H: ?Sized> {
+    user: Option<&'a str>,
+    ip: &'a str,
+    host: Option<&'a str>,
+    headers: &'a H,
+}
+
+impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
+    fn user(&self) -> Option<&str> {
+        self.user
+    }
+    fn ip(&self) -> Option<&str> {
+        Some(self.ip)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        if name.eq_ignore_ascii_case("host") {
+            return self.host;
+        }
+        self.headers.value(name)
+    }
+    fn descriptor(&self, _name: &str) -> Option<&str> {
+        None
+    }
+}

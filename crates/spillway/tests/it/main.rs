@@ -13,6 +13,7 @@ mod credentials;
 mod dashboard;
 mod elastic;
 mod envoy_format;
+mod gateways;
 mod grpc;
 mod hardening;
 mod http_wire;

@@ -19,7 +19,9 @@ use crate::util::{Server, TempDir};
 
 /// The shipped example files.
 fn example(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gateways").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/gateways")
+        .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }
 
@@ -46,8 +48,7 @@ fn binary(name: &str, var: &str) -> PathBuf {
     let cache = std::env::var_os("SPILLWAY_GATEWAYS")
         .map(PathBuf::from)
         .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME")
-                .map(|c| PathBuf::from(c).join("spillway-gateways"))
+            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("spillway-gateways"))
         })
         .or_else(|| {
             std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/spillway-gateways"))
@@ -225,9 +226,20 @@ async fn send(
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("{}: a 429 without Retry-After: {h:?}", gw.name));
-            assert!((1..=60).contains(&retry), "{}: Retry-After {retry}", gw.name);
-            let rl = h.get("ratelimit").and_then(|v| v.to_str().ok()).unwrap_or("");
-            assert!(rl.contains("r=0"), "{}: a 429 whose RateLimit is {rl:?}", gw.name);
+            assert!(
+                (1..=60).contains(&retry),
+                "{}: Retry-After {retry}",
+                gw.name
+            );
+            let rl = h
+                .get("ratelimit")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            assert!(
+                rl.contains("r=0"),
+                "{}: a 429 whose RateLimit is {rl:?}",
+                gw.name
+            );
         }
         out.push(status);
     }
@@ -293,7 +305,10 @@ async fn behind(name: &'static str) {
         gw.log()
     );
     let reached = app_saw(&|r| r.header("x-api-key") == Some(key.as_str()));
-    assert_eq!(reached, 60, "{name}: the app saw {reached} of the key's requests");
+    assert_eq!(
+        reached, 60,
+        "{name}: the app saw {reached} of the key's requests"
+    );
 
     // A second key header: refused (never counted as one key while the
     // app reads the other), and never reaches the app.
@@ -314,6 +329,30 @@ async fn behind(name: &'static str) {
         app_saw(&|r| r.all("x-api-key").len() > 1),
         0,
         "{name}: a request with two keys reached the app"
+    );
+
+    // A request too large for spillway to read (20 KiB of headers, under
+    // what nginx, Traefik and Caddy take from a client): refused, never
+    // passed on as if spillway were down.
+    let big = "a".repeat(7_000);
+    let r = c
+        .get(url("/huge"))
+        .header("x-api-key", format!("huge-{name}"))
+        .header("x-a", &big)
+        .header("x-b", &big)
+        .header("x-c", &big)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_client_error(),
+        "{name}: a request too large for spillway: {}",
+        r.status()
+    );
+    assert_eq!(
+        app_saw(&|r| r.path() == "/huge"),
+        0,
+        "{name}: it reached the app"
     );
 
     // Per IP (`per-ip`: 120 a minute), no key: exactly 120 of 125 from
@@ -369,7 +408,10 @@ async fn behind(name: &'static str) {
     // timeout (HAProxy's client retries a refused connection for ~3 s).
     drop(spillway);
     let (want, within): (u16, Duration) = match name {
-        "nginx" | "haproxy" => (200, Duration::from_secs(if name == "haproxy" { 6 } else { 2 })),
+        "nginx" | "haproxy" => (
+            200,
+            Duration::from_secs(if name == "haproxy" { 6 } else { 2 }),
+        ),
         "traefik" => (500, Duration::from_secs(2)),
         _ => (502, Duration::from_secs(2)),
     };
@@ -383,7 +425,10 @@ async fn behind(name: &'static str) {
         "{name}: spillway stopped\n{}",
         gw.log()
     );
-    assert!(took < within, "{name}: spillway stopped: answered after {took:?}");
+    assert!(
+        took < within,
+        "{name}: spillway stopped: answered after {took:?}"
+    );
     let passed = app_saw(&|r| r.path() == "/while-down");
     assert_eq!(passed, usize::from(want == 200), "{name}: fail-open");
 }

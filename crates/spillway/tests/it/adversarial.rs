@@ -77,6 +77,8 @@ enum Probe {
     Decision(String),
     /// A decision over h2c (prior knowledge).
     DecisionH2(String),
+    /// A gateway's call to forward-auth, over HTTP/1.1 and h2c.
+    ForwardAuth(String),
     /// A `ShouldRateLimit` call.
     Grpc(String),
     /// `/metrics` on an admin address.
@@ -135,6 +137,16 @@ impl Probe {
             }
             Probe::DecisionH2(a) => {
                 status(h2c().get(format!("http://{a}/v1/limit?key=legit")), decided).await
+            }
+            Probe::ForwardAuth(a) => {
+                for c in [h1(), h2c()] {
+                    let call = c
+                        .get(format!("http://{a}/v1/forward-auth"))
+                        .header("x-forwarded-uri", "/legit")
+                        .header("x-api-key", "legit");
+                    status(call, decided).await?;
+                }
+                Ok(())
             }
             Probe::Grpc(a) => {
                 let ep = tonic::transport::Endpoint::from_shared(format!("http://{a}"))
@@ -321,9 +333,13 @@ fn addr(a: &str) -> SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answered() {
     let dir = TempDir::new("adversarial");
-    let (s, grpc_at, admin_at) = start_service(&dir, "");
+    let (s, grpc_at, admin_at) = start_service(
+        &dir,
+        "forward_auth: { trusted_proxies: [127.0.0.0/8], user: header:x-api-key }",
+    );
     let targets = [
         Target::h2c(&s.addr, "/v1/check"),
+        Target::h2c(&s.addr, "/v1/forward-auth/attack"),
         Target::h2c(
             &grpc_at,
             "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
@@ -333,6 +349,7 @@ async fn every_attack_on_the_service_listeners_leaves_legitimate_clients_answere
     let probes = [
         Probe::Decision(s.addr.clone()),
         Probe::DecisionH2(s.addr.clone()),
+        Probe::ForwardAuth(s.addr.clone()),
         Probe::Grpc(grpc_at.clone()),
         Probe::Admin(admin_at.clone()),
     ];

@@ -13,6 +13,7 @@ mod credentials;
 mod dashboard;
 mod elastic;
 mod envoy_format;
+mod forward_auth;
 mod gateways;
 mod grpc;
 mod hardening;

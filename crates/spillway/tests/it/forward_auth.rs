@@ -1,0 +1,363 @@
+//! `forward_auth:` called as each gateway calls it, with real clients:
+//! the request decided is the gateway's client request, read only from
+//! trusted peers; answers gateways use as they are; tokens; h2c; hostile
+//! sizes and shapes; and `/v1/limit`'s `ip`.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use crate::util::{Server, TempDir, client};
+
+const RULES: &str = r#"
+rules:
+  - name: login
+    api: POST /login
+    by: ip
+    limits:
+      - fixed_window: { limit: 3, window: 1h }
+  - name: per-key
+    by: user
+    limits:
+      - fixed_window: { limit: 5, window: 1h }
+"#;
+
+fn start(dir: &TempDir, forward_auth: &str, extra: &str) -> Server {
+    let file = dir.write("rules.yaml", &format!("{forward_auth}\n{extra}\n{RULES}"));
+    Server::start(&["--config", file.to_str().unwrap()])
+}
+
+/// Statuses of `n` calls built by `call`.
+async fn statuses(n: usize, call: impl Fn() -> reqwest::RequestBuilder) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(call().send().await.unwrap().status().as_u16());
+    }
+    out
+}
+
+/// Envoy's ext_authz: the request's method and path follow from the call
+/// itself (`path_prefix` + the original path and query; a body length of
+/// 0); HEAD and GET work; the answers are a gateway's.
+#[tokio::test]
+async fn ext_authz_calls_decide_the_request_they_carry() {
+    let dir = TempDir::new("fa-envoy");
+    let s = start(&dir, "forward_auth: { user: 'header:x-api-key' }", "");
+    let c = client();
+    let login = || {
+        c.post(s.url("/v1/forward-auth/login?next=%2F"))
+            .header("content-length", "0")
+    };
+    assert_eq!(statuses(4, login).await, [200, 200, 200, 429]);
+    let r = login().send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    let h = r.headers();
+    assert_eq!(
+        h["retry-after"].to_str().unwrap().parse::<u64>().unwrap() > 0,
+        true
+    );
+    assert!(
+        h["ratelimit"]
+            .to_str()
+            .unwrap()
+            .starts_with("\"login\";r=0")
+    );
+    assert_eq!(h["content-type"], "application/problem+json");
+    // Another path is another request: admitted, with an empty body and
+    // the headers of the limit closest to denying.
+    let r = c
+        .get(s.url("/v1/forward-auth/things"))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["ratelimit"]
+            .to_str()
+            .unwrap()
+            .contains("\"per-key\";r=4")
+    );
+    assert_eq!(r.text().await.unwrap(), "");
+    let r = c
+        .head(s.url("/v1/forward-auth/things"))
+        .header("x-api-key", "k")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["ratelimit"].to_str().unwrap().contains("r=3"));
+}
+
+/// A gateway's headers are read only from `trusted_proxies`: from any
+/// other peer the call is its own request, and the log says why once.
+#[tokio::test]
+async fn forwarded_headers_count_only_from_trusted_peers() {
+    let dir = TempDir::new("fa-trust");
+    let s = start(
+        &dir,
+        "forward_auth: { trusted_proxies: [127.0.0.9/32], user: 'header:x-api-key' }",
+        "",
+    );
+    let c = client();
+    // From 127.0.0.1 (not trusted): POST /login in the headers is not the
+    // request; the call's own GET / is, so `login` never applies.
+    let spoof = || {
+        c.get(s.url("/v1/forward-auth"))
+            .header("x-forwarded-method", "POST")
+            .header("x-forwarded-uri", "/login")
+            .header("x-forwarded-for", "203.0.113.1")
+    };
+    assert_eq!(statuses(5, spoof).await, [200; 5]);
+    let line = s.wait_line("not in forward_auth.trusted_proxies");
+    assert!(line.contains("127.0.0.1"), "{line}");
+
+    // From 127.0.0.9 (trusted), the same headers are the request, and
+    // the client is the address they name, whatever a client wrote left
+    // of it.
+    let gw = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 9]))
+        .build()
+        .unwrap();
+    let via_gateway = |xff: &'static str| {
+        gw.get(s.url("/v1/forward-auth"))
+            .header("x-forwarded-method", "POST")
+            .header("x-forwarded-uri", "/login")
+            .header("x-forwarded-for", xff)
+    };
+    let mut seen = Vec::new();
+    for xff in [
+        "6.6.6.1, 203.0.113.1",
+        "6.6.6.2, 203.0.113.1",
+        "203.0.113.1",
+        "203.0.113.1",
+    ] {
+        seen.push(via_gateway(xff).send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 429]);
+    assert_eq!(
+        via_gateway("203.0.113.2").send().await.unwrap().status(),
+        200
+    );
+}
+
+/// A cost is never taken from the client's request, and its query,
+/// however spelled, cannot name another key than its header's.
+#[tokio::test]
+async fn the_query_is_the_clients_and_changes_nothing() {
+    let dir = TempDir::new("fa-query");
+    let s = start(
+        &dir,
+        "forward_auth: { trusted_proxies: [127.0.0.0/8], user: 'header:x-api-key' }",
+        "",
+    );
+    let c = client();
+    let tricks = [
+        "/a?cost=0",
+        "/a?x=1&cost=0",
+        "/a?x=1%26cost=0",
+        "/a?key=other",
+        "/a?cost=-5&cost=0",
+        "/a?api=GET%20/free",
+        "/a",
+    ];
+    let mut seen = Vec::new();
+    for t in tricks {
+        let r = c
+            .get(s.url("/v1/forward-auth"))
+            .header("x-forwarded-uri", t)
+            .header("x-api-key", "same")
+            .send()
+            .await
+            .unwrap();
+        seen.push(r.status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 200, 200, 429, 429], "{tricks:?}");
+    // Two key headers: which one counts is not for the limit to guess.
+    let r = c
+        .get(s.url("/v1/forward-auth"))
+        .header("x-api-key", "fresh")
+        .header("x-api-key", "same")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("x-api-key"));
+}
+
+/// `deny_status: 403` (nginx): denials and refusals are 403, the only
+/// refusal auth_request passes on besides 401.
+#[tokio::test]
+async fn deny_status_is_the_status_of_every_refusal() {
+    let dir = TempDir::new("fa-403");
+    let s = start(
+        &dir,
+        "forward_auth: { trusted_proxies: [127.0.0.0/8], user: 'header:x-api-key', deny_status: 403 }",
+        "",
+    );
+    let c = client();
+    let call = || c.get(s.url("/v1/forward-auth")).header("x-api-key", "k");
+    assert_eq!(statuses(6, call).await, [200, 200, 200, 200, 200, 403]);
+    let r = c
+        .get(s.url("/v1/forward-auth"))
+        .header("x-api-key", "a")
+        .header("x-api-key", "b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+}
+
+/// With `api.tokens`, a call needs a token in `Spillway-Authorization`;
+/// the client's own `Authorization` (copied by gateways) is not read.
+#[tokio::test]
+async fn tokens_are_read_from_spillway_authorization() {
+    let dir = TempDir::new("fa-tokens");
+    let s = Server::start_env(
+        &["--config", dir.write("rules.yaml", &format!(
+            "forward_auth: {{ trusted_proxies: [127.0.0.0/8] }}\napi:\n  tokens:\n    - {{ name: gw, scope: read, env: GW_TOKEN }}\n{RULES}"
+        )).to_str().unwrap()],
+        &[("GW_TOKEN", "s3cret-token-value")],
+    );
+    let c = client();
+    let r = c.get(s.url("/v1/forward-auth")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().contains_key("www-authenticate"));
+    let r = c
+        .get(s.url("/v1/forward-auth"))
+        .header("authorization", "Bearer s3cret-token-value")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        401,
+        "the client's Authorization is its upstream's"
+    );
+    let r = c
+        .get(s.url("/v1/forward-auth"))
+        .header("spillway-authorization", "Bearer wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .get(s.url("/v1/forward-auth"))
+        .header("spillway-authorization", "Bearer s3cret-token-value")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = r.text().await.unwrap();
+    assert!(!body.contains("s3cret"));
+}
+
+/// HTTP/1.1 and h2c calls count on one counter, a call with more headers
+/// than the direct path parses (hyper's) too, and hostile sizes and bytes
+/// are decided, never passed.
+#[tokio::test]
+async fn every_transport_and_shape_is_decided_on_one_counter() {
+    let dir = TempDir::new("fa-shapes");
+    let s = start(
+        &dir,
+        "forward_auth: { trusted_proxies: [127.0.0.0/8], user: 'header:x-api-key' }",
+        "",
+    );
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let h1 = client();
+    let mut seen = Vec::new();
+    for (i, c) in [&h1, &h2, &h1, &h2].into_iter().enumerate() {
+        let mut r = c
+            .get(s.url("/v1/forward-auth"))
+            .header("x-api-key", "shared")
+            .header("x-forwarded-uri", format!("/{}", "p".repeat(8_000 + i)));
+        if i == 2 {
+            for n in 0..40 {
+                r = r.header(format!("x-filler-{n}"), "f");
+            }
+        }
+        seen.push(r.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 200]);
+    assert_eq!(
+        h1.get(s.url("/v1/forward-auth"))
+            .header("x-api-key", "shared")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        h2.get(s.url("/v1/forward-auth"))
+            .header("x-api-key", "shared")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        429
+    );
+
+    // Raw bytes: a key that is not UTF-8 names no key (the `by: user` rule
+    // does not apply) and a method that is not a token falls back to the
+    // call's; a call too large to read is refused, not admitted; and two
+    // calls on one connection are both answered (keep-alive).
+    let raw = |req: &[u8]| -> String {
+        let mut t = std::net::TcpStream::connect(&s.addr).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        t.write_all(req).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        while let Ok(n) = t.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&out);
+            if text.matches("HTTP/1.1 ").count() >= 2 || text.contains("connection: close") {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let answer = raw(
+        b"GET /v1/forward-auth HTTP/1.1\r\nhost: s\r\nx-api-key: \xff\xfe\r\nx-forwarded-method: G\x01T\r\n\r\n",
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.1 400"),
+        "{answer}"
+    );
+    let huge = format!(
+        "GET /v1/forward-auth HTTP/1.1\r\nhost: s\r\nx-api-key: k\r\nx-a: {}\r\nx-b: {}\r\n\r\n",
+        "a".repeat(9_000),
+        "b".repeat(9_000)
+    );
+    let answer = raw(huge.as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    let two = b"GET /v1/forward-auth HTTP/1.1\r\nhost: s\r\nx-api-key: ka\r\n\r\nHEAD /v1/forward-auth HTTP/1.1\r\nhost: s\r\nx-api-key: ka\r\n\r\n";
+    let answer = raw(two);
+    assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
+    assert!(answer.contains("ratelimit: \"per-key\";r=3"), "{answer}");
+}
+
+/// `/v1/limit` takes `ip`, for rules by IP.
+#[tokio::test]
+async fn v1_limit_takes_ip() {
+    let dir = TempDir::new("fa-limit-ip");
+    let s = start(&dir, "", "");
+    let c = client();
+    let call = |ip: &str| c.get(s.url(&format!("/v1/limit?api=POST%20/login&ip={ip}")));
+    let mut seen = Vec::new();
+    for ip in ["10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2"] {
+        seen.push(call(ip).send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 429, 200]);
+    let r = c
+        .get(s.url("/v1/limit?api=POST%20/login&ip=10.0.0.3&ip=10.0.0.4"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "ip given twice");
+}

@@ -142,6 +142,14 @@ pub(crate) fn grant(
     interval: Nanos,
 ) {
     e.remaining = min_remaining(limits);
+    if granted == 0 && limits.iter().all(|v| v.allowed) {
+        // Nothing taken, nothing refused: a push the store had seen
+        // already (an exchange sent again after a lost answer answers
+        // every lease with 0 units and a check's verdicts). Taken as a
+        // refusal, it refused a key with budget left for an interval (a
+        // 429 at 89 of a limit of 1,000,000 beside two CPU hogs).
+        return;
+    }
     if granted == 0 {
         // The store refused: no more until it may admit again (at most an
         // interval: its state moves with other instances' slices too).
@@ -626,6 +634,51 @@ mod tests {
             })
         ));
         assert_eq!(e.stale, 0);
+    }
+
+    /// A lease answered with 0 units but verdicts that all admit (a push
+    /// the store had seen already) refuses nothing: the key asks again.
+    /// One whose verdicts refuse holds the key refused until it may admit.
+    #[test]
+    fn nothing_granted_is_a_refusal_only_when_the_store_refused() {
+        let rule = Arc::new(
+            Rule::new(
+                "w",
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![Limit::FixedWindow(
+                    FixedWindow::new(1_000_000, Nanos::from_secs(3600)).unwrap(),
+                )],
+                Mode::Hard,
+            )
+            .unwrap(),
+        );
+        let interval = Nanos::from_millis(100);
+        let t = Nanos::from_secs(1_000);
+        let v = |allowed: bool| Verdict {
+            allowed,
+            limit: 1_000_000,
+            remaining: if allowed { 999_000 } else { 0 },
+            reset: Nanos::from_secs(1_800),
+            retry_after: if allowed {
+                Nanos::ZERO
+            } else {
+                Nanos::from_secs(1_800)
+            },
+            wait: Nanos::ZERO,
+        };
+        let mut e = Entry::new(rule, 0);
+        grant(&mut e, 0, 1, &[v(true)], t, interval);
+        assert_eq!(
+            slice_take(&mut e, 1, false, t),
+            Err((true, None)),
+            "no slice: ask the store, not refused"
+        );
+        grant(&mut e, 0, 2, &[v(false)], t, interval);
+        assert!(matches!(
+            slice_take(&mut e, 1, false, t),
+            Err((false, Some(_)))
+        ));
     }
 
     /// A sliding log's refund is dated at the oldest grant whose units

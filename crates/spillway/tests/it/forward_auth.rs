@@ -358,3 +358,39 @@ async fn v1_limit_takes_ip() {
         .unwrap();
     assert_eq!(r.status(), 400, "ip given twice");
 }
+
+/// Envoy's `ext_authz` call as the shipped `examples/gateways/envoy.yaml`
+/// makes it (its `path_prefix`, the request's method, the allowed headers,
+/// an empty body), against the shipped `spillway.yaml`: the route's limit
+/// holds per client address. (No Envoy binary is installable here: the
+/// call is made as Envoy's documentation and source describe it.)
+#[tokio::test]
+async fn envoy_ext_authz_as_the_shipped_config_calls_it() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gateways");
+    let envoy = std::fs::read_to_string(root.join("envoy.yaml")).unwrap();
+    let prefix = envoy
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("path_prefix:"))
+        .expect("envoy.yaml has a path_prefix")
+        .trim()
+        .to_string();
+    let dir = TempDir::new("fa-envoy-shipped");
+    let yaml = std::fs::read_to_string(root.join("spillway.yaml"))
+        .unwrap()
+        .replace("listen: 127.0.0.1:8080", "listen: 127.0.0.1:0");
+    let file = dir.write("spillway.yaml", &yaml);
+    let s = Server::start_as_configured("serve", &["--config", file.to_str().unwrap()]);
+    let c = client();
+    let call = |client_ip: &str| {
+        c.post(s.url(&format!("{prefix}/login?next=/home")))
+            .header("content-length", "0")
+            .header("x-forwarded-for", client_ip)
+            .header("x-envoy-expected-rq-timeout-ms", "250")
+    };
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(call("198.51.100.7").send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 200, 200, 429], "{prefix}");
+    assert_eq!(call("198.51.100.8").send().await.unwrap().status(), 200);
+}

@@ -214,6 +214,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--gateways", default="nginx,traefik,caddy,haproxy")
+    ap.add_argument("--spillway-threads", type=int, default=0,
+                    help="spillway's --threads (0: its default, one per core)")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("bench-gateways: needs wrk (apt-get install wrk)")
@@ -225,7 +227,8 @@ def main():
     script.write_text(WRK_KEYS)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    print(f"# bench-gateways at {commit}, {args.seconds} s per run, {os.cpu_count()} cores")
+    print(f"# bench-gateways at {commit}, {args.seconds} s per run, {os.cpu_count()} cores, "
+          f"spillway --threads {args.spillway_threads or 'default'}")
     print("| gateway | setup | req/s (32 conns) | p50 / p99 at 32 (µs) | p50 / p99 at 1 (µs) | non-2xx | admitted of 150 (limit 100/min) |")
     print("|---|---|---|---|---|---|---|")
     try:
@@ -259,8 +262,10 @@ def main():
                             upstream = f"127.0.0.1:{sp_port}"
                         (d / "spillway.yaml").write_text(text)
                         sub = "serve" if setup == "forward-auth" else "proxy"
+                        threads = ["--threads", str(args.spillway_threads)] if args.spillway_threads else []
                         own.append(procs.start([spillway, sub, "--config", str(d / "spillway.yaml"),
-                                                "--listen", f"127.0.0.1:{sp_port}"], d, d / "spillway.log"))
+                                                "--listen", f"127.0.0.1:{sp_port}"] + threads, d,
+                                               d / "spillway.log"))
                         wait_port(sp_port, "spillway")
                     gw_port = free_port()
                     gw = f"127.0.0.1:{gw_port}"

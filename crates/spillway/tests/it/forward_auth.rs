@@ -394,3 +394,78 @@ async fn envoy_ext_authz_as_the_shipped_config_calls_it() {
     assert_eq!(seen, [200, 200, 200, 200, 200, 429], "{prefix}");
     assert_eq!(call("198.51.100.8").send().await.unwrap().status(), 200);
 }
+
+/// Every rule applies as in the proxy: route respellings count as the
+/// route, HEAD as GET, a shadow rule never refuses, a soft rule admits
+/// its margin and says so.
+#[tokio::test]
+async fn rules_apply_as_in_the_proxy() {
+    let dir = TempDir::new("fa-modes");
+    let file = dir.write(
+        "rules.yaml",
+        r#"
+forward_auth: { trusted_proxies: [127.0.0.0/8], user: 'header:x-api-key' }
+rules:
+  - name: items
+    api: GET /items
+    by: user
+    limits:
+      - fixed_window: { limit: 3, window: 1h }
+  - name: reports
+    api: GET /reports
+    by: user
+    mode: shadow
+    limits:
+      - fixed_window: { limit: 1, window: 1h }
+  - name: export
+    api: GET /export
+    by: user
+    mode: soft 100%
+    limits:
+      - fixed_window: { limit: 2, window: 1h }
+"#,
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let call = |method: &str, uri: &str| {
+        c.get(s.url("/v1/forward-auth"))
+            .header("x-api-key", "u")
+            .header("x-forwarded-method", method)
+            .header("x-forwarded-uri", uri)
+    };
+    let mut seen = Vec::new();
+    for (m, u) in [
+        ("GET", "/items"),
+        ("HEAD", "/items"),
+        ("GET", "//items"),
+        ("GET", "/items/"),
+        ("GET", "/%69tems"),
+    ] {
+        seen.push(call(m, u).send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 429, 429], "respellings and HEAD count");
+    for _ in 0..3 {
+        assert_eq!(call("GET", "/reports").send().await.unwrap().status(), 200);
+    }
+    let mut zones = Vec::new();
+    for _ in 0..5 {
+        let r = call("GET", "/export").send().await.unwrap();
+        zones.push((
+            r.status().as_u16(),
+            r.headers()
+                .get("spillway-zone")
+                .map(|v| v.to_str().unwrap().to_string()),
+        ));
+    }
+    let soft = Some("soft".to_string());
+    assert_eq!(
+        zones,
+        [
+            (200, None),
+            (200, None),
+            (200, soft.clone()),
+            (200, soft),
+            (429, None)
+        ]
+    );
+}

@@ -443,7 +443,11 @@ rules:
     ] {
         seen.push(call(m, u).send().await.unwrap().status().as_u16());
     }
-    assert_eq!(seen, [200, 200, 200, 429, 429], "respellings and HEAD count");
+    assert_eq!(
+        seen,
+        [200, 200, 200, 429, 429],
+        "respellings and HEAD count"
+    );
     for _ in 0..3 {
         assert_eq!(call("GET", "/reports").send().await.unwrap().status(), 200);
     }

@@ -128,11 +128,12 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
 /// Every top-level section of a spillway rules file: those this crate
 /// reads, and the server's, which it skips. spillway-server checks that
 /// this list is its own.
-pub const SECTIONS: [&str; 20] = [
+pub const SECTIONS: [&str; 21] = [
     "store",
     "on_store_error",
     "listen",
     "proxy",
+    "forward_auth",
     "grpc_listen",
     "grpc_response_headers",
     "envoy",

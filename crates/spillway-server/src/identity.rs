@@ -170,7 +170,7 @@ impl Identify {
 /// back as its IPv4 address, so it shares a key with the same client
 /// named in a header.
 pub fn client_ip<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[IpNet]) -> IpAddr {
-    rightmost_untrusted(peer, headers, trusted).to_canonical()
+    rightmost_untrusted(peer, headers, trusted, false).to_canonical()
 }
 
 /// As [`client_ip`], for a gateway's auth call: when the trusted peer
@@ -181,12 +181,21 @@ pub fn client_ip_or_real<H: Headers + ?Sized>(
     headers: &H,
     trusted: &[IpNet],
 ) -> IpAddr {
+    rightmost_untrusted(peer, headers, trusted, true).to_canonical()
+}
+
+fn rightmost_untrusted<H: Headers + ?Sized>(
+    peer: IpAddr,
+    headers: &H,
+    trusted: &[IpNet],
+    real_ip: bool,
+) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(peer) {
-        return peer.to_canonical();
+        return peer;
     }
     let mut chain = forwarded_chain(headers);
-    if chain.is_empty() {
+    if chain.is_empty() && real_ip {
         chain = headers
             .all("x-real-ip")
             .into_iter()
@@ -195,23 +204,6 @@ pub fn client_ip_or_real<H: Headers + ?Sized>(
             .map(parse_ip)
             .collect();
     }
-    walk(peer, chain, &is_trusted).to_canonical()
-}
-
-fn rightmost_untrusted<H: Headers + ?Sized>(
-    peer: IpAddr,
-    headers: &H,
-    trusted: &[IpNet],
-) -> IpAddr {
-    let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
-    if !is_trusted(peer) {
-        return peer;
-    }
-    walk(peer, forwarded_chain(headers), &is_trusted)
-}
-
-/// The client named by `chain` as sent by the trusted `peer`.
-fn walk(peer: IpAddr, chain: Vec<Option<IpAddr>>, is_trusted: &dyn Fn(IpAddr) -> bool) -> IpAddr {
     // From the right, each trusted hop vouches for the entry to its left.
     let mut last = peer;
     for hop in chain.into_iter().rev() {
@@ -285,6 +277,35 @@ pub fn forwarded_for<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[
             .join(", ")
     } else {
         peer.to_string()
+    }
+}
+
+/// A request's identity and headers, for the rules' keys: the proxy's
+/// and forward-auth's. `host`, when given, is what `by: header:host`
+/// reads (forward-auth's original host); else every header is the
+/// request's own.
+pub(crate) struct Attrs<'a, H: ?Sized> {
+    pub(crate) user: Option<&'a str>,
+    pub(crate) ip: &'a str,
+    pub(crate) host: Option<&'a str>,
+    pub(crate) headers: &'a H,
+}
+
+impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
+    fn user(&self) -> Option<&str> {
+        self.user
+    }
+    fn ip(&self) -> Option<&str> {
+        Some(self.ip)
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        match self.host {
+            Some(host) if name.eq_ignore_ascii_case("host") => Some(host),
+            _ => self.headers.value(name),
+        }
+    }
+    fn descriptor(&self, _name: &str) -> Option<&str> {
+        None
     }
 }
 

@@ -579,21 +579,27 @@ mod tests {
         Pass(u64),
     }
 
+    /// A hard rule by user with the one `limit`.
+    fn rule_of(name: &str, limit: Limit) -> Arc<Rule> {
+        Arc::new(
+            Rule::new(
+                name,
+                None,
+                KeySpec::parse("user").unwrap(),
+                vec![limit],
+                Mode::Hard,
+            )
+            .unwrap(),
+        )
+    }
+
     /// A slice that ended with its fixed window is not carried into the
     /// next one: a grant after the end holds only what it granted.
     #[test]
     fn a_slice_past_its_window_is_not_carried_over() {
-        let rule = Arc::new(
-            Rule::new(
-                "w",
-                None,
-                KeySpec::parse("user").unwrap(),
-                vec![Limit::FixedWindow(
-                    FixedWindow::new(10, Nanos::from_secs(60)).unwrap(),
-                )],
-                Mode::Hard,
-            )
-            .unwrap(),
+        let rule = rule_of(
+            "w",
+            Limit::FixedWindow(FixedWindow::new(10, Nanos::from_secs(60)).unwrap()),
         );
         let interval = Nanos::from_millis(100);
         let mut e = Entry::new(rule, 0);
@@ -641,17 +647,9 @@ mod tests {
     /// One whose verdicts refuse holds the key refused until it may admit.
     #[test]
     fn nothing_granted_is_a_refusal_only_when_the_store_refused() {
-        let rule = Arc::new(
-            Rule::new(
-                "w",
-                None,
-                KeySpec::parse("user").unwrap(),
-                vec![Limit::FixedWindow(
-                    FixedWindow::new(1_000_000, Nanos::from_secs(3600)).unwrap(),
-                )],
-                Mode::Hard,
-            )
-            .unwrap(),
+        let rule = rule_of(
+            "w",
+            Limit::FixedWindow(FixedWindow::new(1_000_000, Nanos::from_secs(3600)).unwrap()),
         );
         let interval = Nanos::from_millis(100);
         let t = Nanos::from_secs(1_000);
@@ -687,17 +685,9 @@ mod tests {
     #[test]
     fn a_log_refund_is_dated_at_the_oldest_grant_held() {
         use spillway_core::SlidingLog;
-        let rule = Arc::new(
-            Rule::new(
-                "l",
-                None,
-                KeySpec::parse("user").unwrap(),
-                vec![Limit::SlidingLog(
-                    SlidingLog::new(100, Nanos::from_secs(3600)).unwrap(),
-                )],
-                Mode::Hard,
-            )
-            .unwrap(),
+        let rule = rule_of(
+            "l",
+            Limit::SlidingLog(SlidingLog::new(100, Nanos::from_secs(3600)).unwrap()),
         );
         let interval = Nanos::from_millis(100);
         let v = Verdict {

@@ -273,7 +273,7 @@ impl Proxy {
         who: &Who,
         headers: &H,
     ) -> Admission {
-        let attrs = Attrs::of(who, headers);
+        let attrs = attrs(who, headers);
         let request = Request {
             method: Some(method),
             path: Some(path),
@@ -467,7 +467,7 @@ impl Proxy {
         headers: &H,
         read: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> bool {
-        let attrs = Attrs::of(who, headers);
+        let attrs = attrs(who, headers);
         let request = Request {
             method: Some(method),
             path: Some(path),
@@ -598,35 +598,13 @@ pub fn priority_of(checked: &Checked) -> spillway_core::Priority {
         .unwrap_or_default()
 }
 
-/// A request's identity and headers, for the rules' keys.
-struct Attrs<'a, H: ?Sized> {
-    user: Option<&'a str>,
-    ip: &'a str,
-    headers: &'a H,
-}
-
-impl<'a, H: ?Sized> Attrs<'a, H> {
-    fn of(who: &'a Who, headers: &'a H) -> Attrs<'a, H> {
-        Attrs {
-            user: who.user.as_deref(),
-            ip: who.ip.as_str(),
-            headers,
-        }
-    }
-}
-
-impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
-    fn user(&self) -> Option<&str> {
-        self.user
-    }
-    fn ip(&self) -> Option<&str> {
-        Some(self.ip)
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.value(name)
-    }
-    fn descriptor(&self, _name: &str) -> Option<&str> {
-        None
+/// `who` and `headers` as the rules read them.
+fn attrs<'a, H: ?Sized>(who: &'a Who, headers: &'a H) -> crate::identity::Attrs<'a, H> {
+    crate::identity::Attrs {
+        user: who.user.as_deref(),
+        ip: who.ip.as_str(),
+        host: None,
+        headers,
     }
 }
 

@@ -112,8 +112,8 @@ impl ForwardAuth {
         &self.settings
     }
 
-    /// Whether a call to `target` is one for this endpoint: its path, or
-    /// its path and more (`/`, a query).
+    /// Whether a call to `target` (a path, with or without its query) is
+    /// one for this endpoint: its path, or its path and more (`/`, a query).
     pub fn matches(&self, target: &str) -> bool {
         target
             .strip_prefix(self.settings.path.as_str())
@@ -163,14 +163,14 @@ impl ForwardAuth {
             }
         };
         let ip = spillway_core::IpText::new(o.ip);
-        let attrs = Attrs {
+        let attrs = crate::identity::Attrs {
             user: user.as_deref(),
             ip: ip.as_str(),
-            host: o.host.as_deref(),
+            host: o.host,
             headers,
         };
         let request = Decide {
-            method: Some(&o.method),
+            method: Some(o.method),
             path: Some(o.path()),
             attrs: &attrs,
             cost: 1,
@@ -227,75 +227,75 @@ impl ForwardAuth {
         }
     }
 
-    /// `answer` written as HTTP/1.1 for the direct path.
-    pub fn write(&self, answer: &Answer, out: &mut Vec<u8>, close: bool, head_request: bool) {
-        use spillway_wire::write;
+    /// What `answer` carries, for either writer: the status, the body
+    /// (none when admitted), the decision's headers, a 401's challenge.
+    fn render<'a>(&self, answer: &'a Answer) -> Rendered<'a> {
         let status = self.status(answer);
         match answer {
-            Answer::Admitted(c) => {
-                write::answer(out, status, "text/plain", b"", close, head_request, |o| {
-                    spillway_tower::render::push_rate_limit_headers(c, o);
-                });
-            }
+            Answer::Admitted(c) => Rendered {
+                status,
+                body: String::new(),
+                checked: Some(c),
+                challenge: None,
+            },
             Answer::Denied(c) => {
                 let mut p = Problem::too_many_requests(c);
                 p.status = status;
-                let json = p.to_json();
-                write::answer(
-                    out,
+                Rendered {
                     status,
-                    PROBLEM_JSON,
-                    json.as_bytes(),
-                    close,
-                    head_request,
-                    |o| spillway_tower::render::push_rate_limit_headers(c, o),
-                );
+                    body: p.to_json(),
+                    checked: Some(c),
+                    challenge: None,
+                }
             }
             Answer::Refused {
                 detail, challenge, ..
-            } => {
-                let json = Problem::new(status, detail.as_str()).to_json();
-                write::answer(
-                    out,
-                    status,
-                    PROBLEM_JSON,
-                    json.as_bytes(),
-                    close,
-                    head_request,
-                    |o| {
-                        if let Some(c) = challenge {
-                            write::header(o, "www-authenticate", c.as_bytes());
-                        }
-                    },
-                );
-            }
+            } => Rendered {
+                status,
+                body: Problem::new(status, detail.as_str()).to_json(),
+                checked: None,
+                challenge: *challenge,
+            },
         }
+    }
+
+    /// `answer` written as HTTP/1.1 for the direct path.
+    pub fn write(&self, answer: &Answer, out: &mut Vec<u8>, close: bool, head_request: bool) {
+        use spillway_wire::write;
+        let r = self.render(answer);
+        let content_type = if r.body.is_empty() {
+            "text/plain"
+        } else {
+            PROBLEM_JSON
+        };
+        let body = r.body.as_bytes();
+        write::answer(
+            out,
+            r.status,
+            content_type,
+            body,
+            close,
+            head_request,
+            |o| {
+                if let Some(c) = r.checked {
+                    spillway_tower::render::push_rate_limit_headers(c, o);
+                }
+                if let Some(c) = r.challenge {
+                    write::header(o, "www-authenticate", c.as_bytes());
+                }
+            },
+        );
     }
 
     /// `answer` as a response for the axum routes (HTTP/2, TLS).
     pub fn response(&self, answer: &Answer, head_request: bool) -> Response {
-        let status = self.status(answer);
-        let (body, checked, challenge) = match answer {
-            Answer::Admitted(c) => (String::new(), Some(c), None),
-            Answer::Denied(c) => {
-                let mut p = Problem::too_many_requests(c);
-                p.status = status;
-                (p.to_json(), Some(c), None)
-            }
-            Answer::Refused {
-                detail, challenge, ..
-            } => (
-                Problem::new(status, detail.as_str()).to_json(),
-                None,
-                *challenge,
-            ),
-        };
-        let problem = !body.is_empty();
-        let len = body.len();
+        let r = self.render(answer);
+        let problem = !r.body.is_empty();
+        let len = r.body.len();
         let mut resp = if head_request {
-            (status, Body::empty()).into_response()
+            (r.status, Body::empty()).into_response()
         } else {
-            (status, body).into_response()
+            (r.status, r.body).into_response()
         };
         let h = resp.headers_mut();
         if problem {
@@ -304,29 +304,34 @@ impl ForwardAuth {
             h.remove(header::CONTENT_TYPE);
         }
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        if let Some(c) = checked {
+        if let Some(c) = r.checked {
             insert_rate_limit_headers(c, h);
         }
-        if let Some(c) = challenge {
+        if let Some(c) = r.challenge {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
         }
         resp
     }
 }
 
+/// An answer as both writers put it on the wire.
+struct Rendered<'a> {
+    status: StatusCode,
+    /// A problem document; empty when admitted.
+    body: String,
+    checked: Option<&'a Checked>,
+    challenge: Option<&'static str>,
+}
+
 /// The endpoint on the axum side of the decision listener (HTTP/2, TLS),
 /// as a layer ahead of the routes: a call to it is answered here, any
-/// other request goes on.
+/// other request goes on (its path compared, nothing copied).
 pub async fn ahead(
     axum::extract::State(fa): axum::extract::State<std::sync::Arc<ForwardAuth>>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let target = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| req.uri().path().to_string(), ToString::to_string);
-    if !fa.matches(&target) {
+    if !fa.matches(req.uri().path()) {
         return next.run(req).await;
     }
     let peer = req
@@ -334,35 +339,9 @@ pub async fn ahead(
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
     let (parts, _body) = req.into_parts();
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let answer = fa
-        .decide(parts.method.as_str(), &target, &parts.headers, peer)
+        .decide(parts.method.as_str(), target, &parts.headers, peer)
         .await;
     fa.response(&answer, parts.method == http::Method::HEAD)
-}
-
-/// The request's identity and the call's headers, for the rules' keys;
-/// `host` is the original request's.
-struct Attrs<'a, H: ?Sized> {
-    user: Option<&'a str>,
-    ip: &'a str,
-    host: Option<&'a str>,
-    headers: &'a H,
-}
-
-impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
-    fn user(&self) -> Option<&str> {
-        self.user
-    }
-    fn ip(&self) -> Option<&str> {
-        Some(self.ip)
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        if name.eq_ignore_ascii_case("host") {
-            return self.host;
-        }
-        self.headers.value(name)
-    }
-    fn descriptor(&self, _name: &str) -> Option<&str> {
-        None
-    }
 }

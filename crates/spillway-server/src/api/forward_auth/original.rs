@@ -7,26 +7,28 @@
 //! over for the next source, down to the call's own, so a malformed
 //! header never becomes an error that skips limiting.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use spillway_wire::Headers;
 
 use crate::identity::{IpNet, client_ip_or_real};
 
-/// The gateway's client request, as the rules see it.
+/// The gateway's client request, as the rules see it, borrowed from the
+/// call where it can be (a decision on every request: no copies).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Original {
+pub struct Original<'a> {
     /// Its method (`X-Forwarded-Method`, `X-Original-Method`, the call's).
-    pub method: String,
+    pub method: &'a str,
     /// Its path and query, in origin form (always starts with `/`).
-    pub target: String,
+    pub target: Cow<'a, str>,
     /// Its host (`X-Forwarded-Host`, else the call's `Host`), if any.
-    pub host: Option<String>,
+    pub host: Option<&'a str>,
     /// The client's address.
     pub ip: IpAddr,
 }
 
-impl Original {
+impl Original<'_> {
     /// The path, without the query.
     pub fn path(&self) -> &str {
         self.target.split_once('?').map_or(&self.target, |(p, _)| p)
@@ -43,16 +45,16 @@ impl Original {
 /// the target is the request's path and query, Envoy's `path_prefix`).
 /// A peer outside `trusted` is its own client: none of its forwarding
 /// headers is read.
-pub fn read<H: Headers + ?Sized>(
-    method: &str,
-    target: &str,
+pub fn read<'a, H: Headers + ?Sized>(
+    method: &'a str,
+    target: &'a str,
     prefix: &str,
-    headers: &H,
+    headers: &'a H,
     peer: IpAddr,
     trusted: &[IpNet],
-) -> Original {
+) -> Original<'a> {
     let believed = trusted.iter().any(|n| n.contains(peer));
-    let first = |names: &[&str]| -> Option<String> {
+    let first = |names: &[&str]| -> Option<&'a str> {
         if !believed {
             return None;
         }
@@ -60,11 +62,9 @@ pub fn read<H: Headers + ?Sized>(
     };
     let method = first(&["x-forwarded-method", "x-original-method"])
         .filter(|m| is_token(m))
-        .unwrap_or_else(|| method.to_string());
-    let target = first(&["x-forwarded-uri", "x-original-uri"])
-        .map(|t| origin_form(&t))
-        .or_else(|| first(&["x-original-url"]).map(|u| origin_form(&u)))
-        .unwrap_or_else(|| after_prefix(target, prefix));
+        .unwrap_or(method);
+    let target = first(&["x-forwarded-uri", "x-original-uri", "x-original-url"])
+        .map_or_else(|| after_prefix(target, prefix), origin_form);
     let host = first(&["x-forwarded-host"]).or_else(|| present(headers, "host"));
     Original {
         method,
@@ -76,12 +76,8 @@ pub fn read<H: Headers + ?Sized>(
 
 /// The first value of `name`, unless absent or empty (Caddy's
 /// `header_up Name ""` sends the header empty; it means none).
-fn present<H: Headers + ?Sized>(headers: &H, name: &str) -> Option<String> {
-    headers
-        .value(name)
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_string)
+fn present<'a, H: Headers + ?Sized>(headers: &'a H, name: &str) -> Option<&'a str> {
+    headers.value(name).map(str::trim).filter(|v| !v.is_empty())
 }
 
 /// A method is an HTTP token: anything else is not one, and the next
@@ -96,10 +92,10 @@ fn is_token(m: &str) -> bool {
 /// query (`X-Original-URL: https://h/a?b` is `/a?b`, with `/` for none), a
 /// path as it is, anything else under `/`. A fragment is not sent in a
 /// request and is dropped.
-fn origin_form(uri: &str) -> String {
+fn origin_form(uri: &str) -> Cow<'_, str> {
     let uri = uri.split_once('#').map_or(uri, |(u, _)| u);
     if uri.starts_with('/') {
-        return uri.to_string();
+        return Cow::Borrowed(uri);
     }
     if let Some((scheme, rest)) = uri.split_once("://")
         && !scheme.is_empty()
@@ -108,24 +104,24 @@ fn origin_form(uri: &str) -> String {
             .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
     {
         return match rest.find(['/', '?']) {
-            Some(i) if rest.as_bytes()[i] == b'/' => rest[i..].to_string(),
-            Some(i) => format!("/{}", &rest[i..]),
-            None => "/".to_string(),
+            Some(i) if rest.as_bytes()[i] == b'/' => Cow::Borrowed(&rest[i..]),
+            Some(i) => Cow::Owned(format!("/{}", &rest[i..])),
+            None => Cow::Borrowed("/"),
         };
     }
-    format!("/{uri}")
+    Cow::Owned(format!("/{uri}"))
 }
 
 /// What follows `prefix` in the call's own target: Envoy's ext_authz
 /// sends `path_prefix` and then the request's path and query. A target
 /// with nothing after the prefix, or only a query (Caddy appends the
 /// client's query to its `uri`), is `/` and that query.
-fn after_prefix(target: &str, prefix: &str) -> String {
+fn after_prefix<'a>(target: &'a str, prefix: &str) -> Cow<'a, str> {
     let rest = target.strip_prefix(prefix).unwrap_or("");
     if rest.starts_with('/') {
-        rest.to_string()
+        Cow::Borrowed(rest)
     } else {
-        format!("/{rest}")
+        Cow::Owned(format!("/{rest}"))
     }
 }
 
@@ -156,15 +152,11 @@ mod tests {
         vec![IpNet::parse("10.0.0.0/8").unwrap()]
     }
 
-    fn from_gateway(pairs: &[(&str, &str)]) -> Original {
-        read(
-            "GET",
-            PREFIX,
-            PREFIX,
-            &headers(pairs),
-            gateway(),
-            &trusted(),
-        )
+    /// A call from the gateway with these headers (kept for the test's
+    /// life: what is read borrows from them).
+    fn from_gateway(pairs: &[(&str, &str)]) -> Original<'static> {
+        let h: &'static HeaderMap = Box::leak(Box::new(headers(pairs)));
+        read("GET", PREFIX, PREFIX, h, gateway(), &trusted())
     }
 
     #[test]
@@ -183,7 +175,7 @@ mod tests {
         assert_eq!(o.target, "/first?a=1");
         assert_eq!(o.path(), "/first");
         assert_eq!(o.query(), Some("a=1"));
-        assert_eq!(o.host.as_deref(), Some("api.example.com"));
+        assert_eq!(o.host, Some("api.example.com"));
         assert_eq!(o.ip.to_string(), "203.0.113.7");
 
         let o = from_gateway(&[
@@ -191,7 +183,7 @@ mod tests {
             ("x-original-uri", "/second"),
             ("x-original-url", "https://example.com/third"),
         ]);
-        assert_eq!((o.method.as_str(), o.target.as_str()), ("PUT", "/second"));
+        assert_eq!((o.method, &*o.target), ("PUT", "/second"));
         let o = from_gateway(&[("x-original-url", "https://example.com/third?x=1#frag")]);
         assert_eq!(o.target, "/third?x=1");
         let o = from_gateway(&[("x-original-url", "https://example.com")]);
@@ -204,11 +196,12 @@ mod tests {
     /// call's method is the request's.
     #[test]
     fn without_headers_the_call_is_the_request() {
+        let none = headers(&[]);
         let o = read(
             "DELETE",
             "/v1/forward-auth/users/7?force=1",
             PREFIX,
-            &headers(&[]),
+            &none,
             gateway(),
             &trusted(),
         );
@@ -220,7 +213,7 @@ mod tests {
             "GET",
             "/v1/forward-auth?x=1",
             PREFIX,
-            &headers(&[]),
+            &none,
             gateway(),
             &trusted(),
         );
@@ -248,7 +241,7 @@ mod tests {
         let o = read("GET", "/v1/forward-auth/mine", PREFIX, &h, peer, &trusted());
         assert_eq!(o.method, "GET");
         assert_eq!(o.target, "/mine");
-        assert_eq!(o.host.as_deref(), Some("spillway"));
+        assert_eq!(o.host, Some("spillway"));
         assert_eq!(o.ip, peer);
     }
 
@@ -311,10 +304,10 @@ mod tests {
             let target = format!("{PREFIX}{call}");
             let o = read("GET", &target, PREFIX, &h, peer, &trusted());
             prop_assert!(o.target.starts_with('/'), "{:?}", o.target);
-            prop_assert!(is_token(&o.method));
+            prop_assert!(is_token(o.method));
             if !trusted_peer {
                 prop_assert_eq!(o.ip, peer);
-                prop_assert_eq!(o.method.as_str(), "GET");
+                prop_assert_eq!(o.method, "GET");
             } else if o.ip != peer {
                 let named = values.iter().any(|(_, v)| v.contains(&o.ip.to_string()));
                 prop_assert!(named, "{} named by no header", o.ip);

@@ -10,8 +10,9 @@
 //! on all: `/admin/` (Express, Flask and Spring by default), `/admin;x=1`
 //! and `/x/..;/admin` (path parameters, stripped by Tomcat and Spring),
 //! `/v1%2Fadmin` (decoded before routing by some proxies and frameworks),
-//! and `HEAD` for `GET` (answered by the `GET` handler in Express, Flask,
-//! Go and Spring). Counting when in doubt, [`PathMatching::default`] treats
+//! `HEAD` for `GET` (answered by the `GET` handler in Express, Flask,
+//! Go and Spring), and `/Login` for `/login` (Express, Koa and ASP.NET
+//! route paths in any case by default). Counting when in doubt, [`PathMatching::default`] treats
 //! each of them as the plain path; [`PathMatching`] turns each off for an
 //! upstream known to tell them apart.
 
@@ -48,10 +49,12 @@ pub struct PathMatching {
     pub head_as_get: bool,
     /// `/Login` is `/login` (`path_matching: { case: insensitive }`): the
     /// canonical form has its ASCII letters lower-cased (an escape's hex
-    /// digits excepted), and routes match their literals in any case. For
-    /// upstreams that serve paths in any case (IIS, ASP.NET, a
-    /// case-insensitive file system). Off by default: most servers tell
-    /// `/a` from `/A`.
+    /// digits excepted), and routes match their literals in any case. On
+    /// by default: Express, Koa and ASP.NET route paths in any case unless
+    /// told otherwise (as do IIS and case-insensitive file systems), so a
+    /// case-sensitive default made `/LOGIN` a fresh, unlimited route. Off
+    /// (`case: sensitive`) for an upstream that serves `/a` and `/A` as
+    /// two resources.
     pub case_insensitive: bool,
 }
 
@@ -62,7 +65,7 @@ impl PathMatching {
         path_params: true,
         encoded_slash: true,
         head_as_get: true,
-        case_insensitive: false,
+        case_insensitive: true,
     };
     /// No respelling beyond those every server resolves (dot and empty
     /// segments, escaped unreserved characters): the behaviour before
@@ -344,11 +347,14 @@ mod tests {
         assert_eq!(canonical_path_with("/%C3%A9/A", m), "/%C3%A9/a");
         assert_eq!(canonical_path_with("/a%2fB", m), "/a/b");
         assert_eq!(canonical_path_with("/already/lower", m), "/already/lower");
-        // Off: the case stays.
-        assert_eq!(
-            canonical_path_with("/V1/Login", PathMatching::LENIENT),
-            "/V1/Login"
-        );
+        // The default (issue 35: `/LOGIN` was a fresh route behind
+        // Express); off (`case: sensitive`), the case stays.
+        assert_eq!(PathMatching::default(), m);
+        let sensitive = PathMatching {
+            case_insensitive: false,
+            ..PathMatching::LENIENT
+        };
+        assert_eq!(canonical_path_with("/V1/Login", sensitive), "/V1/Login");
         proptest::proptest!(|(p in "/[a-zA-Z%0-9/;.]{0,20}")| {
             let once = canonical_path_with(&p, m).into_owned();
             proptest::prop_assert_eq!(canonical_path_with(&once, m), once.as_str());
@@ -421,7 +427,9 @@ mod tests {
             ("/v1%2Fadmin", "/v1/admin"),
             ("/a%2F%2E%2E", "/"),
             ("/a%3Bx/b", "/a%3Bx/b"),
-            ("/a%252F", "/a%252F"),
+            // A literal `F` after an escaped `%`: a letter like any other.
+            ("/a%252F", "/a%252f"),
+            ("/LOGIN", "/login"),
             ("/a/b/..", "/a"),
             ("/a?x;y/", "/a"),
             ("relative/", "relative/"),

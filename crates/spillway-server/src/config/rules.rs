@@ -98,19 +98,79 @@ rules:
             e.to_string().contains("unknown field `trailing_slashes`"),
             "{e}"
         );
-        // `case`: off by default, on in the file or on one rule.
-        assert!(!PathMatching::default().case_insensitive);
-        let text = "path_matching: { case: insensitive }\nrules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n  - name: b\n    path_matching: { case: sensitive }\n    limits: [ { gcra: { rate: 1/s } } ]\n";
-        let c = parse("r.yaml", text).unwrap();
+        // `case`: insensitive by default (issue 35: `/LOGIN` was a fresh
+        // route), sensitive in the file or on one rule.
+        assert!(PathMatching::default().case_insensitive);
+        let c = parse(
+            "r.yaml",
+            "rules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n",
+        )
+        .unwrap();
         assert!(c.path_matching.case_insensitive);
+        assert_eq!(c.rules[0].path_matching(), None);
+        let text = "path_matching: { case: sensitive }\nrules:\n  - name: a\n    limits: [ { gcra: { rate: 1/s } } ]\n  - name: b\n    path_matching: { case: insensitive }\n    limits: [ { gcra: { rate: 1/s } } ]\n";
+        let c = parse("r.yaml", text).unwrap();
+        assert!(!c.path_matching.case_insensitive);
         assert_eq!(c.rules[0].path_matching(), Some(c.path_matching));
         assert_eq!(
             c.rules[1].path_matching().map(|m| m.case_insensitive),
-            Some(false)
+            Some(true)
         );
         let e = parse("r.yaml", "path_matching: { case: lower }\nrules: []\n").unwrap_err();
         assert!(e.to_string().contains("r.yaml:1:"), "{e}");
         assert!(e.to_string().contains("insensitive"), "{e}");
+    }
+
+    /// Issue 35: behind Express (which routes `/LOGIN` as `/login`),
+    /// `/LOGIN` was a fresh, unlimited route. By default it counts with
+    /// `/login`; `case: sensitive` (for an app that routes by case) keeps
+    /// the two apart. The server and spillway-rules (the client's and
+    /// simulate's reader) read the same default.
+    #[test]
+    fn login_in_capitals_counts_as_login_unless_case_sensitive() {
+        use spillway_store::{Limiter, MemoryStore, Request, RuleSet, SimpleAttributes, block_on};
+        let file = |top: &str| {
+            format!(
+                "{top}rules:\n  - name: login\n    api: POST /login\n    by: ip\n    limits: [ {{ fixed_window: {{ limit: 1, window: 1h }} }} ]\n"
+            )
+        };
+        let admitted = |text: &str, paths: [&str; 2]| -> [bool; 2] {
+            let c = parse("r.yaml", text).unwrap();
+            let f = spillway_rules::parse("r.yaml", text).unwrap();
+            assert_eq!(c.path_matching, f.path_matching, "server and rules agree");
+            let store = MemoryStore::new(
+                spillway_core::ManualClock::new(spillway_core::Nanos::from_secs(1)),
+                Default::default(),
+            );
+            let l = Limiter::new(
+                store,
+                RuleSet::with_path_matching(c.rules.clone(), c.path_matching),
+            );
+            let attrs = SimpleAttributes {
+                ip: Some("192.0.2.1"),
+                ..Default::default()
+            };
+            paths.map(|path| {
+                let req = Request {
+                    method: Some("POST"),
+                    path: Some(path),
+                    attrs: &attrs,
+                    cost: 1,
+                };
+                block_on(l.check(&req)).decision.allowed
+            })
+        };
+        let default = file("");
+        assert_eq!(admitted(&default, ["/login", "/LOGIN"]), [true, false]);
+        assert_eq!(admitted(&default, ["/LOGIN", "/Login/"]), [true, false]);
+        let sensitive = file("path_matching: { case: sensitive }\n");
+        assert_eq!(admitted(&sensitive, ["/login", "/LOGIN"]), [true, true]);
+        // A rule of its own.
+        let own = default.replace(
+            "    by: ip\n",
+            "    by: ip\n    path_matching: { case: sensitive }\n",
+        );
+        assert_eq!(admitted(&own, ["/login", "/LOGIN"]), [true, true]);
     }
 
     #[test]

@@ -171,17 +171,19 @@ fn head_shares_the_route_key_of_get_unless_head_as_get_is_off() {
     }
 }
 
-/// `case: insensitive` (off by default): `/A/B` counts against a rule
-/// written `GET /a/B`, globally or on the rule alone, with and without
-/// the route index; off, it is another path.
+/// `case: insensitive` (the default since issue 35): `/A/B` counts
+/// against a rule written `GET /a/B`, globally or on the rule alone, with
+/// and without the route index; `case: sensitive`, it is another path.
 #[test]
 fn case_insensitive_matching_counts_every_case_as_the_path() {
-    let insensitive = PathMatching {
-        case_insensitive: true,
+    let insensitive = PathMatching::default();
+    assert!(insensitive.case_insensitive, "insensitive by default");
+    let sensitive = PathMatching {
+        case_insensitive: false,
         ..PathMatching::LENIENT
     };
     for filler in [0, INDEX_FILLER] {
-        for spelled in ["/A/b", "/a/B/", "/%41/b"] {
+        for spelled in ["/A/b", "/a/B/", "/%41/b", "/A/B"] {
             let l = limiter(rule("ab", "GET /a/B", "user"), insensitive, filler);
             assert!(
                 admitted(&l, "GET", "/a/b"),
@@ -193,21 +195,25 @@ fn case_insensitive_matching_counts_every_case_as_the_path() {
             );
             // The rule alone insensitive, under a sensitive rule set.
             let own = rule("ab", "GET /a/B", "user").with_path_matching(insensitive);
-            let l = limiter(own, PathMatching::LENIENT, filler);
+            let l = limiter(own, sensitive, filler);
             assert!(admitted(&l, "GET", "/a/B"));
             assert!(
                 !admitted(&l, "GET", spelled),
                 "{spelled}: the rule's own switch"
             );
         }
-        // Off (the default): another path, another counter.
-        let l = limiter(
-            rule("ab", "GET /a/B", "user"),
-            PathMatching::LENIENT,
-            filler,
-        );
+        // `case: sensitive`: another path, another counter.
+        let l = limiter(rule("ab", "GET /a/B", "user"), sensitive, filler);
         assert!(admitted(&l, "GET", "/a/B"));
-        assert!(admitted(&l, "GET", "/A/b"), "case-sensitive by default");
+        assert!(admitted(&l, "GET", "/A/b"), "case-sensitive when told");
         assert!(!admitted(&l, "GET", "/a/B"));
+        // The rule alone sensitive, under the default rule set.
+        let own = rule("ab", "GET /a/B", "user").with_path_matching(sensitive);
+        let l = limiter(own, insensitive, filler);
+        assert!(admitted(&l, "GET", "/a/B"));
+        assert!(
+            admitted(&l, "GET", "/A/b"),
+            "the rule's own sensitive switch"
+        );
     }
 }

@@ -46,6 +46,12 @@ pub(crate) struct Breaker {
     /// When the current outage began (milliseconds since `start`), for the
     /// line that says it ended.
     opened_at: AtomicU64,
+    /// Whether the connection was lost (a call went out and the
+    /// connection failed, dropped or was refused) and no call has
+    /// succeeded since: a call that then times out waited for the
+    /// reconnection, not for a server that holds it (see
+    /// [`Breaker::link_down`]).
+    link_down: AtomicBool,
 }
 
 impl Breaker {
@@ -61,6 +67,7 @@ impl Breaker {
             last: Mutex::new(None),
             outages: AtomicU64::new(0),
             opened_at: AtomicU64::new(0),
+            link_down: AtomicBool::new(false),
         }
     }
 
@@ -98,6 +105,25 @@ impl Breaker {
         if self.probing.load(Ordering::Relaxed) {
             self.probing.store(false, Ordering::Release);
         }
+        if self.link_down.load(Ordering::Relaxed) {
+            self.link_down.store(false, Ordering::Release);
+        }
+    }
+
+    /// A call went out and its connection failed, dropped or was refused.
+    pub(crate) fn link_lost(&self) {
+        self.link_down.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection has been lost since the last success. A
+    /// call that times out meanwhile waited for the connection manager's
+    /// reconnection (its retries take up to a few hundred ms): it was
+    /// never written to a live server, so nothing will run it, whereas
+    /// one that timed out on a live connection (a stopped server) may
+    /// still be run. A killed Redis's calls timed out this way 30 times
+    /// in 38 (issue 35).
+    pub(crate) fn link_down(&self) -> bool {
+        self.link_down.load(Ordering::Acquire)
     }
 
     /// A call failed with `fault`; `message` says how (as the store error

@@ -1594,3 +1594,49 @@ fn huge_charges_cap_the_debt_and_never_fail() {
     }
     assert!(longest <= 60_000, "{longest} ms");
 }
+
+/// A decision to a killed Redis cannot be applied by anyone: whatever
+/// error it ends in, it must not say "maybe applied", or a share that
+/// admits it does not charge it when Redis returns (restarted empty),
+/// and the admission is lost. It did say so when the call waited past its
+/// timeout for the connection manager's reconnection (retries spaced
+/// 50 to 300 ms): the issue-35 flake, where the burst key had 2 units
+/// left after 4 x 100 admitted alone were reconciled. Every call here
+/// goes to Redis (the breaker never opens), for 2 s after the kill.
+#[test]
+fn a_decision_to_a_killed_redis_is_never_taken_as_maybe_applied() {
+    let mut server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(async {
+        let s = RedisStore::new(RedisConfig {
+            url: server.url(),
+            timeout: Duration::from_millis(50),
+            breaker_failures: u32::MAX,
+            ..RedisConfig::default()
+        })
+        .unwrap();
+        assert!(s.wait_connected(Duration::from_secs(5)).await);
+        s
+    });
+    let rule = &rules()[3];
+    let key = Key::from_parts(["k"]);
+    let charges = [Charge { rule, key: &key }];
+    assert!(rt.block_on(redis.decide(&charges, 0)).is_ok());
+    server.kill();
+    let (mut maybe, mut errors) = (Vec::new(), 0);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        let t = Instant::now();
+        let e = rt.block_on(redis.decide(&charges, 0)).unwrap_err();
+        errors += 1;
+        if e.maybe_applied() {
+            maybe.push((start.elapsed(), t.elapsed(), e.to_string()));
+        }
+        std::thread::sleep(Duration::from_millis(7));
+    }
+    assert!(
+        maybe.is_empty(),
+        "{} of {errors} calls to a killed redis said maybe applied (at, took, error): {maybe:?}",
+        maybe.len()
+    );
+}

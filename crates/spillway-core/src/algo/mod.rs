@@ -29,7 +29,7 @@
 //! | [`LeakyBucket`] | 16 bytes | yes | you think in "queue size and outflow" (meter) |
 //! | [`Shaper`] | 8 bytes | yes | excess should wait, not fail (leaky bucket as a shaper) |
 //! | [`FixedWindow`] | 16 bytes | per window | quotas per calendar minute/hour/day |
-//! | [`SlidingLog`] | 4 bytes per admitted request | yes | "N in any W" must hold exactly, N small |
+//! | [`SlidingLog`] | 8 bytes per admission in the window, whatever its cost | yes | "N in any W" must hold exactly, N small |
 //! | [`SlidingCounter`] | 16 bytes | approximate | "N per W" smoothly, with counter memory |
 //! | [`Gcra`] | 8 bytes | yes | a rate with a burst, the least memory and work |
 

@@ -15,12 +15,16 @@ use crate::time::Nanos;
 /// **Parameters**: `limit` (at most [`MAX_LOG_LIMIT`], 100,000, to keep
 /// logs bounded) and `window`.
 ///
-/// **State**: 4 bytes per logged request (offsets in a ring buffer, see [`Log`])
-/// plus a small header; up to `limit x 4` bytes per key, whatever costs
-/// clients send (at most 400 KB): 500 per hour costs 2 KB per active client.
+/// **State**: a 56-byte header holding up to 7 logged units inline; beyond
+/// that, 8 bytes per distinct admission time still in the window (a run:
+/// an offset and a count, see [`Log`]). Memory grows with how many
+/// requests were admitted, never with what they cost: a request of cost
+/// 100,000 is one run. At most `limit` runs per key (800 KB at the
+/// largest limit, reached only by `limit` separate admissions): 500 per
+/// hour costs at most 4 KB per active client.
 ///
-/// **Weaknesses**: memory and work grow with the limit; use a counter
-/// algorithm for large limits. A cost of `k` writes `k` entries.
+/// **Weaknesses**: memory and work grow with the number of admissions in
+/// a window; use a counter algorithm for large limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingLog {
     limit: u64,
@@ -32,11 +36,11 @@ pub struct SlidingLog {
     shift: u32,
 }
 
-/// The largest limit a sliding log accepts: its log holds up to one 4-byte
-/// entry per unit of the limit, so this bounds a key's log at 400 KB, and
-/// what one request (of cost up to the limit) can make it allocate. (It
-/// was 2^24: one request of that cost added 64 MiB to a fresh key.) For
-/// larger limits use a [`SlidingCounter`](crate::SlidingCounter).
+/// The largest limit a sliding log accepts: its log holds up to one 8-byte
+/// run per admission still in the window, at most `limit` of them, so
+/// this bounds a key's log at 800 KB (one request adds at most one run,
+/// whatever its cost). For larger limits use a
+/// [`SlidingCounter`](crate::SlidingCounter).
 pub const MAX_LOG_LIMIT: u64 = 100_000;
 
 impl SlidingLog {
@@ -168,7 +172,8 @@ impl SlidingLog {
 }
 
 /// A sliding window log: admitted requests' times as 32-bit offsets from a
-/// base, oldest first.
+/// base, oldest first; equal times are stored once with a count (the
+/// heap form), so a request of any cost adds at most one 8-byte run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Log {
     /// Time of offset 0, in ns.
@@ -194,7 +199,8 @@ impl Log {
         Nanos(self.expires)
     }
 
-    /// Entries currently stored (some may have left the window).
+    /// Units currently logged (some may have left the window): a request
+    /// of cost `k` logs `k`, stored as one run.
     pub fn len(&self) -> usize {
         self.ring.len()
     }
@@ -257,5 +263,31 @@ impl Log {
         self.first -= first as u32;
         self.last -= first as u32;
         u32::try_from(t.saturating_sub(self.base) >> shift).unwrap_or(u32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 35: `limit: 100000` and one request of cost 100,000 took a
+    /// 400 KB log; 1,000 such keys took 450 MiB. Now a request of any
+    /// cost adds one run, and a log's memory follows its admissions.
+    #[test]
+    fn a_huge_cost_leaves_a_log_small() {
+        let sl = SlidingLog::new(MAX_LOG_LIMIT, Nanos::from_secs(60)).unwrap();
+        let mut log = Log::new();
+        let t = Nanos::from_secs(1_000);
+        assert!(sl.decide(&log, t, MAX_LOG_LIMIT).allowed);
+        sl.commit(&mut log, t, MAX_LOG_LIMIT);
+        assert_eq!(log.len(), 100_000);
+        assert!(log.heap_bytes() <= 128, "{} bytes", log.heap_bytes());
+        // Charges after the fact, of any cost, at a few times.
+        for i in 0..10 {
+            sl.charge(&mut log, Nanos(t.0 + i), u64::MAX);
+        }
+        assert_eq!(log.len(), 100_001);
+        assert!(log.heap_bytes() <= 256, "{} bytes", log.heap_bytes());
+        assert!(!sl.decide(&log, t, 1).allowed);
     }
 }

@@ -106,10 +106,29 @@ impl fmt::Display for UserSource {
     }
 }
 
-/// The user field appears more than once: the rules would count one value
-/// while the upstream may read another, so the request is refused (400).
+/// A value that names what is limited (the user, the client's address, a
+/// header a rule is keyed by, the request a gateway forwards) could not
+/// be read: not text, sent twice with different values, or not what it
+/// must be. The request is refused (400) rather than decided without it:
+/// a value passed over is a rule skipped, and a rule skipped is a way
+/// past the limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ambiguous(pub String);
+pub struct Unreadable(pub String);
+
+impl fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: the limit could not tell what to count", self.0)
+    }
+}
+
+/// Who a request comes from, for the rules.
+#[derive(Debug, Clone)]
+pub struct Who {
+    /// The user, if the settings name a source and the request has one.
+    pub user: Option<String>,
+    /// The client IP, as text.
+    pub ip: spillway_core::IpText,
+}
 
 /// The proxy's identity extraction, from its settings.
 #[derive(Debug, Clone)]
@@ -119,33 +138,66 @@ pub struct Identify {
 }
 
 impl Identify {
+    /// Who a request from `peer` comes from: its user and client IP, the
+    /// IP walked from `X-Forwarded-For`/`Forwarded` when `peer` is
+    /// trusted, and from `X-Real-IP` too when `real_ip` (a gateway's auth
+    /// call).
+    ///
+    /// # Errors
+    /// The user or the client IP cannot be read ([`Identify::user`],
+    /// [`client_ip`]).
+    pub fn who<H: Headers + ?Sized>(
+        &self,
+        peer: IpAddr,
+        headers: &H,
+        query: Option<&str>,
+        real_ip: bool,
+    ) -> Result<Who, Unreadable> {
+        let user = self.user(headers, query)?;
+        let ip = rightmost_untrusted(peer, headers, &self.trusted, real_ip)?.to_canonical();
+        Ok(Who {
+            user,
+            ip: spillway_core::IpText::new(ip),
+        })
+    }
+
     /// The user, from its header or query parameter (an empty one the
     /// limiter takes as none, as on every way in).
     ///
     /// # Errors
-    /// The header or parameter is there more than once.
+    /// The header or parameter is there more than once, or is not text
+    /// (once percent-decoded, for a parameter).
     pub fn user<H: Headers + ?Sized>(
         &self,
         headers: &H,
         query: Option<&str>,
-    ) -> Result<Option<String>, Ambiguous> {
+    ) -> Result<Option<String>, Unreadable> {
         match &self.user {
             Some(UserSource::Header(h)) => match headers.sole(h) {
                 Sole::Missing => Ok(None),
-                // A value that is not text names no user (as before).
-                Sole::One(v) => Ok(std::str::from_utf8(v).ok().map(str::to_string)),
-                Sole::Many => Err(Ambiguous(format!("the {h} header is sent more than once"))),
+                Sole::One(v) => std::str::from_utf8(v)
+                    .map(|v| Some(v.to_string()))
+                    .map_err(|_| Unreadable(format!("the {h} header is not text"))),
+                Sole::Many => Err(Unreadable(format!("the {h} header is sent more than once"))),
             },
             Some(UserSource::Query(q)) => {
                 let Some(query) = query else { return Ok(None) };
-                let mut found = form_urlencoded::parse(query.as_bytes()).filter(|(k, _)| k == q);
-                let first = found.next().map(|(_, v)| v.into_owned());
+                let mut found = query_values(query, q);
+                let first = found.next();
                 if found.next().is_some() {
-                    return Err(Ambiguous(format!(
+                    return Err(Unreadable(format!(
                         "the query parameter {q} is sent more than once"
                     )));
                 }
-                Ok(first)
+                first
+                    .map(|v| {
+                        String::from_utf8(v).map_err(|_| {
+                            Unreadable(format!(
+                                "the query parameter {q} is not text once percent-decoded"
+                            ))
+                        })
+                    })
+                    .transpose()
             }
             None => Ok(None),
         }
@@ -157,9 +209,47 @@ impl Identify {
     }
 
     /// The client IP (see [`client_ip`]).
-    pub fn ip<H: Headers + ?Sized>(&self, peer: IpAddr, headers: &H) -> IpAddr {
+    ///
+    /// # Errors
+    /// As [`client_ip`].
+    pub fn ip<H: Headers + ?Sized>(&self, peer: IpAddr, headers: &H) -> Result<IpAddr, Unreadable> {
         client_ip(peer, headers, &self.trusted)
     }
+}
+
+/// The percent-decoded values of parameter `name` in a query
+/// (`application/x-www-form-urlencoded`: `+` is a space), as bytes: what
+/// is not text is the caller's to refuse, never replaced.
+fn query_values<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = Vec<u8>> + 'a {
+    query.split('&').filter_map(move |pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (form_decode(k) == name.as_bytes()).then(|| form_decode(v))
+    })
+}
+
+/// `s` percent-decoded, `+` as a space; a `%` not followed by two hex
+/// digits is itself.
+fn form_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let hex = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
 }
 
 /// The client's IP: the peer, unless the peer is a trusted proxy; then the
@@ -169,19 +259,18 @@ impl Identify {
 /// An IPv4-mapped IPv6 address (a dual-stack listener's IPv4 peer) comes
 /// back as its IPv4 address, so it shares a key with the same client
 /// named in a header.
-pub fn client_ip<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[IpNet]) -> IpAddr {
-    rightmost_untrusted(peer, headers, trusted, false).to_canonical()
-}
-
-/// As [`client_ip`], for a gateway's auth call: when the trusted peer
-/// sends neither `X-Forwarded-For` nor `Forwarded`, its `X-Real-IP` (one
-/// address) is the chain. (nginx's `auth_request` examples set it alone.)
-pub fn client_ip_or_real<H: Headers + ?Sized>(
+///
+/// # Errors
+/// The hop the walk stops at is not an address (`unknown`, an obfuscated
+/// `_id`, garbage, bytes that are not text): a trusted proxy sent a chain
+/// that names no client, so the request is refused rather than counted
+/// as someone else.
+pub fn client_ip<H: Headers + ?Sized>(
     peer: IpAddr,
     headers: &H,
     trusted: &[IpNet],
-) -> IpAddr {
-    rightmost_untrusted(peer, headers, trusted, true).to_canonical()
+) -> Result<IpAddr, Unreadable> {
+    Ok(rightmost_untrusted(peer, headers, trusted, false)?.to_canonical())
 }
 
 fn rightmost_untrusted<H: Headers + ?Sized>(
@@ -189,63 +278,90 @@ fn rightmost_untrusted<H: Headers + ?Sized>(
     headers: &H,
     trusted: &[IpNet],
     real_ip: bool,
-) -> IpAddr {
+) -> Result<IpAddr, Unreadable> {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
     if !is_trusted(peer) {
-        return peer;
+        return Ok(peer);
     }
     let mut chain = forwarded_chain(headers);
+    let mut from_real_ip = false;
     if chain.is_empty() && real_ip {
-        chain = headers
-            .all("x-real-ip")
-            .into_iter()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(parse_ip)
-            .collect();
+        from_real_ip = true;
+        chain = match headers.agreed("x-real-ip") {
+            Ok(None) => Vec::new(),
+            Ok(Some(v)) => {
+                let v = v.trim_ascii();
+                if v.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![std::str::from_utf8(v).ok().and_then(parse_ip)]
+                }
+            }
+            Err(_) => {
+                return Err(Unreadable(
+                    "X-Real-IP is sent more than once with different values".into(),
+                ));
+            }
+        };
     }
     // From the right, each trusted hop vouches for the entry to its left.
     let mut last = peer;
     for hop in chain.into_iter().rev() {
         match hop {
             Some(ip) if is_trusted(ip) => last = ip,
-            Some(ip) => return ip,
-            // Not an address ("unknown", an obfuscated `_id`, garbage):
-            // nothing to its left can be believed, so the last trusted hop
-            // stands for the client rather than whatever the client wrote
-            // further left.
-            None => return last,
+            Some(ip) => return Ok(ip),
+            // Not an address ("unknown", an obfuscated `_id`, garbage,
+            // bytes that are not text): the trusted hop at its right
+            // vouches for a client it does not name.
+            None => {
+                let source = if from_real_ip {
+                    "X-Real-IP"
+                } else if headers.all_raw("x-forwarded-for").is_empty() {
+                    "Forwarded"
+                } else {
+                    "X-Forwarded-For"
+                };
+                return Err(Unreadable(format!(
+                    "the {source} entry that names the client (left of {last}) is not an address"
+                )));
+            }
         }
     }
     // Every hop trusted: the leftmost.
-    last
+    Ok(last)
 }
 
 /// The hops of `X-Forwarded-For` (all occurrences, in order), else of
-/// `Forwarded: for=...`; `None` for an entry that is not an address.
+/// `Forwarded: for=...`; `None` for an entry that is not an address
+/// (bytes that are not text included: they are never dropped, so a walk
+/// cannot step over them).
 pub fn forwarded_chain<H: Headers + ?Sized>(headers: &H) -> Vec<Option<IpAddr>> {
     let xff: Vec<Option<IpAddr>> = headers
-        .all("x-forwarded-for")
+        .all_raw("x-forwarded-for")
         .into_iter()
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| v.split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
         .filter(|s| !s.is_empty())
-        .map(parse_ip)
+        .map(|s| std::str::from_utf8(s).ok().and_then(parse_ip))
         .collect();
     if !xff.is_empty() {
         return xff;
     }
     headers
-        .all("forwarded")
+        .all_raw("forwarded")
         .into_iter()
-        .flat_map(|v| v.split(','))
+        .flat_map(|v| v.split(|&b| b == b','))
         .filter_map(|element| {
             // One hop per element; one without `for=` names no one.
-            element.split(';').find_map(|kv| {
-                let (k, v) = kv.trim().split_once('=')?;
-                k.trim()
-                    .eq_ignore_ascii_case("for")
-                    .then(|| parse_ip(v.trim().trim_matches('"')))
+            element.split(|&b| b == b';').find_map(|kv| {
+                let kv = kv.trim_ascii();
+                let eq = kv.iter().position(|&b| b == b'=')?;
+                let (k, v) = (kv[..eq].trim_ascii(), kv[eq + 1..].trim_ascii());
+                k.eq_ignore_ascii_case(b"for").then(|| {
+                    std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|v| parse_ip(v.trim_matches('"')))
+                })
             })
         })
         .collect()
@@ -280,6 +396,30 @@ pub fn forwarded_for<H: Headers + ?Sized>(peer: IpAddr, headers: &H, trusted: &[
     }
 }
 
+/// Refuses a request whose value of a header some rule is keyed by cannot
+/// be read (not text, or sent twice with different values): the rule
+/// would otherwise take it as missing and be skipped. Free when no rule
+/// is keyed by a header.
+///
+/// # Errors
+/// The first such header.
+pub fn readable_key_headers<S: spillway_store::Store, H: Headers + ?Sized>(
+    limiter: &spillway_store::Limiter<S>,
+    headers: &H,
+) -> Result<(), Unreadable> {
+    match limiter.unreadable_key_header(|name| match headers.agreed(name) {
+        Ok(None) => true,
+        Ok(Some(v)) => std::str::from_utf8(v).is_ok(),
+        Err(_) => false,
+    }) {
+        None => Ok(()),
+        Some(name) => Err(Unreadable(format!(
+            "the {name} header a rule is keyed by is not text, or is sent more than once with \
+             different values"
+        ))),
+    }
+}
+
 /// A request's identity and headers, for the rules' keys: the proxy's
 /// and forward-auth's. `host`, when given, is what `by: header:host`
 /// reads (forward-auth's original host); else every header is the
@@ -301,7 +441,12 @@ impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
     fn header(&self, name: &str) -> Option<&str> {
         match self.host {
             Some(host) if name.eq_ignore_ascii_case("host") => Some(host),
-            _ => self.headers.value(name),
+            // Readable: the way in refused the request otherwise
+            // (`readable_key_headers`).
+            _ => match self.headers.agreed(name) {
+                Ok(Some(v)) => std::str::from_utf8(v).ok(),
+                _ => None,
+            },
         }
     }
     fn descriptor(&self, _name: &str) -> Option<&str> {
@@ -343,62 +488,122 @@ mod tests {
             IpNet::parse("127.0.0.1/32").unwrap(),
             IpNet::parse("10.0.0.0/8").unwrap(),
         ];
+        let ci = |peer: &str, h: &HeaderMap| client_ip(ip(peer), h, &trusted).unwrap();
         let h = one_header("x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.0.0.2");
         // From a trusted proxy: rightmost untrusted address.
-        assert_eq!(client_ip(ip("127.0.0.1"), &h, &trusted), ip("203.0.113.9"));
+        assert_eq!(ci("127.0.0.1", &h), ip("203.0.113.9"));
         // From an untrusted peer: the header is ignored.
-        assert_eq!(
-            client_ip(ip("198.51.100.1"), &h, &trusted),
-            ip("198.51.100.1")
-        );
+        assert_eq!(ci("198.51.100.1", &h), ip("198.51.100.1"));
         // Forwarded works too.
         let f = one_header(
             header::FORWARDED,
             "for=192.0.2.60;proto=http, for=\"[2001:db8::1]:4711\"",
         );
-        assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("2001:db8::1"));
+        assert_eq!(ci("10.0.0.1", &f), ip("2001:db8::1"));
         // Nothing untrusted: the leftmost.
         let all = one_header("x-forwarded-for", "10.0.0.5");
-        assert_eq!(client_ip(ip("127.0.0.1"), &all, &trusted), ip("10.0.0.5"));
+        assert_eq!(ci("127.0.0.1", &all), ip("10.0.0.5"));
         // A dual-stack listener's IPv4 peer, directly and through a proxy.
         let none = HeaderMap::new();
-        let mapped = ip("::ffff:198.51.100.1");
-        assert_eq!(client_ip(mapped, &none, &trusted), ip("198.51.100.1"));
+        assert_eq!(ci("::ffff:198.51.100.1", &none), ip("198.51.100.1"));
         let m = one_header("x-forwarded-for", "::ffff:6.6.6.6");
-        assert_eq!(
-            client_ip(ip("::ffff:127.0.0.1"), &m, &trusted),
-            ip("6.6.6.6")
-        );
+        assert_eq!(ci("::ffff:127.0.0.1", &m), ip("6.6.6.6"));
     }
 
-    /// An entry that is not an address stops the walk: what the client
-    /// wrote to its left is not believed; the last trusted hop stands in.
+    /// The entry the walk stops at must be an address: a trusted proxy
+    /// that vouches for `unknown`, an obfuscated `_id`, garbage or bytes
+    /// that are not text names no client, and the request is refused
+    /// rather than counted as the proxy (issue 35: unreadable is refused,
+    /// never reinterpreted). What lies left of the client is not read.
     #[test]
-    fn an_entry_that_is_not_an_address_is_not_skipped_over() {
+    fn an_entry_that_is_not_an_address_refuses_the_request() {
         let trusted = [
             IpNet::parse("127.0.0.1/32").unwrap(),
             IpNet::parse("10.0.0.0/8").unwrap(),
         ];
         let xff = |v: &'static str| one_header("x-forwarded-for", v);
         let peer = ip("127.0.0.1");
-        assert_eq!(client_ip(peer, &xff("6.6.6.6, unknown"), &trusted), peer);
+        assert!(client_ip(peer, &xff("6.6.6.6, unknown"), &trusted).is_err());
+        assert!(client_ip(peer, &xff("6.6.6.6, garbage, 10.0.0.2"), &trusted).is_err());
+        let raw = {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-for", HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap());
+            h
+        };
+        assert!(client_ip(peer, &raw, &trusted).is_err(), "not text");
+        // Left of the client, anything: it is not read.
         assert_eq!(
-            client_ip(peer, &xff("6.6.6.6, garbage, 10.0.0.2"), &trusted),
-            ip("10.0.0.2")
+            client_ip(peer, &xff("garbage, 203.0.113.9, 10.0.0.2"), &trusted),
+            Ok(ip("203.0.113.9"))
         );
         // Empty entries are no hops.
         assert_eq!(
             client_ip(peer, &xff("203.0.113.9, , 10.0.0.2,"), &trusted),
-            ip("203.0.113.9")
+            Ok(ip("203.0.113.9"))
         );
         let f = one_header(header::FORWARDED, "for=6.6.6.6, for=_hidden;proto=https");
-        assert_eq!(client_ip(ip("10.0.0.1"), &f, &trusted), ip("10.0.0.1"));
+        assert!(client_ip(ip("10.0.0.1"), &f, &trusted).is_err());
         // An element without `for=` is no hop either.
         let g = one_header(
             header::FORWARDED,
             "for=203.0.113.9, proto=https;by=10.0.0.9",
         );
-        assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), ip("203.0.113.9"));
+        assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), Ok(ip("203.0.113.9")));
+        // An untrusted peer's headers are not read, so never refuse it.
+        assert_eq!(
+            client_ip(ip("192.0.2.1"), &xff("unknown"), &trusted),
+            Ok(ip("192.0.2.1"))
+        );
+    }
+
+    /// A gateway's `X-Real-IP`: one address; twice with different values
+    /// is refused, twice alike is one.
+    #[test]
+    fn x_real_ip_is_one_address() {
+        let id = Identify {
+            user: None,
+            trusted: vec![IpNet::parse("10.0.0.0/8").unwrap()],
+        };
+        let gw = ip("10.0.0.1");
+        let mut h = HeaderMap::new();
+        h.append("x-real-ip", HeaderValue::from_static("198.51.100.9"));
+        assert_eq!(id.who(gw, &h, None, true).unwrap().ip.as_str(), "198.51.100.9");
+        h.append("x-real-ip", HeaderValue::from_static("198.51.100.9"));
+        assert!(id.who(gw, &h, None, true).is_ok());
+        h.append("x-real-ip", HeaderValue::from_static("6.6.6.6"));
+        assert!(id.who(gw, &h, None, true).is_err());
+        let bad = one_header("x-real-ip", "nope");
+        assert!(id.who(gw, &bad, None, true).is_err());
+        // Not read at all by the proxy (real_ip false).
+        assert_eq!(id.who(gw, &bad, None, false).unwrap().ip.as_str(), "10.0.0.1");
+    }
+
+    /// The user: text, once; a query parameter percent-decoded, refused
+    /// when it is not text rather than replaced (`%FF` and `%FE` would
+    /// both be U+FFFD, one counter for every unreadable user).
+    #[test]
+    fn a_user_that_cannot_be_read_is_refused() {
+        let by_header = Identify {
+            user: Some(UserSource::Header("x-user".into())),
+            trusted: Vec::new(),
+        };
+        let mut h = HeaderMap::new();
+        h.insert("x-user", HeaderValue::from_bytes(b"al\xffce").unwrap());
+        assert!(by_header.user(&h, None).is_err());
+        h.insert("x-user", HeaderValue::from_static("alice"));
+        assert_eq!(by_header.user(&h, None), Ok(Some("alice".into())));
+        h.append("x-user", HeaderValue::from_static("alice"));
+        assert!(by_header.user(&h, None).is_err(), "twice");
+        let by_query = Identify {
+            user: Some(UserSource::Query("u".into())),
+            trusted: Vec::new(),
+        };
+        let none = HeaderMap::new();
+        assert_eq!(by_query.user(&none, Some("u=al%69ce+b&x=1")), Ok(Some("alice b".into())));
+        assert_eq!(by_query.user(&none, Some("x=1")), Ok(None));
+        assert!(by_query.user(&none, Some("u=%FF")).is_err());
+        assert!(by_query.user(&none, Some("u=a&u=b")).is_err());
+        assert_eq!(by_query.user(&none, Some("u=100%")), Ok(Some("100%".into())));
     }
 
     proptest::proptest! {
@@ -433,14 +638,18 @@ mod tests {
             if let Ok(v) = HeaderValue::from_str(&fwd.join("")) {
                 h.insert(header::FORWARDED, v);
             }
-            let got = client_ip(peer, &h, &trusted);
             let listed: Vec<IpAddr> = forwarded_chain(&h).into_iter().flatten().collect();
-            proptest::prop_assert!(
-                got == peer || listed.iter().any(|l| l.to_canonical() == got),
-                "{got} from {xff:?} {fwd:?}"
-            );
-            if !peer_trusted {
-                proptest::prop_assert_eq!(got, peer);
+            match client_ip(peer, &h, &trusted) {
+                Ok(got) => {
+                    proptest::prop_assert!(
+                        got == peer || listed.iter().any(|l| l.to_canonical() == got),
+                        "{got} from {xff:?} {fwd:?}"
+                    );
+                    if !peer_trusted {
+                        proptest::prop_assert_eq!(got, peer);
+                    }
+                }
+                Err(e) => proptest::prop_assert!(peer_trusted, "untrusted refused: {e}"),
             }
             let chain = forwarded_for(peer, &h, &trusted);
             proptest::prop_assert!(!chain.contains(['\r', '\n']), "{chain:?}");

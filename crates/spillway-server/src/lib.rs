@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod api;
 mod app;
+pub mod decide;
 pub mod config;
 pub mod credentials;
 pub mod events;

@@ -27,10 +27,30 @@ pub struct RuleSet {
     /// [`Limiter::settle`]): requests are then decided with each rule's
     /// own request-time cost.
     response_costs: bool,
+    /// The headers some rule is keyed by (`by: header:NAME`), lower-case,
+    /// each once: a way in refuses a request whose value of one of them it
+    /// cannot read, rather than let the rule be skipped as if it were
+    /// missing.
+    key_headers: Vec<String>,
     /// Policy for rules that set none, when the store fails.
     pub on_store_error: FailPolicy,
     /// Increases with every reload; shown on the status endpoint.
     pub version: u64,
+}
+
+/// The distinct headers `rules` are keyed by.
+fn key_headers(rules: &[Rule]) -> Vec<String> {
+    let mut names: Vec<String> = rules
+        .iter()
+        .flat_map(|r| r.by().parts())
+        .filter_map(|p| match p {
+            KeyPart::Header(h) => Some(h.clone()),
+            _ => None,
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// From how many rules a request looks its candidates up in a
@@ -140,6 +160,7 @@ impl RuleSet {
         RuleSet {
             index: (rules.len() >= INDEX_FROM).then(|| RouteIndex::new(&rules, global)),
             response_costs: rules.iter().any(|r| r.response_cost().is_some()),
+            key_headers: key_headers(&rules),
             rules,
             path_matching: global,
             on_store_error: FailPolicy::Allow,
@@ -155,6 +176,11 @@ impl RuleSet {
     /// Whether some rule takes its cost from the answer.
     pub fn has_response_costs(&self) -> bool {
         self.response_costs
+    }
+
+    /// The headers some rule is keyed by, lower-case, each once.
+    pub fn key_headers(&self) -> &[String] {
+        &self.key_headers
     }
 
     /// The rules, in file order.
@@ -310,6 +336,18 @@ impl<S: Store> Limiter<S> {
     /// The rules in force.
     pub fn rules(&self) -> Arc<RuleSet> {
         self.rules.load_full()
+    }
+
+    /// The first header a rule in force is keyed by whose value
+    /// `readable` refuses (see [`RuleSet::key_headers`]); cheaper than
+    /// [`rules`](Self::rules), and free when no rule is keyed by a header.
+    pub fn unreadable_key_header(&self, mut readable: impl FnMut(&str) -> bool) -> Option<String> {
+        self.rules
+            .load()
+            .key_headers
+            .iter()
+            .find(|h| !readable(h))
+            .cloned()
     }
 
     /// Whether a rule in force takes its cost from the answer (see

@@ -33,6 +33,31 @@ pub trait Headers {
     fn all_raw(&self, name: &str) -> Vec<&[u8]>;
     /// `name`'s value when it occurs exactly once, in one pass.
     fn sole(&self, name: &str) -> Sole<'_>;
+    /// `name`'s value as bytes, when every occurrence says the same (a
+    /// header a gateway set once, or copied twice alike); `None` when
+    /// absent.
+    ///
+    /// # Errors
+    /// Two occurrences differ: which one a reader takes is a guess (the
+    /// first here, perhaps the last upstream), so a value that names what
+    /// is limited must refuse the request instead.
+    fn agreed(&self, name: &str) -> Result<Option<&[u8]>, Disagree>;
+}
+
+/// A header sent more than once with different values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disagree;
+
+/// The one value of a sequence of occurrences, if they all agree.
+fn agree<'a>(mut values: impl Iterator<Item = &'a [u8]>) -> Result<Option<&'a [u8]>, Disagree> {
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.all(|v| v == first) {
+        Ok(Some(first))
+    } else {
+        Err(Disagree)
+    }
 }
 
 /// How often a header occurs, and its value when once.
@@ -67,6 +92,9 @@ impl Headers for HeaderMap {
             (Some(_), Some(_)) => Sole::Many,
         }
     }
+    fn agreed(&self, name: &str) -> Result<Option<&[u8]>, Disagree> {
+        agree(self.get_all(name).iter().map(http::HeaderValue::as_bytes))
+    }
 }
 
 impl Headers for [httparse::Header<'_>] {
@@ -98,6 +126,13 @@ impl Headers for [httparse::Header<'_>] {
             }
         }
         found
+    }
+    fn agreed(&self, name: &str) -> Result<Option<&[u8]>, Disagree> {
+        agree(
+            self.iter()
+                .filter(|h| h.name.len() == name.len() && h.name.eq_ignore_ascii_case(name))
+                .map(|h| h.value),
+        )
     }
 }
 

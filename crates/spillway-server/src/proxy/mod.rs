@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use spillway_core::IpText;
 use spillway_store::{Checked, Request};
 use spillway_tower::Admission;
 use spillway_tower::render::Problem;
@@ -69,14 +68,7 @@ pub enum Refused {
     Invalid(Problem<'static>),
 }
 
-/// Who a request comes from, for the rules.
-#[derive(Debug, Clone)]
-pub struct Who {
-    /// The user, if the settings name a source and the request has one.
-    pub user: Option<String>,
-    /// The client IP, as text.
-    pub ip: IpText,
-}
+pub use crate::identity::Who;
 
 /// The proxy's policy, shared by both transports.
 #[derive(Debug)]
@@ -254,14 +246,8 @@ impl Proxy {
             Sole::Many => return Err(bad("the Host header is sent more than once".into())),
         }
         let query = target.split_once('?').map(|(_, q)| q);
-        let user = self.identify.user(headers, query).map_err(|a| {
-            bad(format!(
-                "{}: the limit could not tell which one counts",
-                a.0
-            ))
-        })?;
-        let ip = IpText::new(self.identify.ip(peer, headers));
-        Ok(Who { user, ip })
+        crate::decide::identify(&self.shared, &self.identify, peer, headers, query, false)
+            .map_err(|u| Refused::Invalid(Problem::new(StatusCode::BAD_REQUEST, u.to_string())))
     }
 
     /// Phase 2: decides the request (and waits a shaper's turn), counting
@@ -273,18 +259,7 @@ impl Proxy {
         who: &Who,
         headers: &H,
     ) -> Admission {
-        let attrs = attrs(who, headers);
-        let request = Request {
-            method: Some(method),
-            path: Some(path),
-            attrs: &attrs,
-            cost: 1,
-        };
-        let events = &self.shared.events;
-        spillway_tower::admit(&self.shared.limiter, &request, |c, took| {
-            events.decided(c, took);
-        })
-        .await
+        crate::decide::decide(&self.shared, method, path, who, None, headers, 1).await
     }
 
     /// Phase 2b: the admitted request's turn at the upstream. With an
@@ -467,7 +442,7 @@ impl Proxy {
         headers: &H,
         read: &(dyn Fn(&str) -> Option<String> + Sync),
     ) -> bool {
-        let attrs = attrs(who, headers);
+        let attrs = crate::decide::attrs(who, None, headers);
         let request = Request {
             method: Some(method),
             path: Some(path),
@@ -596,16 +571,6 @@ pub fn priority_of(checked: &Checked) -> spillway_core::Priority {
         .filter_map(|rd| checked.rule(rd).and_then(spillway_core::Rule::priority))
         .max()
         .unwrap_or_default()
-}
-
-/// `who` and `headers` as the rules read them.
-fn attrs<'a, H: ?Sized>(who: &'a Who, headers: &'a H) -> crate::identity::Attrs<'a, H> {
-    crate::identity::Attrs {
-        user: who.user.as_deref(),
-        ip: who.ip.as_str(),
-        host: None,
-        headers,
-    }
 }
 
 /// Whether the proxy's own rate limit headers go on the answer (a rule

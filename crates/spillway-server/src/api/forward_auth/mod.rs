@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use spillway_store::{Checked, Request as Decide};
+use spillway_store::Checked;
 use spillway_tower::Admission;
 use spillway_tower::render::{PROBLEM_JSON, Problem, insert_rate_limit_headers};
 use spillway_wire::{Headers, Sole};
@@ -99,7 +99,7 @@ impl ForwardAuth {
             shared,
             identify: crate::identity::Identify {
                 user: settings.user.clone(),
-                trusted: Vec::new(),
+                trusted: settings.trusted_proxies.clone(),
             },
             settings,
             warned: AtomicU64::new(u64::MAX),
@@ -146,40 +146,37 @@ impl ForwardAuth {
         if !s.trusted_proxies.iter().any(|n| n.contains(peer)) {
             self.warn_untrusted(peer, headers);
         }
-        let o = original::read(method, target, &s.path, headers, peer, &s.trusted_proxies);
-        let user = match self.identify.user(headers, o.query()) {
-            Ok(u) => u,
-            Err(a) => {
-                self.shared.events.bad_request();
-                let status = match s.deny_status.as_u16() {
-                    401 | 403 => s.deny_status,
-                    _ => StatusCode::BAD_REQUEST,
-                };
-                return Answer::Refused {
-                    status,
-                    detail: format!("{}: the limit could not tell which one counts", a.0),
-                    challenge: None,
-                };
+        let refuse = |u: crate::identity::Unreadable| {
+            let status = match s.deny_status.as_u16() {
+                401 | 403 => s.deny_status,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            Answer::Refused {
+                status,
+                detail: u.to_string(),
+                challenge: None,
             }
         };
-        let ip = spillway_core::IpText::new(o.ip);
-        let attrs = crate::identity::Attrs {
-            user: user.as_deref(),
-            ip: ip.as_str(),
-            host: o.host,
+        let o = match original::read(method, target, &s.path, headers, peer, &s.trusted_proxies) {
+            Ok(o) => o,
+            Err(u) => {
+                self.shared.events.bad_request();
+                return refuse(u);
+            }
+        };
+        let who = match crate::decide::identify(
+            &self.shared,
+            &self.identify,
+            peer,
             headers,
+            o.query(),
+            true,
+        ) {
+            Ok(who) => who,
+            Err(u) => return refuse(u),
         };
-        let request = Decide {
-            method: Some(o.method),
-            path: Some(o.path()),
-            attrs: &attrs,
-            cost: 1,
-        };
-        let events = &self.shared.events;
-        match spillway_tower::admit(&self.shared.limiter, &request, |c, took| {
-            events.decided(c, took);
-        })
-        .await
+        match crate::decide::decide(&self.shared, o.method, o.path(), &who, o.host, headers, 1)
+            .await
         {
             Admission::Admitted(c) => Answer::Admitted(c),
             Admission::Denied(c) => Answer::Denied(c),

@@ -4,7 +4,8 @@
 //! that slows, cuts or stalls a link for failure tests ([`relay`]), a
 //! headless Chromium driven over WebDriver ([`browser`]), an upstream whose
 //! latency grows with its load ([`queueing`]) and an open-loop load driver
-//! ([`load`]), and the [`attack`] battery every listener is tested with.
+//! ([`load`]), and the [`attack`] battery every listener is tested with,
+//! and the [`legit`] client that must still be answered meanwhile.
 //!
 //! A missing `redis-server` is a test failure that says how to install it,
 //! never a silent skip.
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 pub mod attack;
 pub mod browser;
+pub mod legit;
 pub mod load;
 pub mod queueing;
 pub mod relay;

@@ -206,26 +206,80 @@ impl ApiTokens {
     }
 }
 
+/// The one writer of a credential refusal: `r` as every way in answers
+/// it, whatever its transport. `r.status`, `Content-Type:
+/// application/problem+json`, an RFC 9457 problem body whose `detail` is
+/// `r.detail`, and on a 401 its `WWW-Authenticate` challenge. The direct
+/// HTTP/1.1 paths put this answer on the wire with
+/// [`Refusal::write_http1`], the axum routes with `into_response`; a way
+/// in that adds words of its own (forward-auth names the header it reads
+/// the token from) changes the [`Refusal`] it passes, not the answer.
+///
+/// # Examples
+/// ```
+/// use spillway_server::credentials::{self, Refusal, API_REALM};
+/// let r = Refusal {
+///     status: http::StatusCode::UNAUTHORIZED,
+///     detail: "unknown token".into(),
+///     challenge: Some(API_REALM),
+/// };
+/// let a = credentials::refusal_answer(&r);
+/// assert_eq!(a.status(), 401);
+/// assert_eq!(a.headers()["www-authenticate"], API_REALM);
+/// assert!(a.body().contains("unknown token"));
+/// ```
+pub fn refusal_answer(r: &Refusal) -> http::Response<String> {
+    let body = spillway_tower::render::Problem::new(r.status, r.detail.as_str()).to_json();
+    let mut answer = http::Response::new(body);
+    *answer.status_mut() = r.status;
+    let h = answer.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(spillway_tower::render::PROBLEM_JSON),
+    );
+    if let Some(c) = r.challenge {
+        h.insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static(c),
+        );
+    }
+    answer
+}
+
+impl Refusal {
+    /// [`refusal_answer`] as an HTTP/1.1 answer appended to `out`, for
+    /// the direct paths: `close` adds `Connection: close`; a
+    /// `head_request` gets the head alone.
+    pub fn write_http1(&self, out: &mut Vec<u8>, close: bool, head_request: bool) {
+        let answer = refusal_answer(self);
+        let content_type = answer
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(spillway_tower::render::PROBLEM_JSON);
+        spillway_wire::write::answer(
+            out,
+            answer.status(),
+            content_type,
+            answer.body().as_bytes(),
+            close,
+            head_request,
+            |o| {
+                for (name, value) in answer.headers() {
+                    if name != http::header::CONTENT_TYPE {
+                        spillway_wire::write::header(o, name.as_str(), value.as_bytes());
+                    }
+                }
+            },
+        );
+    }
+}
+
 impl axum::response::IntoResponse for Refusal {
     fn into_response(self) -> axum::response::Response {
-        let json =
-            spillway_tower::render::Problem::new(self.status, self.detail.as_str()).to_json();
-        let mut r = (
-            self.status,
-            [(
-                http::header::CONTENT_TYPE,
-                spillway_tower::render::PROBLEM_JSON,
-            )],
-            json,
-        )
-            .into_response();
-        if let Some(c) = self.challenge {
-            r.headers_mut().insert(
-                http::header::WWW_AUTHENTICATE,
-                http::HeaderValue::from_static(c),
-            );
-        }
-        r
+        refusal_answer(&self)
+            .map(axum::body::Body::from)
+            .into_response()
     }
 }
 
@@ -276,6 +330,45 @@ mod tests {
         assert!(!t.matches(b""));
         // A guess that is the token with NULs after it is not the token.
         assert!(!t.matches(b"0123456789abcdef\0"));
+    }
+
+    /// The direct paths and axum answer a refusal alike: one writer.
+    #[test]
+    fn a_refusal_is_written_alike_on_the_wire_and_by_axum() {
+        for (status, challenge) in [(401, Some(ADMIN_REALM)), (403, None)] {
+            let r = Refusal {
+                status: http::StatusCode::from_u16(status).unwrap(),
+                detail: "send Authorization: Bearer TOKEN".into(),
+                challenge,
+            };
+            let mut wire = Vec::new();
+            r.write_http1(&mut wire, true, false);
+            let wire = String::from_utf8(wire).unwrap();
+            let (head, body) = wire.split_once("\r\n\r\n").unwrap();
+            let head = head.to_ascii_lowercase();
+            assert!(head.starts_with(&format!("http/1.1 {status} ")), "{head}");
+            assert!(
+                head.contains("content-type: application/problem+json"),
+                "{head}"
+            );
+            assert_eq!(
+                head.contains(&format!(
+                    "www-authenticate: {}",
+                    ADMIN_REALM.to_ascii_lowercase()
+                )),
+                challenge.is_some(),
+                "{head}"
+            );
+            let a = refusal_answer(&r);
+            assert_eq!(a.body(), body);
+            assert!(body.contains("Bearer TOKEN"), "{body}");
+            let resp = axum::response::IntoResponse::into_response(r.clone());
+            assert_eq!(resp.status(), status);
+            assert_eq!(resp.headers(), a.headers());
+            let mut head_only = Vec::new();
+            r.write_http1(&mut head_only, false, true);
+            assert!(head_only.ends_with(b"\r\n\r\n"));
+        }
     }
 
     #[test]

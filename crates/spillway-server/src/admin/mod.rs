@@ -287,10 +287,10 @@ async fn to_dashboard() -> Response {
     axum::response::Redirect::permanent("/admin/").into_response()
 }
 
-async fn rules(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
-    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
-        return r;
-    }
+async fn rules(
+    State(state): State<Arc<AdminState>>,
+    _: api::Authorized<api::ReadIfTokens>,
+) -> Response {
     let set = state.shared.limiter.rules();
     let plans = state.plans.load();
     let list: Vec<serde_json::Value> = set
@@ -319,10 +319,10 @@ pub fn rule_json(r: &Rule) -> serde_json::Value {
     })
 }
 
-async fn status(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
-    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
-        return r;
-    }
+async fn status(
+    State(state): State<Arc<AdminState>>,
+    _: api::Authorized<api::ReadIfTokens>,
+) -> Response {
     let set = state.shared.limiter.rules();
     let reload = state.reload.lock().clone();
     let store = state.shared.limiter.store();
@@ -441,10 +441,10 @@ fn breaker_name(b: spillway_redis::BreakerState) -> &'static str {
     }
 }
 
-async fn metrics(State(state): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
-    if let Err(r) = api::authorize_if_tokens(&state, &headers) {
-        return r;
-    }
+async fn metrics(
+    State(state): State<Arc<AdminState>>,
+    _: api::Authorized<api::ReadIfTokens>,
+) -> Response {
     let keys = spillway_store::Store::keys(state.shared.limiter.store());
     let mut text = state.shared.events.render(keys);
     text.push_str(&health_metrics(state.health_now()));

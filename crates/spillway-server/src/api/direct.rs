@@ -89,22 +89,7 @@ impl DirectApi {
             self.shared.api_tokens.admit(auth, ask == Ask::Charge)
         });
         if let Some(Err(r)) = refused {
-            let json = Problem::new(r.status, r.detail.as_str()).to_json();
-            write::answer(
-                out,
-                r.status,
-                PROBLEM_JSON,
-                json.as_bytes(),
-                msg.close,
-                false,
-                |o| {
-                    if let Some(c) = r.challenge {
-                        o.extend_from_slice(b"www-authenticate: ");
-                        o.extend_from_slice(c.as_bytes());
-                        o.extend_from_slice(b"\r\n");
-                    }
-                },
-            );
+            r.write_http1(out, msg.close, false);
             return conn.write_all(out).await;
         }
         let result = match query {

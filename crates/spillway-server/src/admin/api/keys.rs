@@ -7,16 +7,9 @@ use super::*;
 
 pub(super) async fn key_get(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Authorized<Read>,
+    KeyTarget(t): KeyTarget,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
-    let t = match target(&state, &uri, "/admin/v1/keys/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
     let (rule, source) = own_rule(&state, &t);
     let parts: Vec<&str> = t.key.iter().map(String::as_str).collect();
     let key = Key::from_parts(parts.iter().copied());
@@ -72,18 +65,11 @@ pub(super) async fn key_get(
 
 pub(super) async fn key_reset(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
+    KeyTarget(t): KeyTarget,
     method: Method,
     uri: Uri,
 ) -> Response {
-    let who = match authorize(&state, &headers, Scope::Write) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let t = match target(&state, &uri, "/admin/v1/keys/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
     // Every counter the key may have under this rule: the rule's own,
     // each plan's and its override's.
     let mut rules = vec![t.rule().clone()];
@@ -121,11 +107,8 @@ pub(super) async fn key_reset(
 
 pub(super) async fn overrides_list(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    _: Authorized<Read>,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
     let list: Vec<Value> = state
         .assign
         .overrides(now_ms())
@@ -137,16 +120,9 @@ pub(super) async fn overrides_list(
 
 pub(super) async fn override_get(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Authorized<Read>,
+    KeyTarget(t): KeyTarget,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
-    let t = match target(&state, &uri, "/admin/v1/overrides/") {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
     match state.assign.override_of(t.rule().name(), &t.key, now_ms()) {
         Some(o) => axum::Json(override_json(&o, &state)).into_response(),
         None => problem(StatusCode::NOT_FOUND, "no override for this key"),
@@ -177,19 +153,12 @@ pub(super) fn check_reason(reason: &str) -> Result<(), Response> {
     Ok(())
 }
 
-/// A write call's token, key and body, in that order of checks (401/403
-/// before anything about the body).
-pub(super) fn write_call<T: serde::de::DeserializeOwned>(
-    state: &AdminState,
-    headers: &HeaderMap,
-    uri: &Uri,
-    prefix: &str,
+/// A write call's body, read after its token and key (the extractors
+/// before it: 401/403 before anything about the body).
+pub(super) fn json_body<T: serde::de::DeserializeOwned>(
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<(String, Target, T), Response> {
-    let who = authorize(state, headers, Scope::Write)?;
-    let t = target(state, uri, prefix)?;
-    let b = body(&read_body(bytes)?)?;
-    Ok((who, t, b))
+) -> Result<T, Response> {
+    body(&read_body(bytes)?)
 }
 
 pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
@@ -203,16 +172,16 @@ pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Re
 
 pub(super) async fn override_put(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
+    KeyTarget(t): KeyTarget,
     method: Method,
     uri: Uri,
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let (who, t, b) =
-        match write_call::<OverrideBody>(&state, &headers, &uri, "/admin/v1/overrides/", bytes) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let b: OverrideBody = match json_body(bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let block = b.block.unwrap_or(false);
     let Some(ttl) = b.ttl.as_deref() else {
         return problem(
@@ -327,11 +296,26 @@ impl Put<'_> {
 
 pub(super) async fn override_delete(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
+    KeyTarget(t): KeyTarget,
     method: Method,
     uri: Uri,
 ) -> Response {
-    delete_assigned(&state, &headers, &method, &uri, Assigned::Override).await
+    let call = Call {
+        who: &who,
+        method: &method,
+        uri: &uri,
+        t: &t,
+    };
+    delete_assigned(&state, call, Assigned::Override).await
+}
+
+/// A write call's caller and target, for its audit entry.
+pub(super) struct Call<'a> {
+    who: &'a str,
+    method: &'a Method,
+    uri: &'a Uri,
+    t: &'a Target,
 }
 
 /// What a DELETE of an assignment takes away.
@@ -345,30 +329,18 @@ pub(super) enum Assigned {
 /// 404 if it had none.
 pub(super) async fn delete_assigned(
     state: &AdminState,
-    headers: &HeaderMap,
-    method: &Method,
-    uri: &Uri,
+    call: Call<'_>,
     what: Assigned,
 ) -> Response {
-    let who = match authorize(state, headers, Scope::Write) {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let (prefix, action, none) = match what {
-        Assigned::Override => (
-            "/admin/v1/overrides/",
-            "override.delete",
-            "no override for this key",
-        ),
-        Assigned::Plan => (
-            "/admin/v1/plans/",
-            "plan.delete",
-            "this key has no assigned plan",
-        ),
-    };
-    let t = match target(state, uri, prefix) {
-        Ok(t) => t,
-        Err(r) => return r,
+    let Call {
+        who,
+        method,
+        uri,
+        t,
+    } = call;
+    let (action, none) = match what {
+        Assigned::Override => ("override.delete", "no override for this key"),
+        Assigned::Plan => ("plan.delete", "this key has no assigned plan"),
     };
     let (rule, redis) = (t.rule().name(), state.redis());
     let result = match what {
@@ -388,13 +360,13 @@ pub(super) async fn delete_assigned(
         Ok(false) => 404,
         Err(_) => 503,
     };
-    state.record(&who, method, uri, action, Some(&t), None, status);
+    state.record(who, method, uri, action, Some(t), None, status);
     match result {
         Ok(true) => {
             state.recompile_key(t.rule().name(), &t.key);
             match what {
                 Assigned::Override => axum::Json(json!({"deleted": true})).into_response(),
-                Assigned::Plan => axum::Json(plan_json(state, &t)).into_response(),
+                Assigned::Plan => axum::Json(plan_json(state, t)).into_response(),
             }
         }
         Ok(false) => problem(StatusCode::NOT_FOUND, none),
@@ -417,11 +389,8 @@ pub(super) fn plan_json(state: &AdminState, t: &Target) -> Value {
 
 pub(super) async fn plans_list(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    _: Authorized<Read>,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
     let book = state.plans.load();
     let plans: serde_json::Map<String, Value> = book
         .plans
@@ -444,16 +413,10 @@ pub(super) async fn plans_list(
 
 pub(super) async fn plan_get(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
-    uri: Uri,
+    _: Authorized<Read>,
+    KeyTarget(t): KeyTarget,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
-    match target(&state, &uri, "/admin/v1/plans/") {
-        Ok(t) => axum::Json(plan_json(&state, &t)).into_response(),
-        Err(r) => r,
-    }
+    axum::Json(plan_json(&state, &t)).into_response()
 }
 
 #[derive(Deserialize)]
@@ -466,16 +429,16 @@ pub(super) struct PlanBody {
 
 pub(super) async fn plan_put(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
+    KeyTarget(t): KeyTarget,
     method: Method,
     uri: Uri,
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let (who, t, b) =
-        match write_call::<PlanBody>(&state, &headers, &uri, "/admin/v1/plans/", bytes) {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
+    let b: PlanBody = match json_body(bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     if let Err(r) = check_reason(b.reason.as_deref().unwrap_or("")) {
         return r;
     }
@@ -522,9 +485,16 @@ pub(super) async fn plan_put(
 
 pub(super) async fn plan_delete(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
+    KeyTarget(t): KeyTarget,
     method: Method,
     uri: Uri,
 ) -> Response {
-    delete_assigned(&state, &headers, &method, &uri, Assigned::Plan).await
+    let call = Call {
+        who: &who,
+        method: &method,
+        uri: &uri,
+        t: &t,
+    };
+    delete_assigned(&state, call, Assigned::Plan).await
 }

@@ -1,6 +1,9 @@
 //! The admin API's calls under `/admin/v1/` and `/v1/health`: keys,
 //! overrides, plans, top keys, the chart's series, the audit trail and
-//! reported health. Every call needs a bearer token (see [`authorize`]).
+//! reported health. Every call needs a bearer token: a handler names the
+//! scope in its signature ([`Authorized<Read>`](Authorized) or
+//! [`Authorized<Write>`](Authorized)), and the rule and key it acts on
+//! as a [`KeyTarget`], instead of repeating that prologue.
 
 // An error here is the answer itself, returned once per call: boxing
 // each would only add noise.
@@ -32,6 +35,9 @@ use views::*;
 mod keys;
 #[allow(clippy::wildcard_imports)]
 use keys::*;
+
+mod extract;
+pub use extract::{Authorized, KeyTarget, Need, Read, ReadIfTokens, Write};
 
 /// The largest body a write call takes.
 const MAX_BODY: usize = 64 * 1024;
@@ -161,56 +167,51 @@ pub async fn audit_refusals(
 }
 
 /// The token's name if the request carries a token of at least `need`'s
-/// scope; else the 401 (no or unknown token) or 403 (a read token on a
-/// write call) to answer.
+/// scope; else the 401 (no or unknown token, or none configured) or 403
+/// (a read token on a write call) to answer, as
+/// [`crate::credentials::refusal_answer`] writes it. Handlers take
+/// [`Authorized`] instead; the decision routes' layer asks this.
 pub fn authorize(state: &AdminState, headers: &HeaderMap, need: Scope) -> Result<String, Response> {
     let settings = state.settings.load();
-    if settings.tokens.is_empty() {
-        let mut r = problem(
-            StatusCode::UNAUTHORIZED,
-            "the admin API needs a token: list admin.tokens in the rules file",
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static(crate::credentials::ADMIN_REALM),
-        );
-        return Err(r);
-    }
-    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    crate::credentials::check(
-        &settings.tokens,
-        given,
-        need,
-        crate::credentials::ADMIN_REALM,
-    )
-    .map(|t| t.name.clone())
-    .map_err(|refused| {
-        let mut r = problem(refused.status, refused.detail);
-        if let Some(c) = refused.challenge {
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static(c),
-            );
+    let refused = if settings.tokens.is_empty() {
+        crate::credentials::Refusal {
+            status: StatusCode::UNAUTHORIZED,
+            detail: "the admin API needs a token: list admin.tokens in the rules file".into(),
+            challenge: Some(crate::credentials::ADMIN_REALM),
         }
-        r
-    })
-}
-
-/// For the endpoints that were open before tokens existed (metrics,
-/// status, rules): a read token once `admin.tokens` lists any.
-pub fn authorize_if_tokens(state: &AdminState, headers: &HeaderMap) -> Result<(), Response> {
-    if state.settings.load().tokens.is_empty() {
-        return Ok(());
-    }
-    authorize(state, headers, Scope::Read).map(|_| ())
+    } else {
+        let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+        match crate::credentials::check(
+            &settings.tokens,
+            given,
+            need,
+            crate::credentials::ADMIN_REALM,
+        ) {
+            Ok(t) => return Ok(t.name.clone()),
+            Err(refused) => refused,
+        }
+    };
+    let detail = Detail(refused.detail.clone());
+    let mut r = refused.into_response();
+    r.extensions_mut().insert(detail);
+    Err(r)
 }
 
 /// A rule and a key named by a path: the rule's name, then one segment
 /// per key part, each percent-decoded.
-struct Target {
+pub struct Target {
     set: Arc<RuleSet>,
     index: usize,
     key: Vec<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("rule", &self.rule().name())
+            .field("key", &self.key)
+            .finish()
+    }
 }
 
 impl Target {
@@ -529,26 +530,19 @@ fn health_json(state: &AdminState) -> Value {
     v
 }
 
-async fn health_get(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
+async fn health_get(State(state): State<Arc<AdminState>>, _: Authorized<Read>) -> Response {
     axum::Json(health_json(&state)).into_response()
 }
 
 async fn health_put(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    Authorized { who, .. }: Authorized<Write>,
     method: Method,
     uri: Uri,
     bytes: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let bytes = match read_body(bytes) {
         Ok(b) => b,
-        Err(r) => return r,
-    };
-    let who = match authorize(&state, &headers, Scope::Write) {
-        Ok(w) => w,
         Err(r) => return r,
     };
     let h: Health = match body(&bytes) {

@@ -29,12 +29,9 @@ pub(super) struct TopQuery {
 
 pub(super) async fn top(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    _: Authorized<Read>,
     q: Result<Query<TopQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
     let Ok(Query(mut q)) = q else {
         return problem(
             StatusCode::BAD_REQUEST,
@@ -118,10 +115,7 @@ pub(super) async fn top(
     }
 }
 
-pub(super) async fn series(State(state): State<Arc<AdminState>>, headers: HeaderMap) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
+pub(super) async fn series(State(state): State<Arc<AdminState>>, _: Authorized<Read>) -> Response {
     let names: Vec<String> = state
         .shared
         .limiter
@@ -163,12 +157,9 @@ pub(super) struct AuditQuery {
 
 pub(super) async fn audit(
     State(state): State<Arc<AdminState>>,
-    headers: HeaderMap,
+    _: Authorized<Read>,
     q: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(r) = authorize(&state, &headers, Scope::Read) {
-        return r;
-    }
     let Ok(Query(mut q)) = q else {
         return problem(StatusCode::BAD_REQUEST, "query: since=TIME&limit=N");
     };

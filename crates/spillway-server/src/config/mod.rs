@@ -146,48 +146,117 @@ impl Config {
                 .any(|r| r.fail_policy() == Some(FailPolicy::Share))
     }
 
-    /// The settings that take effect only at start (the store, addresses,
-    /// the proxy section, gRPC headers) and differ in `newer`: a reload
-    /// applies the rules and says these wait for a restart.
+    /// The settings that take effect only at start and differ in
+    /// `newer`: a reload applies the rules and says these wait for a
+    /// restart. Read from [`SECTIONS`], where each section of the file
+    /// says once when a change to it applies.
     pub fn start_only_changes(&self, newer: &Config) -> Vec<&'static str> {
-        [
-            ("store", self.store != newer.store),
-            ("listen", self.listen != newer.listen),
-            ("grpc_listen", self.grpc_listen != newer.grpc_listen),
-            ("proxy", self.proxy != newer.proxy),
-            (
-                "health (the proxy's measurements and in-flight target)",
-                self.proxy.is_some()
-                    && (self.health.latency_target != newer.health.latency_target
-                        || self.health.percentile != newer.health.percentile
-                        || self.health.errors_max != newer.health.errors_max
-                        || self.health.window != newer.health.window),
-            ),
-            ("admin_listen", self.admin_listen != newer.admin_listen),
-            (
-                "admin.state_file",
-                self.admin.state_file != newer.admin.state_file,
-            ),
-            ("server", self.server != newer.server),
-            ("log", self.log_format != newer.log_format),
-            ("tls", self.tls != newer.tls),
-            (
-                "grpc_response_headers",
-                self.grpc_response_headers != newer.grpc_response_headers,
-            ),
-            ("envoy", self.envoy != newer.envoy),
-            // The per-decision Redis store keeps heartbeats and a share
-            // only when share is asked for at start.
-            (
-                "on_store_error: share",
-                matches!(self.store, StoreConfig::Redis(_)) && self.shares() != newer.shares(),
-            ),
-        ]
-        .into_iter()
-        .filter_map(|(name, changed)| changed.then_some(name))
-        .collect()
+        SECTIONS
+            .iter()
+            .filter(|s| s.applies != Applies::OnReload && (s.changed)(self, newer))
+            .map(|s| match s.applies {
+                Applies::PartlyAtStart(part) => part,
+                Applies::OnReload | Applies::AtStart => s.key,
+            })
+            .collect()
     }
 }
+
+/// When a change to a section of the rules file takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applies {
+    /// A reload applies it.
+    OnReload,
+    /// Only a restart does: a reload that changes it applies the rules and
+    /// logs that the section waits for a restart.
+    AtStart,
+    /// A reload applies it but for the part named, which waits for a
+    /// restart (the name is what the log says).
+    PartlyAtStart(&'static str),
+}
+
+/// One top-level section of the rules file, and when a change to it
+/// applies: the one place that says so, read by reloads
+/// ([`Config::start_only_changes`]) and checked against the sections the
+/// parser knows ([`spillway_rules::SECTIONS`]), so a new section cannot
+/// be added without saying whether a reload applies it.
+#[derive(Debug, Clone, Copy)]
+pub struct Section {
+    /// The key, as the file writes it.
+    pub key: &'static str,
+    /// When a change applies.
+    pub applies: Applies,
+    /// Whether two configurations differ in what waits for a restart
+    /// (for [`Applies::OnReload`], never read).
+    changed: fn(&Config, &Config) -> bool,
+}
+
+impl Section {
+    const fn on_reload(key: &'static str) -> Section {
+        Section {
+            key,
+            applies: Applies::OnReload,
+            changed: |_, _| false,
+        }
+    }
+
+    const fn at_start(key: &'static str, changed: fn(&Config, &Config) -> bool) -> Section {
+        Section {
+            key,
+            applies: Applies::AtStart,
+            changed,
+        }
+    }
+}
+
+/// Every section of the rules file, in the order `check-config` and the
+/// docs give them, with when a change to it applies.
+pub const SECTIONS: &[Section] = &[
+    Section::at_start("store", |a, b| a.store != b.store),
+    Section {
+        key: "on_store_error",
+        // The per-decision Redis store keeps heartbeats and a share only
+        // when share is asked for at start.
+        applies: Applies::PartlyAtStart("on_store_error: share"),
+        changed: |a, b| matches!(a.store, StoreConfig::Redis(_)) && a.shares() != b.shares(),
+    },
+    Section::at_start("listen", |a, b| a.listen != b.listen),
+    Section::at_start("grpc_listen", |a, b| a.grpc_listen != b.grpc_listen),
+    Section::at_start("proxy", |a, b| a.proxy != b.proxy),
+    // The gateways' way in is built once, with its listener's routes.
+    Section::at_start("forward_auth", |a, b| a.forward_auth != b.forward_auth),
+    Section {
+        key: "health",
+        applies: Applies::PartlyAtStart("health (the proxy's measurements and in-flight target)"),
+        changed: |a, b| {
+            a.proxy.is_some()
+                && (a.health.latency_target != b.health.latency_target
+                    || a.health.percentile != b.health.percentile
+                    || a.health.errors_max != b.health.errors_max
+                    || a.health.window != b.health.window)
+        },
+    },
+    Section::at_start("admin_listen", |a, b| a.admin_listen != b.admin_listen),
+    Section {
+        key: "admin",
+        applies: Applies::PartlyAtStart("admin.state_file"),
+        changed: |a, b| a.admin.state_file != b.admin.state_file,
+    },
+    Section::at_start("server", |a, b| a.server != b.server),
+    Section::at_start("log", |a, b| a.log_format != b.log_format),
+    Section::at_start("tls", |a, b| a.tls != b.tls),
+    Section::at_start("grpc_response_headers", |a, b| {
+        a.grpc_response_headers != b.grpc_response_headers
+    }),
+    Section::at_start("envoy", |a, b| a.envoy != b.envoy),
+    Section::on_reload("api"),
+    Section::on_reload("plans"),
+    Section::on_reload("domains"),
+    Section::on_reload("descriptors"),
+    Section::on_reload("path_matching"),
+    Section::on_reload("reload"),
+    Section::on_reload("rules"),
+];
 
 /// Which store to use.
 #[derive(Debug, Clone, PartialEq, Eq)]

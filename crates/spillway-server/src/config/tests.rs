@@ -187,6 +187,33 @@ fn a_reload_names_the_settings_that_wait_for_a_restart() {
         start.start_only_changes(&moved),
         ["store", "listen", "proxy"]
     );
+    // The gateways' way in is built at start (issue 35): a reload that
+    // changes it says so.
+    let gateway = parse(
+        "a.yaml",
+        &format!("forward_auth: {{ path: /gate }}\n{rules}"),
+    )
+    .unwrap();
+    assert_eq!(start.start_only_changes(&gateway), ["forward_auth"]);
+    assert!(gateway.start_only_changes(&gateway.clone()).is_empty());
+}
+
+/// Each section the parser knows says once whether a reload applies it:
+/// a section added to the file without saying so fails here.
+#[test]
+fn every_section_says_when_a_change_to_it_applies() {
+    let mut ours: Vec<&str> = SECTIONS.iter().map(|s| s.key).collect();
+    let mut theirs = spillway_rules::SECTIONS.to_vec();
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    assert_eq!(ours, theirs);
+    let mut unique = ours.clone();
+    unique.dedup();
+    assert_eq!(unique, ours, "a section listed twice");
+    let base = parse("a.yaml", "rules: []\n").unwrap();
+    for s in SECTIONS {
+        assert!(!(s.changed)(&base, &base.clone()), "{}", s.key);
+    }
 }
 
 #[test]

@@ -672,6 +672,52 @@ async fn regression_an_empty_user_is_no_user_on_every_transport(path: Path) {
 }
 on_both_paths!(regression_an_empty_user_is_no_user_on_every_transport);
 
+/// Issue 35: a user, a client hop or a keyed header that cannot be read
+/// was passed over (the rule then skipped as if the value were missing).
+/// Each is refused with 400 on both transports, h1 and h2 alike, and
+/// nothing reaches the upstream.
+async fn a_name_that_cannot_be_read_is_refused_never_passed_over(path: Path) {
+    let up = HttpUpstream::start().await;
+    let yaml = format!(
+        "{}  - name: per-key\n    api: /keyed\n    by: header:x-key\n    limits:\n      - fixed_window: {{ limit: 1, window: 1h }}\n",
+        rules(&up.url(), "127.0.0.0/8")
+    );
+    let (s, _dir) = proxy_with(path, &yaml, &[]);
+    let bad = |name: &'static str, value: &'static [u8]| {
+        (name, reqwest::header::HeaderValue::from_bytes(value).unwrap())
+    };
+    for c in [client(), h2_client()] {
+        for (path, (name, value)) in [
+            ("/hello", bad("x-api-key", b"al\xffce")),
+            ("/keyed", bad("x-key", b"k\xfe")),
+            ("/ip/a", bad("x-forwarded-for", b"unknown")),
+            ("/ip/a", bad("x-forwarded-for", b"1.2.3.4\xff")),
+        ] {
+            let r = c.get(s.url(path)).header(name, value.clone());
+            let r = r.send().await.unwrap();
+            assert_eq!(r.status(), 400, "{path} {name}: {value:?}");
+        }
+        // The same key twice with different values is refused; a key
+        // that can be read is counted.
+        let r = c
+            .get(s.url("/keyed"))
+            .header("x-key", "a")
+            .header("x-key", "b")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+    }
+    assert!(up.requests_to("/hello").is_empty() && up.requests_to("/keyed").is_empty());
+    let c = client();
+    let statuses = [
+        c.get(s.url("/keyed")).header("x-key", "k").send().await.unwrap().status(),
+        c.get(s.url("/keyed")).header("x-key", "k").send().await.unwrap().status(),
+    ];
+    assert_eq!(statuses.map(|s| s.as_u16()), [200, 429]);
+}
+on_both_paths!(a_name_that_cannot_be_read_is_refused_never_passed_over);
+
 // Once: an HTTP/2 client always takes the hyper transport, whatever
 // `direct_path` says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

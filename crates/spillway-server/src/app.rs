@@ -61,12 +61,12 @@ impl Routed {
     }
 }
 
-impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Routed {
+impl hyper::service::Service<http::Request<spillway_wire::RequestBody>> for Routed {
     type Response = http::Response<axum::body::Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
-    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&self, mut req: http::Request<spillway_wire::RequestBody>) -> Self::Future {
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let router = self.router.clone();
         Box::pin(async move { router.oneshot(req.map(axum::body::Body::new)).await })

@@ -15,22 +15,39 @@
 //!   whose wait for its client has expired.
 //! - **Streams.** Requests in flight on connections handed to hyper
 //!   (HTTP/2 streams, and HTTP/1.1 requests there) count against one
-//!   process-wide bound. At the bound a new stream is refused only for a
-//!   client address that already holds its fair share (the bound divided
-//!   by the addresses holding streams), so a client that holds many
-//!   streams, over one connection or thousands, cannot make another
-//!   client's requests fail (a gateway multiplexing its calls over one
-//!   connection keeps its share); past twice the bound every new stream is
-//!   refused.
+//!   process-wide bound, never more than the connection cap (an HTTP/1.1
+//!   request is a connection: a bound above the cap would never bind).
+//!   At the bound a new stream is refused only for a client network that
+//!   already holds its fair share (the bound divided by the networks
+//!   holding streams), so a client that holds many streams, over one
+//!   connection or thousands, from one address or a whole network, cannot
+//!   make another client's requests fail (a gateway multiplexing its calls
+//!   over one connection keeps its share). Past the bound, a quarter of it
+//!   is kept for networks holding none, up to twice the bound in all: a
+//!   client on a fresh network is answered however many addresses hold
+//!   streams.
+//! - **Networks.** Fairness (connections and streams) counts clients by
+//!   network, not by address: IPv6 by `/64` (an address costs an attacker
+//!   nothing within its `/64`) and IPv4 by `/24`, configurable
+//!   ([`Budget::group_by`]). Shares are only consulted under pressure (at
+//!   the connection cap, at the stream bound); within a network, the
+//!   address holding the most connections goes first.
+//! - **Bodies.** A request on hyper whose body has not all arrived waits
+//!   on its client: its connection may be closed to make room like an
+//!   idle one, and the body has `body_timeout` in all (see
+//!   [`RequestBody`](crate::RequestBody)).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::task::Waker;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+mod net;
 
 /// The connection and stream budget shared by a process's listeners.
 pub struct Budget {
@@ -39,7 +56,8 @@ pub struct Budget {
     /// Of `total`, what the process holds outside its listeners.
     reserved: AtomicUsize,
     /// Requests in flight on hyper connections, process-wide, before new
-    /// ones are refused on connections over their share.
+    /// ones are refused on connections over their share (at most the
+    /// connection cap: see [`Budget::max_streams`]).
     max_streams: usize,
     /// Every open client connection of every listener, but those closed
     /// to make room.
@@ -58,14 +76,17 @@ pub struct Budget {
     pub(crate) clock: Coarse,
     /// Requests in flight on hyper connections.
     streams: AtomicUsize,
-    /// Requests in flight on hyper connections, by client address: each
-    /// connection holds its address's counter (looked up once, when hyper
+    /// Requests in flight on hyper connections, by client network: each
+    /// connection holds its network's counter (looked up once, when hyper
     /// takes it), so a stream costs a few atomic operations, not a lookup.
     peers: parking_lot::Mutex<HashMap<IpAddr, Arc<AtomicUsize>>>,
-    /// Addresses with requests in flight on hyper connections.
+    /// Networks with requests in flight on hyper connections.
     holders: AtomicUsize,
     /// Whether the sweeper runs.
     sweeping: AtomicBool,
+    /// How clients are grouped into networks for fairness: IPv4 and IPv6
+    /// prefix lengths.
+    prefixes: [AtomicU8; 2],
 }
 
 impl std::fmt::Debug for Budget {
@@ -75,7 +96,7 @@ impl std::fmt::Debug for Budget {
             .field("reserved", &self.reserved.load(Ordering::Relaxed))
             .field("connections", &self.connections())
             .field("streams", &self.streams())
-            .field("max_streams", &self.max_streams)
+            .field("max_streams", &self.max_streams())
             .finish()
     }
 }
@@ -108,7 +129,7 @@ const GRACE_MS: u64 = 200;
 impl Budget {
     /// A budget of `max_connections` descriptors for connections (at least
     /// one) and `max_streams` requests in flight on hyper connections
-    /// (at least one).
+    /// (at least one, at most the connections).
     pub fn new(max_connections: usize, max_streams: usize) -> Arc<Budget> {
         Arc::new(Budget {
             total: max_connections.max(1),
@@ -127,7 +148,28 @@ impl Budget {
             peers: parking_lot::Mutex::new(HashMap::new()),
             holders: AtomicUsize::new(0),
             sweeping: AtomicBool::new(false),
+            prefixes: [
+                AtomicU8::new(net::IPV4_PREFIX),
+                AtomicU8::new(net::IPV6_PREFIX),
+            ],
         })
+    }
+
+    /// Groups clients into networks for fairness: IPv4 addresses by their
+    /// first `ipv4_prefix` bits (at most 32), IPv6 by `ipv6_prefix` (at
+    /// most 128). Applies to connections accepted from now on.
+    pub fn group_by(&self, ipv4_prefix: u8, ipv6_prefix: u8) {
+        self.prefixes[0].store(ipv4_prefix.min(32), Ordering::Relaxed);
+        self.prefixes[1].store(ipv6_prefix.min(128), Ordering::Relaxed);
+    }
+
+    /// The network `ip` is counted in.
+    pub(crate) fn network(&self, ip: IpAddr) -> IpAddr {
+        net::network(
+            ip,
+            self.prefixes[0].load(Ordering::Relaxed),
+            self.prefixes[1].load(Ordering::Relaxed),
+        )
     }
 
     /// Sets aside `n` of the budget's descriptors for connections the
@@ -155,9 +197,14 @@ impl Budget {
         self.streams.load(Ordering::Relaxed)
     }
 
-    /// The process-wide bound on requests in flight on hyper connections.
+    /// The process-wide bound on requests in flight on hyper connections:
+    /// as made, but never more than the client connections the budget
+    /// carries ([`Budget::max_connections`]). Past it, a connection over
+    /// its network's share is refused, and each HTTP/1.1 request holds a
+    /// connection: with a bound above the cap, HTTP/1.1 clients holding
+    /// requests would fill the cap before any share was consulted.
     pub fn max_streams(&self) -> usize {
-        self.max_streams
+        self.max_streams.min(self.max_connections())
     }
 
     pub(crate) fn next_id(&self) -> u64 {
@@ -204,9 +251,9 @@ impl Budget {
         if let Some(counter) = state.peer_streams.get() {
             let mut peers = self.peers.lock();
             // Only the table and this connection hold it: no other
-            // connection of the address is open.
+            // connection of the network is open.
             if Arc::strong_count(counter) <= 2 {
-                peers.remove(&state.peer);
+                peers.remove(&state.net);
             }
         }
         if self.table.lock().remove(&id).is_none() {
@@ -217,51 +264,74 @@ impl Budget {
         self.ended.notify_waiters();
     }
 
-    /// Closes a connection waiting on its client, on any listener, to
-    /// make room: of the client address holding the most connections (a
-    /// flood from a few addresses makes room out of its own connections,
-    /// never a lone client's), one that never sent a byte first (a client
-    /// that has begun, a TLS handshake on a slow link say, goes after every
-    /// silent one), then one waiting for a request before one in a request
-    /// (a body trickling in, so connections that never finish a request
-    /// cannot hold the cap either), the oldest first.
+    /// Closes a connection, on any listener, to make room. Which one:
     ///
-    /// Addresses are weighed by every connection they hold, whatever its
-    /// state: while some address holds more than its fair share (the cap
-    /// divided by the addresses), only such an address's connections are
-    /// closed. A flood whose own connections are all busy (requests in
-    /// flight on hyper, bounded by the stream caps) or younger than the
-    /// grace then waits for one of them to end, rather than close a lone
-    /// client's handshake that a busy machine has kept past the grace.
+    /// - **Whose.** Clients are weighed by network, by every connection
+    ///   they hold whatever its state: while some network holds more than
+    ///   its fair share (the cap divided by the networks), only such a
+    ///   network's connections are closed; of those, the network holding
+    ///   the most, and within it the address holding the most (a flood
+    ///   makes room out of its own connections, never a lone client's).
+    /// - **Which of its connections.** One waiting on its client: idle
+    ///   (waiting for a request, or a handshake) or in a request whose body
+    ///   has not all arrived (on the direct path or on hyper, where an
+    ///   HTTP/2 stream or a chunked body never finished would otherwise
+    ///   hold its connection). Silent ones first (a client that has begun,
+    ///   a TLS handshake on a slow link say, goes after every silent one),
+    ///   then idle ones, then those in a request, the oldest first. A
+    ///   network over its share when the budget is full has its busy
+    ///   connections (requests in flight on a handler) closed too, after
+    ///   its waiting ones: busy connections are capped at the share.
+    /// - **Served last.** A connection that has been answered is never
+    ///   closed while one that has not could be: a flood that reconnects
+    ///   within the grace waits out the grace rather than take a served
+    ///   keep-alive connection, its only other choice.
+    ///
     /// False if none qualifies, or every one that does was accepted less
-    /// than [`GRACE`] ago.
+    /// than [`GRACE`] ago (or is served, while one that is not is still in
+    /// its grace).
     pub(crate) fn shed_idle(&self) -> bool {
         let mut table = self.table.lock();
         let now = self.clock.now();
-        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        let mut by_net: HashMap<IpAddr, usize> = HashMap::new();
+        let mut by_addr: HashMap<IpAddr, usize> = HashMap::new();
         for e in table.values() {
-            *held.entry(e.state.peer).or_insert(0) += 1;
+            *by_net.entry(e.state.net).or_insert(0) += 1;
+            *by_addr.entry(e.state.peer).or_insert(0) += 1;
         }
-        let fair = (self.max_connections() / held.len().max(1)).max(1);
-        let crowded = held.values().any(|&n| n > fair);
-        let fits = |e: &Entry| {
-            now.saturating_sub(e.state.since) >= GRACE_MS
-                && (e.state.is_idle() || e.state.waits_on_client())
-                && (!crowded || held[&e.state.peer] > fair)
+        let fair = (self.max_connections() / by_net.len().max(1)).max(1);
+        let crowded = by_net.values().any(|&n| n > fair);
+        let over = |s: &ConnState| by_net[&s.net] > fair;
+        // Could go, the grace aside.
+        let could = |s: &ConnState| {
+            (!crowded || over(s)) && (s.is_idle() || s.waits_on_client() || (crowded && over(s)))
         };
-        let oldest = table
+        let unserved = table
+            .values()
+            .any(|e| !e.state.served.load(Ordering::Relaxed) && could(&e.state));
+        let fits = |s: &ConnState| {
+            now.saturating_sub(s.since) >= GRACE_MS
+                && could(s)
+                && !(unserved && s.served.load(Ordering::Relaxed))
+        };
+        let pick = table
             .iter()
-            .filter(|(_, e)| fits(e))
+            .filter(|(_, e)| fits(&e.state))
             .min_by_key(|(id, e)| {
+                let s = &e.state;
+                let waits = s.is_idle() || s.waits_on_client();
                 (
-                    std::cmp::Reverse(held[&e.state.peer]),
-                    e.state.heard.load(Ordering::Relaxed),
-                    !e.state.is_idle(),
+                    std::cmp::Reverse(by_net[&s.net]),
+                    std::cmp::Reverse(by_addr[&s.peer]),
+                    s.served.load(Ordering::Relaxed),
+                    !waits,
+                    s.heard.load(Ordering::Relaxed),
+                    !s.is_idle(),
                     **id,
                 )
             })
             .map(|(id, _)| *id);
-        match oldest.and_then(|id| table.remove(&id)) {
+        match pick.and_then(|id| table.remove(&id)) {
             Some(e) => {
                 self.shed.fetch_add(1, Ordering::SeqCst);
                 e.task.abort();
@@ -297,6 +367,9 @@ impl Budget {
                 let now = budget.clock.tick();
                 for e in budget.table.lock().values() {
                     let state = &e.state;
+                    if state.body_deadline.load(Ordering::Relaxed) < now {
+                        state.wake_bodies();
+                    }
                     if state.deadline.load(Ordering::Relaxed) >= now {
                         continue;
                     }
@@ -307,7 +380,9 @@ impl Budget {
                         // HTTP/2 GOAWAY): a client sending a call at this
                         // moment learns it was not taken and retries it
                         // on a new connection, where an abort would fail
-                        // it. Aborted if still open after the grace.
+                        // it. Aborted if still open after the grace, which
+                        // it gets once: nothing it sends or is sent moves
+                        // this deadline again (see `ConnState::waiting`).
                         state
                             .deadline
                             .store(now.saturating_add(GOAWAY_MS), Ordering::Relaxed);
@@ -321,28 +396,39 @@ impl Budget {
     }
 
     /// Opens a stream on `conn` unless the process is at its stream bound
-    /// and `conn`'s client address already holds its share, or at twice
-    /// the bound; the guard closes it.
+    /// and `conn`'s client network already holds its share, or, for a
+    /// network holding none, at twice the bound; the guard closes it.
     pub(crate) fn open_stream(
         self: &Arc<Budget>,
         conn: &Arc<ConnState>,
         idle: Duration,
     ) -> Option<StreamGuard> {
-        let address = conn.peer_streams.get_or_init(|| {
+        let network = conn.peer_streams.get_or_init(|| {
             let mut peers = self.peers.lock();
-            peers.entry(conn.peer).or_default().clone()
+            peers.entry(conn.net).or_default().clone()
         });
         let total = self.streams.load(Ordering::Relaxed);
-        if total >= self.max_streams {
-            let mine = address.load(Ordering::Relaxed);
-            let holders = self.holders.load(Ordering::Relaxed) + usize::from(mine == 0);
-            let share = (self.max_streams / holders.max(1)).max(1);
-            if mine >= share || total >= self.max_streams.saturating_mul(2) {
-                return None;
+        let bound = self.max_streams();
+        if total >= bound {
+            let mine = network.load(Ordering::Relaxed);
+            let most = bound.saturating_mul(2);
+            if mine == 0 {
+                // The reserve: a network holding none is answered up to
+                // twice the bound, however many others hold their share.
+                if total >= most {
+                    return None;
+                }
+            } else {
+                let holders = self.holders.load(Ordering::Relaxed);
+                let share = (bound / holders.max(1)).max(1);
+                let reserve = (bound / 4).max(1);
+                if mine >= share || total >= most.saturating_sub(reserve) {
+                    return None;
+                }
             }
         }
         self.streams.fetch_add(1, Ordering::Relaxed);
-        if address.fetch_add(1, Ordering::Relaxed) == 0 {
+        if network.fetch_add(1, Ordering::Relaxed) == 0 {
             self.holders.fetch_add(1, Ordering::Relaxed);
         }
         if conn.streams.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -365,10 +451,17 @@ pub(crate) struct StreamGuard {
     idle: Duration,
 }
 
+impl StreamGuard {
+    /// Its request was answered: the connection has served its client.
+    pub(crate) fn served(&self) {
+        self.conn.served.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        if let Some(address) = self.conn.peer_streams.get()
-            && address.fetch_sub(1, Ordering::Relaxed) == 1
+        if let Some(network) = self.conn.peer_streams.get()
+            && network.fetch_sub(1, Ordering::Relaxed) == 1
         {
             self.budget.holders.fetch_sub(1, Ordering::Relaxed);
         }
@@ -396,6 +489,12 @@ impl Coarse {
         self.now_ms.load(Ordering::Relaxed)
     }
 
+    /// `now` plus `d`, in the clock's milliseconds.
+    pub(crate) fn after(&self, d: Duration) -> u64 {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.now().saturating_add(ms)
+    }
+
     fn tick(&self) -> u64 {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.now_ms.store(ms, Ordering::Relaxed);
@@ -414,13 +513,28 @@ pub(crate) struct ConnState {
     pub(crate) deadline: AtomicU64,
     /// Requests in flight on it, once hyper has it.
     pub(crate) streams: AtomicUsize,
+    /// Of `streams`, those whose body has not all arrived: when every
+    /// request in flight is one, the connection waits on its client.
+    pub(crate) bodies: AtomicUsize,
+    /// The earliest body deadline of those (coarse milliseconds; may be
+    /// earlier than any of them, never later), `u64::MAX` with none.
+    pub(crate) body_deadline: AtomicU64,
+    /// The tasks reading those bodies, woken at the body deadline to find
+    /// it passed. A connection's own lock, taken only when a body read
+    /// has to wait.
+    body_wakers: parking_lot::Mutex<Vec<Waker>>,
     /// When it was accepted, in coarse milliseconds.
     pub(crate) since: u64,
-    /// The client's address: streams are shared fairly between addresses.
+    /// The client's address.
     pub(crate) peer: IpAddr,
+    /// The client's network (see [`Budget::group_by`]): connections and
+    /// streams are shared fairly between networks.
+    pub(crate) net: IpAddr,
     /// The client has sent something.
     pub(crate) heard: AtomicBool,
-    /// Its address's requests in flight on hyper connections (set when
+    /// An answer has been sent on it: a client that has been served.
+    pub(crate) served: AtomicBool,
+    /// Its network's requests in flight on hyper connections (set when
     /// its first stream opens).
     pub(crate) peer_streams: std::sync::OnceLock<Arc<AtomicUsize>>,
     /// Hyper serves it: past its deadline it is told to close (GOAWAY)
@@ -433,14 +547,19 @@ pub(crate) struct ConnState {
 }
 
 impl ConnState {
-    pub(crate) fn new(clock: &Coarse, peer: IpAddr) -> ConnState {
+    pub(crate) fn new(budget: &Budget, peer: IpAddr) -> ConnState {
         ConnState {
             idle: AtomicBool::new(true),
             deadline: AtomicU64::new(u64::MAX),
             streams: AtomicUsize::new(0),
-            since: clock.now(),
+            bodies: AtomicUsize::new(0),
+            body_deadline: AtomicU64::new(u64::MAX),
+            body_wakers: parking_lot::Mutex::new(Vec::new()),
+            since: budget.clock.now(),
             peer,
+            net: budget.network(peer),
             heard: AtomicBool::new(false),
+            served: AtomicBool::new(false),
             peer_streams: std::sync::OnceLock::new(),
             hyper: AtomicBool::new(false),
             expiring: AtomicBool::new(false),
@@ -448,14 +567,18 @@ impl ConnState {
         }
     }
 
-    /// In a request on the direct path and waiting on its client (the
-    /// rest of a body). A hyper connection with a request in flight is
-    /// not: its requests may be waiting on a handler or an upstream, and
-    /// the stream caps bound what slow bodies there can hold.
+    /// In a request and waiting on its client: on the direct path, for
+    /// the rest of a body; on hyper, every request in flight waits for
+    /// the rest of its body (a request whose body is in may be waiting on
+    /// a handler or an upstream: its connection is busy).
     pub(crate) fn waits_on_client(&self) -> bool {
-        self.streams.load(Ordering::SeqCst) == 0
-            && !self.idle.load(Ordering::SeqCst)
-            && self.deadline.load(Ordering::Relaxed) != u64::MAX
+        match self.streams.load(Ordering::SeqCst) {
+            0 => {
+                !self.idle.load(Ordering::SeqCst)
+                    && self.deadline.load(Ordering::Relaxed) != u64::MAX
+            }
+            n => self.bodies.load(Ordering::SeqCst) >= n,
+        }
     }
 
     /// Waiting for a request, with none in flight. (A stream's guard may
@@ -465,14 +588,51 @@ impl ConnState {
         self.idle.load(Ordering::SeqCst) && self.streams.load(Ordering::SeqCst) == 0
     }
 
+    /// Sets the connection's deadline `limit` from now, unless it was told
+    /// to close: its grace is given once, and nothing moves it after.
     pub(crate) fn waiting(&self, clock: &Coarse, limit: Duration) {
-        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-        self.deadline
-            .store(clock.now().saturating_add(ms), Ordering::Relaxed);
+        if self.expiring.load(Ordering::Relaxed) {
+            return;
+        }
+        self.deadline.store(clock.after(limit), Ordering::Relaxed);
     }
 
     pub(crate) fn busy(&self) {
         self.deadline.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// A body due at `deadline` begins.
+    pub(crate) fn body_begins(&self, deadline: u64) {
+        self.bodies.fetch_add(1, Ordering::SeqCst);
+        self.body_deadline.fetch_min(deadline, Ordering::Relaxed);
+    }
+
+    /// A body due at `deadline` has to wait for its client: `waker` is
+    /// woken by the sweeper once the deadline has passed.
+    pub(crate) fn body_waits(&self, deadline: u64, waker: &Waker) {
+        let mut wakers = self.body_wakers.lock();
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
+        self.body_deadline.fetch_min(deadline, Ordering::Relaxed);
+    }
+
+    /// A body has all arrived (or failed, or was dropped).
+    pub(crate) fn body_ends(&self) {
+        if self.bodies.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.body_deadline.store(u64::MAX, Ordering::Relaxed);
+        }
+    }
+
+    /// Wakes every body waiting: each finds whether its own deadline has
+    /// passed, and one still due waits again (setting the earliest
+    /// deadline anew).
+    fn wake_bodies(&self) {
+        self.body_deadline.store(u64::MAX, Ordering::Relaxed);
+        let wakers = std::mem::take(&mut *self.body_wakers.lock());
+        for w in wakers {
+            w.wake();
+        }
     }
 }
 
@@ -481,7 +641,7 @@ mod tests {
     use super::*;
 
     fn conn(budget: &Budget, ip: [u8; 4]) -> Arc<ConnState> {
-        Arc::new(ConnState::new(&budget.clock, IpAddr::from(ip)))
+        Arc::new(ConnState::new(budget, IpAddr::from(ip)))
     }
 
     const IDLE: Duration = Duration::from_secs(60);
@@ -513,15 +673,17 @@ mod tests {
             .map(|c| budget.open_stream(c, IDLE).expect("under the bound"))
             .collect();
         assert_eq!(budget.streams(), 100);
-        // Over its share: refused, on a new connection as on an old one.
+        // Over its share: refused, on a new connection as on an old one,
+        // from another address of its network as from its own.
         assert!(budget.open_stream(&attacker[0], IDLE).is_none());
         assert!(
             budget
-                .open_stream(&conn(&budget, [10, 0, 0, 66]), IDLE)
+                .open_stream(&conn(&budget, [10, 0, 0, 67]), IDLE)
                 .is_none()
         );
-        // A gateway's one connection: its share of two holders is 50.
-        let gateway = conn(&budget, [10, 0, 0, 7]);
+        // A gateway's one connection (another network): its share of two
+        // holders is 50.
+        let gateway = conn(&budget, [10, 0, 1, 7]);
         let mine: Vec<_> = (0..50)
             .map(|i| {
                 budget
@@ -538,13 +700,13 @@ mod tests {
         assert_eq!(budget.streams(), 0);
     }
 
-    /// However many addresses ask, the streams stay below twice the bound.
+    /// However many networks ask, the streams stay below twice the bound.
     #[test]
     fn no_more_than_twice_the_bound_in_all() {
         let budget = Budget::new(10_000, 50);
         let mut held = Vec::new();
         for i in 0..1_000u32 {
-            let c = conn(&budget, (0x0a00_0000 + i).to_be_bytes());
+            let c = conn(&budget, (0x0a00_0000 + (i << 8)).to_be_bytes());
             if let Some(g) = budget.open_stream(&c, IDLE) {
                 held.push(g);
             }
@@ -637,12 +799,13 @@ mod tests {
         assert_eq!(left(&budget), [body2]);
     }
 
-    /// A crowd whose connections are all busy on hyper (a stream each,
-    /// its body trickling in) does not make room out of a lone client's
-    /// handshake kept past the grace: nothing is closed until one of the
-    /// crowd's is idle, and then that one goes.
+    /// A crowd whose connections are all busy on hyper (requests in
+    /// flight on a handler) and that holds more than its share when the
+    /// budget is full makes room out of its own busy connections: busy
+    /// connections are capped at the network's fair share. A lone
+    /// client's handshake kept past the grace by a busy machine stays.
     #[tokio::test(start_paused = true)]
-    async fn a_busy_crowd_never_makes_room_out_of_a_lone_client() {
+    async fn a_busy_crowd_over_its_share_makes_room_out_of_its_own() {
         let budget = Budget::new(8, 100);
         let mut guards = Vec::new();
         let mut crowd = Vec::new();
@@ -651,32 +814,126 @@ mod tests {
             c.heard.store(true, Ordering::Relaxed);
             c.hyper.store(true, Ordering::Relaxed);
             guards.push(budget.open_stream(&c, IDLE).unwrap());
-            let id = budget.next_id();
-            budget.register(id, 1, c.clone(), || {
-                tokio::spawn(std::future::pending::<()>()).abort_handle()
-            });
-            crowd.push(id);
+            crowd.push(add(&budget, c));
         }
-        let lone = conn(&budget, [10, 0, 0, 1]);
+        let lone = conn(&budget, [10, 0, 1, 1]);
         lone.heard.store(true, Ordering::Relaxed);
-        let lone_id = budget.next_id();
-        budget.register(lone_id, 1, lone, || {
-            tokio::spawn(std::future::pending::<()>()).abort_handle()
-        });
+        let lone_id = add(&budget, lone);
         tokio::time::advance(GRACE * 2).await;
         budget.clock.tick();
         assert!(budget.full());
-        assert!(
-            !budget.shed_idle(),
-            "the lone client's handshake was closed"
-        );
-        assert!(budget.table.lock().contains_key(&lone_id));
-        // One of the crowd's requests ends: that connection goes.
-        drop(guards.pop());
+        assert!(budget.shed_idle(), "the crowd kept its busy connections");
+        let table = budget.table.lock();
+        assert!(table.contains_key(&lone_id), "the lone client was closed");
+        assert_eq!(table.len(), 7);
+    }
+
+    fn add(budget: &Budget, c: Arc<ConnState>) -> u64 {
+        let id = budget.next_id();
+        budget.register(id, 1, c, || {
+            tokio::spawn(std::future::pending::<()>()).abort_handle()
+        });
+        id
+    }
+
+    /// A hyper connection whose every request waits for its body (a
+    /// chunked body trickling, an HTTP/2 stream whose body never comes)
+    /// waits on its client: it is closed to make room like an idle one,
+    /// where it used to count as busy and hold the budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waiting_for_its_body_on_hyper_is_sheddable() {
+        let budget = Budget::new(2, 100);
+        let waiting = conn(&budget, [10, 0, 0, 1]);
+        waiting.hyper.store(true, Ordering::Relaxed);
+        let _g = budget.open_stream(&waiting, IDLE).unwrap();
+        waiting.body_begins(u64::MAX);
+        assert!(waiting.waits_on_client());
+        let working = conn(&budget, [10, 0, 1, 1]);
+        let _w = budget.open_stream(&working, IDLE).unwrap();
+        assert!(!working.waits_on_client());
+        let waiting_id = add(&budget, waiting.clone());
+        let working_id = add(&budget, working);
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
         assert!(budget.shed_idle());
         let table = budget.table.lock();
-        assert!(table.contains_key(&lone_id));
-        assert!(!table.contains_key(&crowd[6]));
+        assert!(!table.contains_key(&waiting_id));
+        assert!(table.contains_key(&working_id));
+        drop(table);
+        // Its body in: busy again.
+        waiting.body_ends();
+        assert!(!waiting.waits_on_client());
+    }
+
+    /// A served connection is never closed while an unserved one could
+    /// be, even one still in its grace: the accept loop waits the grace
+    /// out, then closes the unserved one.
+    #[tokio::test(start_paused = true)]
+    async fn a_served_connection_goes_after_every_unserved_one() {
+        let budget = Budget::new(2, 10);
+        let kept = conn(&budget, [10, 0, 0, 1]);
+        kept.heard.store(true, Ordering::Relaxed);
+        kept.served.store(true, Ordering::Relaxed);
+        let kept_id = add(&budget, kept);
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        let fresh = conn(&budget, [10, 0, 0, 9]);
+        let fresh_id = add(&budget, fresh);
+        assert!(!budget.shed_idle(), "the served connection was closed");
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        assert!(budget.shed_idle());
+        let table = budget.table.lock();
+        assert!(table.contains_key(&kept_id));
+        assert!(!table.contains_key(&fresh_id));
+    }
+
+    /// Shares are by network: 200 addresses of one /24 holding streams
+    /// are one holder, held at its share, and a client on another network
+    /// gets a stream from the reserve; an IPv6 client's addresses within
+    /// one /64 are one network too.
+    #[test]
+    fn shares_are_by_network_with_a_reserve_for_networks_holding_none() {
+        let budget = Budget::new(10_000, 40);
+        let mut held = Vec::new();
+        for i in 0..200u8 {
+            for _ in 0..2 {
+                if let Some(g) = budget.open_stream(&conn(&budget, [10, 0, 0, i]), IDLE) {
+                    held.push(g);
+                }
+            }
+        }
+        assert_eq!(budget.streams(), 40, "one network, at its share");
+        let fresh = conn(&budget, [10, 9, 0, 1]);
+        held.extend(budget.open_stream(&fresh, IDLE));
+        assert_eq!(budget.streams(), 41, "a fresh network is refused");
+        let v6 = |last: u16| {
+            let ip = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, last);
+            Arc::new(ConnState::new(&budget, IpAddr::from(ip)))
+        };
+        // A hundred addresses of one /64: one network, held at its share
+        // (a third of the bound, with three networks holding), where a
+        // hundred fresh addresses would each have taken the reserve.
+        let before = budget.streams();
+        for i in 1..=100 {
+            if let Some(g) = budget.open_stream(&v6(i), IDLE) {
+                held.push(g);
+            }
+        }
+        let taken = budget.streams() - before;
+        assert!((1..=14).contains(&taken), "{taken} streams for one /64");
+        drop(held);
+        assert_eq!(budget.streams(), 0);
+    }
+
+    /// The stream bound never exceeds the connections the budget carries.
+    #[test]
+    fn the_stream_bound_is_at_most_the_connection_cap() {
+        let budget = Budget::new(100, 4096);
+        assert_eq!(budget.max_streams(), 100);
+        budget.reserve(30);
+        assert_eq!(budget.max_streams(), 70);
+        assert_eq!(Budget::new(100, 10).max_streams(), 10);
     }
 
     #[test]

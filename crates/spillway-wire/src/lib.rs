@@ -8,8 +8,8 @@
 //!   parsed in place and given to a [`Handler`]; the first request that is
 //!   anything else hands the connection, with the bytes already read, to
 //!   hyper and the handler's fallback service. Every connection has a head
-//!   deadline, an idle timeout, a body-progress timeout and a write timeout,
-//!   and the number of connections is capped ([`Limits`]).
+//!   deadline, an idle timeout, a whole-body deadline and a write timeout,
+//!   and the number of connections is capped ([`Limits`], [`Budget`]).
 //! - [`stream`]: what connections run over: plain TCP, or (feature `tls`)
 //!   TLS, whose handshake is bounded and capped like any connection.
 //! - [`client`]: a pooled HTTP/1.1 client to one upstream that writes its
@@ -35,8 +35,9 @@ mod streams;
 pub mod write;
 
 pub use budget::Budget;
-pub use headers::{HOP_BY_HOP, Headers, Sole};
+pub use headers::{Disagree, HOP_BY_HOP, Headers, Sole};
 pub use server::{ClientConn, Handler, Limits, Message, serve, serve_in, serve_on};
+pub use streams::{BodyError, RequestBody};
 #[cfg(feature = "tls")]
 pub use stream::Tls;
 pub use stream::{Accept, PlainTcp};

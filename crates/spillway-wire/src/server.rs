@@ -10,14 +10,17 @@
 //!
 //! Every connection is bounded in time ([`Limits`]): a whole request head
 //! must arrive within `head_timeout`, a keep-alive connection may wait
-//! `idle_timeout` for its next request, a body must keep arriving
-//! (`body_timeout` per read) and an answer must be taken by the client
-//! (`write_timeout` per write). The number of connections is capped, for
+//! `idle_timeout` for its next request, a whole body must arrive within
+//! `body_timeout` of its head (on the direct path and on hyper's alike:
+//! bytes arriving do not extend it) and an answer must be taken by the
+//! client (`write_timeout` per write). The number of connections is capped, for
 //! every listener of a process at once ([`Budget`]): at the cap, the
 //! connection that has waited longest for a request is closed to make
 //! room, and when the process runs out of descriptors, accepting backs off
 //! and idle connections are shed, so a flood of idle sockets cannot stop
-//! new clients from being answered. A connection handed to hyper keeps the
+//! new clients from being answered. A request whose body has not all
+//! arrived waits on its client, on either path: its connection is shed
+//! like an idle one. A connection handed to hyper keeps the
 //! same deadlines, HTTP/2 streams are capped per connection
 //! (`max_streams`) and process-wide (the budget), and a connection with no
 //! request in flight gets no more time for bytes that open none.
@@ -32,7 +35,6 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use http::StatusCode;
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -131,7 +133,7 @@ pub trait Handler: Send + Sync + 'static {
         + 'static;
     /// The hyper service for requests the direct path does not take.
     type Fallback: hyper::service::Service<
-            http::Request<Incoming>,
+            http::Request<crate::RequestBody>,
             Response = http::Response<Self::Body>,
             Error = Infallible,
             Future: Send + Unpin + 'static,
@@ -212,6 +214,8 @@ pub async fn serve_in<A: Accept, H: Handler>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let acceptor = Arc::new(accept);
+    budget.group_by(limits.ipv4_prefix, limits.ipv6_prefix);
+    size_backlog(&listener, limits.listen_backlog);
     budget.start_sweeping();
     let drain = Arc::new(Drain {
         stopping: AtomicBool::new(false),
@@ -269,7 +273,7 @@ pub async fn serve_in<A: Accept, H: Handler>(
         };
         let _ = tcp.set_nodelay(true);
         let id = budget.next_id();
-        let state = Arc::new(ConnState::new(&budget.clock, peer.ip()));
+        let state = Arc::new(ConnState::new(budget, peer.ip()));
         // Nothing sent yet: the first request's head (or the handshake)
         // must arrive within the head timeout.
         state.waiting(&budget.clock, limits.head_timeout);
@@ -313,6 +317,19 @@ async fn finish(
     drain.budget.abort_listener(drain.listener, false);
     date.abort();
     Ok(())
+}
+
+/// Sets `listener`'s accept queue to `backlog` connections (Linux takes a
+/// second `listen` on a listening socket as a new size; the kernel caps
+/// it at `net.core.somaxconn`). Tokio binds with 128, as the standard
+/// library does: a flood that reconnects as fast as it is shed fills that,
+/// and a legitimate client's SYN is then dropped and retried a second
+/// later. A listener that cannot be resized keeps serving as it is.
+fn size_backlog(listener: &TcpListener, backlog: u32) {
+    let n = i32::try_from(backlog).unwrap_or(i32::MAX);
+    if let Err(e) = socket2::SockRef::from(listener).listen(n) {
+        tracing::warn!(error = %e, backlog, "cannot size the listen backlog; keeping the system's");
+    }
 }
 
 fn is_out_of_descriptors(e: &io::Error) -> bool {
@@ -490,6 +507,7 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             let step = self.step(&buf, max_body, &mut tcp, &mut out).await;
             match step {
                 Step::Served { consumed, keep } => {
+                    self.state.served.store(true, Ordering::Relaxed);
                     buf.advance(consumed);
                     if !keep || self.drain.stopping.load(Ordering::Relaxed) {
                         let _ =
@@ -524,10 +542,14 @@ impl<H: Handler, A: Accept> Conn<H, A> {
                 }
                 Step::NeedBody => {
                     self.state.idle.store(false, Ordering::Relaxed);
-                    // Each read of the body has its own time.
-                    waiting_for = Wait::Body;
-                    self.state
-                        .waiting(&self.drain.budget.clock, self.limits.body_timeout);
+                    // The whole body has its time from the end of the
+                    // head: a read does not extend it (a byte every few
+                    // seconds would hold the connection forever).
+                    if waiting_for != Wait::Body {
+                        waiting_for = Wait::Body;
+                        self.state
+                            .waiting(&self.drain.budget.clock, self.limits.body_timeout);
+                    }
                 }
             }
             if let Read::Done = read_more(&mut tcp, &mut buf).await {
@@ -660,6 +682,7 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             budget: self.drain.budget.clone(),
             conn: self.state.clone(),
             idle: self.limits.idle_timeout,
+            body: self.limits.body_timeout,
         };
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         if self.limits.http2_only {

@@ -9,6 +9,11 @@
 //! new request does (a PING or SETTINGS flood keeps nothing open). At the
 //! process's stream bound, a connection over its share is answered 503 at
 //! once, which costs a few bytes instead of a held stream.
+//!
+//! A request's body is handed on as a [`RequestBody`]: while it has not
+//! all arrived, the request waits on its client (a connection whose every
+//! request does may be closed to make room, see [`Budget`]), and the body
+//! has `body_timeout` in all from the request's head.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,17 +28,178 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use crate::budget::{Budget, ConnState, StreamGuard};
 
+/// A request body read on hyper's path, as the handler's fallback service
+/// receives it: hyper's body, bounded in time as a whole.
+///
+/// While it has not all arrived, its request counts as waiting on its
+/// client: a connection whose every request in flight waits so may be
+/// closed to make room like an idle one (a chunked body trickled a byte
+/// at a time, or an HTTP/2 stream whose body never comes, no longer makes
+/// its connection "busy"). The whole body must arrive within the
+/// listener's `body_timeout` from its request's head; past it, the next
+/// read fails with [`BodyError::TimedOut`] (the process's deadline sweeper
+/// wakes a read that waits, so no timer is set per body). Bytes arriving
+/// do not extend the deadline.
+pub struct RequestBody {
+    inner: Incoming,
+    /// While the body is unfinished: what it is counted on, and its
+    /// deadline.
+    watch: Option<Watch>,
+}
+
+struct Watch {
+    budget: Arc<Budget>,
+    conn: Arc<ConnState>,
+    /// In the budget's coarse milliseconds.
+    deadline: u64,
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody")
+            .field("inner", &self.inner)
+            .field("watched", &self.watch.is_some())
+            .finish()
+    }
+}
+
+impl RequestBody {
+    /// `inner`, counted on `conn` and due `body` from now if unfinished.
+    fn new(
+        inner: Incoming,
+        budget: &Arc<Budget>,
+        conn: &Arc<ConnState>,
+        body: Duration,
+    ) -> RequestBody {
+        let watch = (!inner.is_end_stream()).then(|| {
+            let deadline = budget.clock.after(body);
+            conn.body_begins(deadline);
+            Watch {
+                budget: budget.clone(),
+                conn: conn.clone(),
+                deadline,
+            }
+        });
+        RequestBody { inner, watch }
+    }
+
+    fn finish(&mut self) {
+        if let Some(w) = self.watch.take() {
+            w.conn.body_ends();
+        }
+    }
+}
+
+impl Drop for RequestBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Why a request body could not be read.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BodyError {
+    /// hyper's: the client broke the body (cut short, bad framing, a
+    /// reset stream).
+    Hyper(hyper::Error),
+    /// The body did not all arrive within the body timeout.
+    TimedOut,
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Hyper(e) => write!(f, "the request body failed: {e}"),
+            BodyError::TimedOut => f.write_str("the request body did not arrive in time"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BodyError::Hyper(e) => Some(e),
+            BodyError::TimedOut => None,
+        }
+    }
+}
+
+impl BodyError {
+    /// Whether `e`, or an error it wraps, is a body that timed out.
+    pub fn timed_out_in(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut next = Some(e);
+        while let Some(err) = next {
+            if matches!(err.downcast_ref::<BodyError>(), Some(BodyError::TimedOut)) {
+                return true;
+            }
+            next = err.source();
+        }
+        false
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = &mut *self;
+        if let Some(w) = &this.watch
+            && w.budget.clock.now() >= w.deadline
+        {
+            this.finish();
+            return Poll::Ready(Some(Err(BodyError::TimedOut)));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if let Some(w) = &this.watch {
+                    w.conn.body_waits(w.deadline, cx.waker());
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                if this.inner.is_end_stream() {
+                    this.finish();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                this.finish();
+                Poll::Ready(Some(Err(BodyError::Hyper(e))))
+            }
+            Poll::Ready(None) => {
+                this.finish();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The handler's fallback service, its requests counted.
 pub(crate) struct Counted<S> {
     pub(crate) inner: S,
     pub(crate) budget: Arc<Budget>,
     pub(crate) conn: Arc<ConnState>,
     pub(crate) idle: Duration,
+    /// `body_timeout`: each body's time in all.
+    pub(crate) body: Duration,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>,
+    S: hyper::service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>,
     S::Future: Unpin,
     B: Body + Unpin,
 {
@@ -43,10 +209,13 @@ where
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         match self.budget.open_stream(&self.conn, self.idle) {
-            Some(guard) => CountedFuture {
-                inner: Some(self.inner.call(req)),
-                guard: Some(guard),
-            },
+            Some(guard) => {
+                let req = req.map(|b| RequestBody::new(b, &self.budget, &self.conn, self.body));
+                CountedFuture {
+                    inner: Some(self.inner.call(req)),
+                    guard: Some(guard),
+                }
+            }
             None => CountedFuture {
                 inner: None,
                 guard: None,
@@ -77,6 +246,10 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(res)) => {
                 let guard = this.guard.take();
+                if let Some(g) = &guard {
+                    // Answered: a client that has been served.
+                    g.served();
+                }
                 Poll::Ready(Ok(res.map(|body| CountedBody::Body { body, guard })))
             }
         }

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use hyper::body::Incoming;
 use spillway_wire::head::RequestHead;
-use spillway_wire::{ClientConn, Handler, Limits, Message};
+use spillway_wire::{BodyError, ClientConn, Handler, Limits, Message, RequestBody};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -23,13 +22,37 @@ struct Echo;
 #[derive(Debug, Clone)]
 struct Fallback;
 
-impl hyper::service::Service<http::Request<Incoming>> for Fallback {
+impl hyper::service::Service<http::Request<RequestBody>> for Fallback {
     type Response = http::Response<String>;
     type Error = Infallible;
-    type Future = std::future::Ready<Result<http::Response<String>, Infallible>>;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<http::Response<String>, Infallible>> + Send>,
+    >;
 
-    fn call(&self, _: http::Request<Incoming>) -> Self::Future {
-        std::future::ready(Ok(http::Response::new("hyper".to_string())))
+    /// `/read` reads the whole body first: 408 if it timed out, 400 if it
+    /// broke.
+    fn call(&self, req: http::Request<RequestBody>) -> Self::Future {
+        Box::pin(async move {
+            if req.uri().path() != "/read" {
+                return Ok(http::Response::new("hyper".to_string()));
+            }
+            let mut body = req.into_body();
+            loop {
+                use hyper::body::Body as _;
+                let frame =
+                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await;
+                let status = match frame {
+                    None => break,
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) if BodyError::timed_out_in(&e) => StatusCode::REQUEST_TIMEOUT,
+                    Some(Err(_)) => StatusCode::BAD_REQUEST,
+                };
+                let mut res = http::Response::new("body failed".to_string());
+                *res.status_mut() = status;
+                return Ok(res);
+            }
+            Ok(http::Response::new("read".to_string()))
+        })
     }
 }
 
@@ -43,7 +66,7 @@ impl Handler for Echo {
     }
 
     fn route(&self, head: &RequestHead<'_, '_>) -> Option<()> {
-        (head.path() == "/direct").then_some(())
+        matches!(head.path(), "/direct" | "/hang").then_some(())
     }
 
     async fn serve<'a>(
@@ -53,6 +76,10 @@ impl Handler for Echo {
         conn: &'a mut ClientConn<'_>,
         out: &'a mut Vec<u8>,
     ) -> bool {
+        if msg.head.path() == "/hang" {
+            // Busy for ever: its connection is never idle.
+            std::future::pending::<()>().await;
+        }
         spillway_wire::write::answer(
             out,
             StatusCode::OK,
@@ -136,6 +163,119 @@ async fn plain_tcp_serves_both_paths() {
     both_paths(|| async { TcpStream::connect(addr).await.unwrap() }).await;
     let _ = stop.send(());
     server.await.unwrap().unwrap();
+}
+
+/// A body trickled a byte every 300 ms, on `conn` (after `head`), until
+/// the server answers or closes: what it said, or `None` if it still read
+/// after 20 s.
+async fn trickle<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut S,
+    head: &[u8],
+    byte: &[u8],
+) -> Option<String> {
+    conn.write_all(head).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(20) {
+        if conn.write_all(byte).await.is_err() {
+            return Some(String::new());
+        }
+        let _ = conn.flush().await;
+        match tokio::time::timeout(Duration::from_millis(300), conn.read(&mut buf)).await {
+            Err(_) => {}
+            Ok(Ok(n)) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Ok(Err(_)) => return Some(String::new()),
+        }
+    }
+    None
+}
+
+const CHUNKED: &[u8] = b"POST /read HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n";
+const BY_LENGTH: &[u8] = b"POST /direct HTTP/1.1\r\nhost: x\r\ncontent-length: 500\r\n\r\n";
+
+/// Issue 35: `body_timeout` bounds the whole body, on the direct path (a
+/// body by length: each read used to re-arm it) and on hyper's (a chunked
+/// body: every byte used to push the idle deadline on, and no body
+/// deadline applied). Over TLS too: see `tls::a_trickled_body_is_cut_over_tls`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_at_the_body_timeout_on_both_paths() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits {
+        body_timeout: Duration::from_secs(1),
+        ..limits()
+    };
+    tokio::spawn(spillway_wire::serve(
+        listener,
+        Arc::new(Echo),
+        limits,
+        std::future::pending(),
+    ));
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let said = trickle(&mut conn, CHUNKED, b"1\r\na\r\n").await;
+    let said = said.expect("a chunked body trickled for 20 s was still read");
+    assert!(said.starts_with("HTTP/1.1 408"), "{said:?}");
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let said = trickle(&mut conn, BY_LENGTH, b"a").await;
+    assert!(
+        said.is_some(),
+        "a body by length trickled for 20 s was still read"
+    );
+}
+
+/// Issue 35: the listen backlog is sized for floods (511): while the
+/// connection cap is full of busy connections, 300 more connections are
+/// queued by the kernel rather than dropped (Tokio's 128 dropped the
+/// rest, whose clients then waited for a SYN retransmit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listen_backlog_queues_a_flood_while_the_cap_is_full() {
+    let somaxconn: usize = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    if somaxconn < 400 {
+        eprintln!("net.core.somaxconn is {somaxconn}: the backlog cannot be shown here");
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = Limits {
+        max_connections: 2,
+        ..limits()
+    };
+    tokio::spawn(spillway_wire::serve(
+        listener,
+        Arc::new(Echo),
+        limits,
+        std::future::pending(),
+    ));
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        held.push(c);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut tries = tokio::task::JoinSet::new();
+    for _ in 0..300 {
+        tries.spawn(async move {
+            tokio::time::timeout(Duration::from_millis(800), TcpStream::connect(addr))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        });
+    }
+    let mut queued = Vec::new();
+    while let Some(t) = tries.join_next().await {
+        queued.extend(t.unwrap());
+    }
+    assert!(
+        queued.len() >= 290,
+        "only {} of 300 connections were queued",
+        queued.len()
+    );
 }
 
 #[cfg(feature = "tls")]
@@ -226,6 +366,23 @@ mod tls {
             start.elapsed() < Duration::from_secs(10),
             "{:?}",
             start.elapsed()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_trickled_body_is_cut_over_tls() {
+        let (addr, tls) = start(Limits {
+            body_timeout: Duration::from_secs(1),
+            ..limits()
+        })
+        .await;
+        let said = trickle(&mut connect(addr, &tls).await, CHUNKED, b"1\r\na\r\n").await;
+        let said = said.expect("a chunked body trickled for 20 s was still read");
+        assert!(said.starts_with("HTTP/1.1 408"), "{said:?}");
+        let said = trickle(&mut connect(addr, &tls).await, BY_LENGTH, b"a").await;
+        assert!(
+            said.is_some(),
+            "a body by length trickled for 20 s was still read"
         );
     }
 

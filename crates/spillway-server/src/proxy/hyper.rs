@@ -289,7 +289,12 @@ impl HyperProxy {
             Ok(Err(e)) if client_body_failed(&e) => {
                 // The client's fault: its slot is freed, no sample.
                 drop(turn);
-                return problem(&self.proxy.bad_body(), Some(&checked));
+                let p = if spillway_wire::BodyError::timed_out_in(&e) {
+                    self.proxy.slow_body()
+                } else {
+                    self.proxy.bad_body()
+                };
+                return problem(&p, Some(&checked));
             }
             Ok(Err(e)) if at_capacity(&e) => {
                 drop(turn);
@@ -449,7 +454,15 @@ async fn buffer(body: Body, cap: usize, timeout: Duration) -> Result<Body, BodyF
             else {
                 return Ok(true);
             };
-            let frame = frame.map_err(|_| BodyFailed::Broken)?;
+            // Past `server.body_timeout` in all (the wire's deadline for
+            // a whole body): 408, as a buffer that waited too long.
+            let frame = frame.map_err(|e| {
+                if spillway_wire::BodyError::timed_out_in(&e) {
+                    BodyFailed::Slow
+                } else {
+                    BodyFailed::Broken
+                }
+            })?;
             match frame.into_data() {
                 Ok(data) => {
                     len = len.saturating_add(data.len());

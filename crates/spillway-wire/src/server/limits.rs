@@ -10,7 +10,9 @@ pub struct Limits {
     /// A connection may wait this long for its next request (and a hyper
     /// connection this long with nothing moving either way).
     pub idle_timeout: Duration,
-    /// Each read of a request body must bring bytes within this.
+    /// A request's whole body must arrive within this, from the end of its
+    /// head, on every path (direct, hyper's HTTP/1.1, HTTP/2 streams,
+    /// TLS); bytes arriving do not extend it.
     pub body_timeout: Duration,
     /// Each write of an answer must be taken by the client within this.
     pub write_timeout: Duration,
@@ -34,6 +36,18 @@ pub struct Limits {
     /// Whether the listener speaks HTTP/2 only (gRPC): an HTTP/1.1 request
     /// ends its connection.
     pub http2_only: bool,
+    /// Connections the kernel queues for accepting (the listen backlog):
+    /// 511, as nginx, where Tokio's 128 filled under a reconnecting flood
+    /// and left legitimate clients waiting for SYN retransmits. The
+    /// kernel caps it at `net.core.somaxconn`.
+    pub listen_backlog: u32,
+    /// Prefix length by which IPv4 clients are grouped into one network
+    /// for fair shares of connections and streams (consulted only at the
+    /// connection cap or the stream bound).
+    pub ipv4_prefix: u8,
+    /// As `ipv4_prefix`, for IPv6: 64, the prefix a single subscriber
+    /// usually holds whole.
+    pub ipv6_prefix: u8,
 }
 
 impl Default for Limits {
@@ -49,6 +63,9 @@ impl Default for Limits {
             drain_timeout: Duration::from_secs(30),
             direct_path: true,
             http2_only: false,
+            listen_backlog: 511,
+            ipv4_prefix: 24,
+            ipv6_prefix: 64,
         }
     }
 }

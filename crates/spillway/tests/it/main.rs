@@ -26,6 +26,7 @@ mod secrets;
 mod simulate;
 mod simulate_report;
 mod smuggling;
+mod stall;
 mod sync;
 mod tls;
 mod util;

@@ -299,7 +299,11 @@ impl Attributes for Attrs<'_> {
         self.id.ip.as_deref()
     }
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
+        // As bytes: `to_str` refuses every byte past ASCII, so `é` would
+        // read as missing and skip the rule.
+        self.headers
+            .get(name)
+            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
     }
     fn descriptor(&self, name: &str) -> Option<&str> {
         self.id

@@ -386,3 +386,38 @@ async fn a_cost_the_service_reports_is_charged_after_the_answer() {
     assert_eq!(statuses, [200, 200, 429, 429, 429, 429]);
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// A `by: header:` key past ASCII (`é`) is read as the text it is: it
+/// used to read as missing, which skipped the rule.
+#[tokio::test]
+async fn a_header_key_past_ascii_is_counted() {
+    let rule = Rule::new(
+        "per-key",
+        None,
+        KeySpec::parse("header:x-key").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(1, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    ));
+    let layer = RateLimitLayer::new(limiter, |_: &http::Request<Body>| Identity::default());
+    let url = serve(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    let c = reqwest::Client::new();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let v = reqwest::header::HeaderValue::from_bytes("caf\u{e9}".as_bytes()).unwrap();
+        let r = c.get(&url).header("x-key", v).send().await.unwrap();
+        seen.push(r.status().as_u16());
+    }
+    assert_eq!(seen, [200, 429]);
+}

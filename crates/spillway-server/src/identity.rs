@@ -231,7 +231,11 @@ fn query_values<'a>(query: &'a str, name: &'a str) -> impl Iterator<Item = Vec<u
 /// digits is itself.
 fn form_decode(s: &str) -> Vec<u8> {
     let b = s.as_bytes();
-    let hex = |c: u8| char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let hex = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
@@ -527,7 +531,10 @@ mod tests {
         assert!(client_ip(peer, &xff("6.6.6.6, garbage, 10.0.0.2"), &trusted).is_err());
         let raw = {
             let mut h = HeaderMap::new();
-            h.insert("x-forwarded-for", HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap());
+            h.insert(
+                "x-forwarded-for",
+                HeaderValue::from_bytes(b"1.2.3.4\xff").unwrap(),
+            );
             h
         };
         assert!(client_ip(peer, &raw, &trusted).is_err(), "not text");
@@ -548,7 +555,10 @@ mod tests {
             header::FORWARDED,
             "for=203.0.113.9, proto=https;by=10.0.0.9",
         );
-        assert_eq!(client_ip(ip("10.0.0.1"), &g, &trusted), Ok(ip("203.0.113.9")));
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &g, &trusted),
+            Ok(ip("203.0.113.9"))
+        );
         // An untrusted peer's headers are not read, so never refuse it.
         assert_eq!(
             client_ip(ip("192.0.2.1"), &xff("unknown"), &trusted),
@@ -567,7 +577,10 @@ mod tests {
         let gw = ip("10.0.0.1");
         let mut h = HeaderMap::new();
         h.append("x-real-ip", HeaderValue::from_static("198.51.100.9"));
-        assert_eq!(id.who(gw, &h, None, true).unwrap().ip.as_str(), "198.51.100.9");
+        assert_eq!(
+            id.who(gw, &h, None, true).unwrap().ip.as_str(),
+            "198.51.100.9"
+        );
         h.append("x-real-ip", HeaderValue::from_static("198.51.100.9"));
         assert!(id.who(gw, &h, None, true).is_ok());
         h.append("x-real-ip", HeaderValue::from_static("6.6.6.6"));
@@ -575,7 +588,10 @@ mod tests {
         let bad = one_header("x-real-ip", "nope");
         assert!(id.who(gw, &bad, None, true).is_err());
         // Not read at all by the proxy (real_ip false).
-        assert_eq!(id.who(gw, &bad, None, false).unwrap().ip.as_str(), "10.0.0.1");
+        assert_eq!(
+            id.who(gw, &bad, None, false).unwrap().ip.as_str(),
+            "10.0.0.1"
+        );
     }
 
     /// The user: text, once; a query parameter percent-decoded, refused
@@ -599,11 +615,17 @@ mod tests {
             trusted: Vec::new(),
         };
         let none = HeaderMap::new();
-        assert_eq!(by_query.user(&none, Some("u=al%69ce+b&x=1")), Ok(Some("alice b".into())));
+        assert_eq!(
+            by_query.user(&none, Some("u=al%69ce+b&x=1")),
+            Ok(Some("alice b".into()))
+        );
         assert_eq!(by_query.user(&none, Some("x=1")), Ok(None));
         assert!(by_query.user(&none, Some("u=%FF")).is_err());
         assert!(by_query.user(&none, Some("u=a&u=b")).is_err());
-        assert_eq!(by_query.user(&none, Some("u=100%")), Ok(Some("100%".into())));
+        assert_eq!(
+            by_query.user(&none, Some("u=100%")),
+            Ok(Some("100%".into()))
+        );
     }
 
     proptest::proptest! {

@@ -528,7 +528,10 @@ async fn raw_bytes_in_the_forwarded_uri_never_step_around_a_route() {
             .await
             .unwrap();
         seen.push(answer.get(9..12).unwrap_or("").to_string());
-        assert!(answer.contains("\"login\""), "the login rule decided: {answer}");
+        assert!(
+            answer.contains("\"login\""),
+            "the login rule decided: {answer}"
+        );
     }
     assert_eq!(seen, ["200", "200", "200", "429", "429"]);
 }
@@ -572,8 +575,8 @@ rules:
                 for more in [0, 40] {
                     let answer = raw_call(&addr, &gateway_call(&uri, more));
                     let status = answer.get(9..12).unwrap_or("");
-                    let decided = matches!(status, "200" | "429")
-                        && answer.contains(&format!("\"{rule}\""));
+                    let decided =
+                        matches!(status, "200" | "429") && answer.contains(&format!("\"{rule}\""));
                     if !(decided || status == "400") {
                         failures.push(format!(
                             "byte {b:#04x} in {rule} with {more} more headers: {}",
@@ -608,7 +611,10 @@ async fn forwarding_headers_that_disagree_refuse_the_call() {
     for pairs in [
         &[("x-forwarded-uri", "/login"), ("x-forwarded-uri", "/other")][..],
         &[("x-forwarded-uri", "/login"), ("x-original-uri", "/other")],
-        &[("x-forwarded-method", "POST"), ("x-forwarded-method", "GET")],
+        &[
+            ("x-forwarded-method", "POST"),
+            ("x-forwarded-method", "GET"),
+        ],
         &[("x-real-ip", "203.0.113.1"), ("x-real-ip", "203.0.113.2")],
         &[("x-forwarded-for", "unknown")],
     ] {

@@ -423,10 +423,16 @@ async fn behind(name: &'static str) {
     let logins_before = app_saw(&|r| r.method == "POST" && r.path() == "/login");
     let mut statuses = Vec::new();
     for i in 0..12 {
-        let query: &[u8] = if i % 2 == 0 { b"\xff" } else { "\u{e9}".as_bytes() };
+        let query: &[u8] = if i % 2 == 0 {
+            b"\xff"
+        } else {
+            "\u{e9}".as_bytes()
+        };
         let mut req = b"POST /login?".to_vec();
         req.extend_from_slice(query);
-        req.extend_from_slice(b" HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\nconnection: close\r\n");
+        req.extend_from_slice(
+            b" HTTP/1.1\r\nhost: app\r\ncontent-length: 6\r\nconnection: close\r\n",
+        );
         if i >= 6 {
             for n in 0..40 {
                 req.extend_from_slice(format!("x-filler-{n}: f\r\n").as_bytes());

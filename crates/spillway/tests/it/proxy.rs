@@ -684,7 +684,10 @@ async fn a_name_that_cannot_be_read_is_refused_never_passed_over(path: Path) {
     );
     let (s, _dir) = proxy_with(path, &yaml, &[]);
     let bad = |name: &'static str, value: &'static [u8]| {
-        (name, reqwest::header::HeaderValue::from_bytes(value).unwrap())
+        (
+            name,
+            reqwest::header::HeaderValue::from_bytes(value).unwrap(),
+        )
     };
     for c in [client(), h2_client()] {
         for (path, (name, value)) in [
@@ -711,8 +714,18 @@ async fn a_name_that_cannot_be_read_is_refused_never_passed_over(path: Path) {
     assert!(up.requests_to("/hello").is_empty() && up.requests_to("/keyed").is_empty());
     let c = client();
     let statuses = [
-        c.get(s.url("/keyed")).header("x-key", "k").send().await.unwrap().status(),
-        c.get(s.url("/keyed")).header("x-key", "k").send().await.unwrap().status(),
+        c.get(s.url("/keyed"))
+            .header("x-key", "k")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        c.get(s.url("/keyed"))
+            .header("x-key", "k")
+            .send()
+            .await
+            .unwrap()
+            .status(),
     ];
     assert_eq!(statuses.map(|s| s.as_u16()), [200, 429]);
 }

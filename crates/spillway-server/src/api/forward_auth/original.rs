@@ -132,7 +132,10 @@ fn one_of<'a, H: Headers + ?Sized, T: PartialEq>(
 
 /// `name`'s value, trimmed, unless absent or empty (Caddy's
 /// `header_up Name ""` sends the header empty; it means none).
-fn present<'a, H: Headers + ?Sized>(headers: &'a H, name: &str) -> Result<Option<&'a [u8]>, Unreadable> {
+fn present<'a, H: Headers + ?Sized>(
+    headers: &'a H,
+    name: &str,
+) -> Result<Option<&'a [u8]>, Unreadable> {
     match headers.agreed(name) {
         Ok(v) => Ok(v.map(<[u8]>::trim_ascii).filter(|v| !v.is_empty())),
         Err(_) => Err(Unreadable(format!(
@@ -283,8 +286,8 @@ mod tests {
         assert_eq!(o.query(), Some("a=1"));
         assert_eq!(o.host, Some("api.example.com"));
 
-        let o = from_gateway(&[("x-original-method", "PUT"), ("x-original-uri", "/second")])
-            .unwrap();
+        let o =
+            from_gateway(&[("x-original-method", "PUT"), ("x-original-uri", "/second")]).unwrap();
         assert_eq!((o.method, &*o.target), ("PUT", "/second"));
         let o = from_gateway(&[("x-original-url", "https://example.com/third?x=1#frag")]).unwrap();
         assert_eq!(o.target, "/third?x=1");
@@ -301,9 +304,18 @@ mod tests {
     #[test]
     fn sources_that_disagree_refuse_the_call() {
         for pairs in [
-            &[("x-forwarded-uri", "/login"), ("x-forwarded-uri", "/harmless")][..],
-            &[("x-forwarded-uri", "/login"), ("x-original-uri", "/harmless")],
-            &[("x-forwarded-method", "POST"), ("x-forwarded-method", "GET")],
+            &[
+                ("x-forwarded-uri", "/login"),
+                ("x-forwarded-uri", "/harmless"),
+            ][..],
+            &[
+                ("x-forwarded-uri", "/login"),
+                ("x-original-uri", "/harmless"),
+            ],
+            &[
+                ("x-forwarded-method", "POST"),
+                ("x-forwarded-method", "GET"),
+            ],
             &[("x-forwarded-method", "POST"), ("x-original-method", "GET")],
             &[("x-forwarded-host", "a"), ("x-forwarded-host", "b")],
             &[("x-original-url", "https://h/a"), ("x-original-uri", "/b")],
@@ -312,11 +324,14 @@ mod tests {
             assert!(e.0.contains("different"), "{pairs:?}: {e}");
         }
         // The same value twice is one value.
-        let o = from_gateway(&[("x-forwarded-uri", "/login"), ("x-forwarded-uri", "/login")])
-            .unwrap();
+        let o =
+            from_gateway(&[("x-forwarded-uri", "/login"), ("x-forwarded-uri", "/login")]).unwrap();
         assert_eq!(o.target, "/login");
-        let o = from_gateway(&[("x-original-url", "https://h/a?b"), ("x-original-uri", "/a?b")])
-            .unwrap();
+        let o = from_gateway(&[
+            ("x-original-url", "https://h/a?b"),
+            ("x-original-uri", "/a?b"),
+        ])
+        .unwrap();
         assert_eq!(o.target, "/a?b");
     }
 

@@ -17,7 +17,8 @@
 -- call and of reading the clock.
 --
 -- KEYS[i]  where the i-th limit lives (decisions in order, their rules in
---          order, their limits in order): for the sliding log its own list;
+--          order, their limits in order): for the sliding log its own list
+--          (of runs: see RUN);
 --          for every other algorithm the hash ("bucket") that holds its state
 --          in one field, next to the states of other clients whose tags fall
 --          in the same bucket
@@ -366,87 +367,194 @@ local function store(key, field, code, e, now, known, v1, v2, v3)
   end
 end
 
--- Reads a sliding log: its length, how many of its oldest entries have
--- left the window, its newest entry, and its first entries as read. A
--- short log (the usual case) is one LRANGE. A long one is read from its
--- head in chunks only as far as its first live entry, plus LLEN and its
--- newest entry: a log of 500 entries costs a few calls, not 500 values.
+-- A sliding log is a list of runs, oldest first: equal admission times
+-- are stored once, with a count, so a request of any cost adds at most
+-- one element and a log's memory grows with how many requests it
+-- admitted, never with what they cost (one element per unit let a
+-- single `cost: 100000` take 100,000 elements). A run is 17 bytes
+-- (RUN): 0 (a format mark: the old format stored each unit as its own
+-- element, in decimal text), the time in microseconds, its count, and
+-- the count through it since the list began modulo 2^32, so a log's
+-- count is its newest run's minus what came before its oldest, and a
+-- unit's run is found by binary search. A list in the old format is
+-- rewritten in runs when first read (`log_migrate`): nothing it counted
+-- is lost. (The old script cannot read runs: during a rolling upgrade an
+-- instance still running it gets a script error, its store-error
+-- policy, on a log a new instance has written.) Counts through are
+-- kept modulo 2^32: a log holds at most 100,001 units, so differences
+-- stay exact.
+local RUN = '>BdI4I4'
+local WRAP = 4294967296
 local CHUNK = 16
+
+-- A run's time, count and count through it.
+local function run(e)
+  local _, t, n, c = bunpack(RUN, e)
+  return t, n, c
+end
+
+-- Rewrites a list of the old format (or one mixing both) in runs, its
+-- TTL kept. Once per list: the script writes only runs.
+local function log_migrate(key)
+  local ttl = redis.call('PTTL', key)
+  local all = redis.call('LRANGE', key, 0, -1)
+  local ts, ns = {}, {}
+  for i = 1, #all do
+    local e, t, n = all[i], nil, 1
+    if string.byte(e, 1) == 0 then t, n = run(e) else t = tonumber(e) end
+    if #ts > 0 and t <= ts[#ts] then
+      ns[#ns] = ns[#ns] + n
+    else
+      ts[#ts + 1], ns[#ns + 1] = t, n
+    end
+  end
+  redis.call('DEL', key)
+  local items, c = {}, 0
+  for i = 1, #ts do
+    c = (c + ns[i]) % WRAP
+    items[i] = bpack(RUN, 0, ts[i], ns[i], c)
+  end
+  local i = 1
+  while i <= #items do
+    local e = min(i + 999, #items)
+    redis.call('RPUSH', key, unpack(items, i, e))
+    i = e + 1
+  end
+  if #items > 0 and ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+
+-- Reads a sliding log: its count of units, how many of its oldest units
+-- have left the window, its newest time, its first elements as read,
+-- how many elements hold the units that left, the count before its
+-- oldest unit, its newest run's count and count through, and its number
+-- of elements. A short log (the usual case) is one LRANGE. A long one is
+-- read from its head in chunks only as far as its first live run, plus
+-- LLEN and its newest run: a log of 500 runs costs a few calls, not 500
+-- values.
 local function log_read(key, a, now)
   local head = redis.call('LRANGE', key, 0, CHUNK - 1)
-  local len, newest = #head, nil
-  if len > 0 then newest = tonumber(head[len]) end
-  if len == CHUNK then
-    len = redis.call('LLEN', key)
-    if len > CHUNK then newest = tonumber(redis.call('LINDEX', key, -1)) end
+  local elems = #head
+  if elems == 0 then return 0, 0, nil, head, 0, 0, 0, 0, 0 end
+  local last = head[elems]
+  if elems == CHUNK then
+    elems = redis.call('LLEN', key)
+    if elems > CHUNK then last = redis.call('LINDEX', key, -1) end
   end
-  local dead, from, part = 0, 0, head
+  if string.byte(head[1], 1) ~= 0 or string.byte(last, 1) ~= 0 then
+    log_migrate(key)
+    return log_read(key, a, now)
+  end
+  local _, n1, c1 = run(head[1])
+  local c0 = (c1 - n1) % WRAP
+  local newest, nlast, clast = run(last)
+  local len = (clast - c0) % WRAP
+  local dead, drop, from, part = 0, 0, 0, head
   while true do
     local live = false
     for i = 1, #part do
-      if tonumber(part[i]) + a <= now then
-        dead = from + i
+      local t, _, c = run(part[i])
+      if t + a <= now then
+        dead, drop = (c - c0) % WRAP, from + i
       else
         live = true
         break
       end
     end
-    if live or from + #part >= len then break end
+    if live or from + #part >= elems then break end
     from = from + CHUNK
     part = redis.call('LRANGE', key, from, from + CHUNK - 1)
   end
-  return len, dead, newest, head
+  return len, dead, newest, head, drop, c0, nlast, clast, elems
 end
 
--- A log's entry i (from 1), from its first entries if it is among them.
-local function log_entry(key, head, i)
-  if i <= #head then return tonumber(head[i]) end
-  return tonumber(redis.call('LINDEX', key, i - 1))
+-- The run holding unit i (from 1, counted from the list's oldest unit):
+-- its index (from 0), time, count and count through. From the first
+-- elements if it is among them, else by binary search.
+local function log_at(key, head, i, c0, elems)
+  for j = 1, #head do
+    local t, n, c = run(head[j])
+    if (c - c0) % WRAP >= i then return j - 1, t, n, c end
+  end
+  local lo, hi = #head, elems - 1
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    local _, _, c = run(redis.call('LINDEX', key, mid))
+    if (c - c0) % WRAP >= i then hi = mid else lo = mid + 1 end
+  end
+  local t, n, c = run(redis.call('LINDEX', key, lo))
+  return lo, t, n, c
 end
 
--- Appends `cnt` entries at time `t` to a sliding log, and makes the
+-- The time of unit i (see `log_at`).
+local function log_entry(key, head, i, c0, elems)
+  local _, t = log_at(key, head, i, c0, elems)
+  return t
+end
+
+-- Appends `cnt` units at time `t` to a sliding log whose newest run (if
+-- it has any) is at `last` with count `nlast` and count through `clast`:
+-- onto that run if `t` is its time, else as a run of its own. Makes the
 -- list live until the newest leaves the window.
-local function log_push(key, t, cnt, a, now)
-  local items = {}
-  local ts = fmt('%d', t)
-  for i = 1, cnt do items[i] = ts end
-  -- RPUSH in chunks: Lua's unpack has a stack limit.
-  local i = 1
-  while i <= cnt do
-    local e = min(i + 999, cnt)
-    redis.call('RPUSH', key, unpack(items, i, e))
-    i = e + 1
+local function log_push(key, t, cnt, a, now, last, nlast, clast)
+  if last and t == last then
+    redis.call('LSET', key, -1, bpack(RUN, 0, t, nlast + cnt, (clast + cnt) % WRAP))
+  else
+    if not last then clast = 0 end
+    redis.call('RPUSH', key, bpack(RUN, 0, t, cnt, (clast + cnt) % WRAP))
   end
   redis.call('PEXPIRE', key, max(math.ceil((t + a - now) / 1000), 1))
 end
 
+-- Drops the `k` oldest units of a log of `len` units read by
+-- `log_read` (0 < k): whole runs, and part of the run that holds unit
+-- k + 1. Returns what is left of the newest run: its time (nil if
+-- nothing is left), count and count through.
+local function log_drop(key, k, len, head, c0, elems, newest, nlast, clast)
+  if k >= len then
+    redis.call('DEL', key)
+    return nil, 0, 0
+  end
+  local idx, t, n, c = log_at(key, head, k + 1, c0, elems)
+  if idx > 0 then redis.call('LTRIM', key, idx, -1) end
+  local keep = (c - c0 - k) % WRAP
+  if keep ~= n then
+    redis.call('LSET', key, 0, bpack(RUN, 0, t, keep, c))
+    if idx == elems - 1 then nlast = keep end
+  end
+  return newest, nlast, clast
+end
+
 -- Charges `cost` after the fact to a sliding log of limit `size`: keeps
--- its newest `size + 1` entries (a check asks for at most `size` live
--- ones and entries leave oldest first, so these answer every later
--- check as the whole log would).
+-- its newest `size + 1` units (a check asks for at most `size` live
+-- ones and units leave oldest first, so these answer every later check
+-- as the whole log would).
 local function log_charge(key, size, a, now, cost)
   local keep = size + 1
-  local len, dead, newest = log_read(key, a, now)
+  local len, dead, newest, head, _, c0, nlast, clast, elems = log_read(key, a, now)
   local live = len - dead
   local cnt = min(cost, keep)
-  local drop = dead + max(live + cnt - keep, 0)
-  if drop > 0 then redis.call('LTRIM', key, drop, -1) end
   local t = now
   if live > 0 then t = max(now, newest) end
-  if cnt > 0 then log_push(key, t, cnt, a, now) end
+  local drop = dead + max(live + cnt - keep, 0)
+  local last = nil
+  if len > 0 then last = newest end
+  if drop > 0 then
+    last, nlast, clast = log_drop(key, drop, len, head, c0, elems, newest, nlast, clast)
+  end
+  if cnt > 0 then log_push(key, t, cnt, a, now, last, nlast, clast) end
 end
 
 -- A check of cost 0 on a sliding log of limit `size`, written to
 -- out[o + 1 .. o + 5].
 local function log_check(out, o, key, size, a, now)
-  local len, dead, newest, head = log_read(key, a, now)
+  local len, dead, newest, head, _, c0, _, _, elems = log_read(key, a, now)
   local count = len - dead
   local newest_end = 0
   if len > 0 then newest_end = newest + a end
   if count <= size then
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - count, max(now + a, newest_end) - now, 0
   else
-    local retry = max(log_entry(key, head, dead + count - size) + a - now, 0)
+    local retry = max(log_entry(key, head, dead + count - size, c0, elems) + a - now, 0)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, 0, max(newest_end - now, 0), retry
   end
   out[o + 5] = 0
@@ -541,53 +649,64 @@ local function refunded(code, state, a, now, cost, since)
 end
 
 -- Refunds `cost` units taken at or after `since` from a sliding log:
--- drops its oldest `cost` entries at or after `since` (entries are in
--- time order, so they start the list's tail). Of all choices of that
--- many entries from `since` on, dropping the oldest leaves, at every
--- later time, at least as many live entries as dropping the lease's own
--- would: a refund never admits more later than the true units would.
--- And refunds of several instances, each dated at its oldest grant
--- still held, all find their units however they interleave (dropping
--- the newest instead, one instance's refund can take entries another's
--- units made, and that one's refund then finds too few: budget lost).
--- The tail from `since` is read in chunks and written back without the
--- dropped entries.
+-- drops its oldest `cost` units at or after `since` (runs are in time
+-- order, so they make the list's tail). Of all choices of that many
+-- units from `since` on, dropping the oldest leaves, at every later
+-- time, at least as many live units as dropping the lease's own would:
+-- a refund never admits more later than the true units would. And
+-- refunds of several instances, each dated at its oldest grant still
+-- held, all find their units however they interleave (dropping the
+-- newest instead, one instance's refund can take units another's made,
+-- and that one's refund then finds too few: budget lost). The tail from
+-- `since` is read in chunks and written back without the dropped units,
+-- its counts through renumbered.
 local function log_refund(key, since, cost, a, now)
-  local len = redis.call('LLEN', key)
+  if cost <= 0 then return end
+  local _, _, _, _, _, _, _, _, elems = log_read(key, a, now)
+  local ts, ns, cs = {}, {}, {}
   local m = 0
-  while m < len do
-    local c = min(CHUNK, len - m)
+  while m < elems do
+    local c = min(CHUNK, elems - m)
     local part = redis.call('LRANGE', key, -(m + c), -(m + 1))
     local older = false
     for i = #part, 1, -1 do
-      if tonumber(part[i]) < since then
+      local t, n, cc = run(part[i])
+      if t < since then
         older = true
         break
       end
       m = m + 1
+      ts[m], ns[m], cs[m] = t, n, cc
     end
     if older or #part < c then break end
   end
-  if m == 0 or cost <= 0 then return end
-  local k = min(cost, m)
+  if m == 0 then return end
+  local k, c = cost, (cs[m] - ns[m]) % WRAP
   local keep = {}
-  if k < m then keep = redis.call('LRANGE', key, -(m - k), -1) end
-  if m >= len then
+  for i = m, 1, -1 do
+    local d = min(k, ns[i])
+    k = k - d
+    if ns[i] > d then
+      c = (c + ns[i] - d) % WRAP
+      keep[#keep + 1] = bpack(RUN, 0, ts[i], ns[i] - d, c)
+    end
+  end
+  if m >= elems then
     redis.call('DEL', key)
   else
     redis.call('LTRIM', key, 0, -(m + 1))
   end
-  -- RPUSH in chunks: Lua's unpack has a stack limit. The newest entry
-  -- is kept when any is, and with it the list's TTL; a list emptied and
-  -- refilled gets the TTL of its newest entry again.
+  -- RPUSH in chunks: Lua's unpack has a stack limit. The newest run is
+  -- kept when any is, and with it the list's TTL; a list emptied and
+  -- refilled gets the TTL of its newest run again.
   local i = 1
   while i <= #keep do
     local e = min(i + 999, #keep)
     redis.call('RPUSH', key, unpack(keep, i, e))
     i = e + 1
   end
-  if m >= len and #keep > 0 then
-    local newest = tonumber(keep[#keep])
+  if m >= elems and #keep > 0 then
+    local newest = run(keep[#keep])
     redis.call('PEXPIRE', key, max(math.ceil((newest + a - now) / 1000), 1))
   end
 end
@@ -627,8 +746,10 @@ local out = { 0, 0, 0, 0, 0 }
 local n = 0
 -- Per limit k of a decision, at L[10k - 9 .. 10k]: code, key, field,
 -- enforced size, a, then for a counter what `counter` returns (expiry,
--- known life, the state's numbers), for a sliding log the list read and
--- how many of its entries are dead and its newest entry (at 8, 9, 10). Per rule r, at
+-- known life, the state's numbers), for a sliding log how many of its
+-- elements hold units that left the window, how many
+-- units are live, its newest run's time, count and count through (at 6
+-- to 10). Per rule r, at
 -- R[3r - 2 .. 3r]: charged or not, its first limit, its number of limits.
 -- Reused by each decision in turn.
 local L = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
@@ -665,8 +786,8 @@ local function decide(p, n, kb, nrules, now, cost, dry)
       L[q + 1], L[q + 2], L[q + 3], L[q + 4], L[q + 5] = code, key, field, enf, a
       if code == 5 then
         -- The sliding log: a list of admission times, oldest first.
-        local len, dead, newest, head = log_read(key, a, now)
-        L[q + 8], L[q + 9], L[q + 10] = len, dead, newest
+        local len, dead, newest, head, drop, c0, nlast, clast, elems = log_read(key, a, now)
+        L[q + 6], L[q + 7], L[q + 8], L[q + 9], L[q + 10] = drop, len - dead, newest, nlast, clast
         local count = len - dead
         local newest_end = 0
         if len > 0 then newest_end = newest + a end
@@ -678,7 +799,7 @@ local function decide(p, n, kb, nrules, now, cost, dry)
             out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 1, size - total, max(now + a, newest_end) - now, 0
           else
             local retry = NEVER
-            if cost <= size then retry = max(log_entry(key, head, dead + total - size) + a - now, 0) end
+            if cost <= size then retry = max(log_entry(key, head, dead + total - size, c0, elems) + a - now, 0) end
             out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, max(size - count, 0), max(newest_end - now, 0), retry
           end
           out[o + 5] = 0
@@ -715,11 +836,11 @@ local function decide(p, n, kb, nrules, now, cost, dry)
           local q = 10 * j - 10
           local key, a = L[q + 2], L[q + 5]
           if L[q + 1] == 5 then
-            local len, dead, newest = L[q + 8], L[q + 9], L[q + 10]
-            if dead > 0 then redis.call('LTRIM', key, dead, -1) end
-            local t = now
-            if len > dead then t = max(now, newest) end
-            log_push(key, t, min(cost, L[q + 4]), a, now)
+            local drop, live, newest = L[q + 6], L[q + 7], L[q + 8]
+            if drop > 0 then redis.call('LTRIM', key, drop, -1) end
+            local t, last = now, nil
+            if live > 0 then t, last = max(now, newest), newest end
+            log_push(key, t, min(cost, L[q + 4]), a, now, last, L[q + 9], L[q + 10])
           else
             store(key, L[q + 3], L[q + 1], L[q + 6], now, L[q + 7], L[q + 8], L[q + 9], L[q + 10])
           end

@@ -1640,3 +1640,150 @@ fn a_decision_to_a_killed_redis_is_never_taken_as_maybe_applied() {
         maybe.len()
     );
 }
+
+/// Bytes Redis holds for every key (`MEMORY USAGE`, summed) and the
+/// longest list's length in elements.
+fn redis_bytes(server: &RedisServer) -> (u64, u64) {
+    let out = server.cli(&[
+        "EVAL",
+        "local b, l = 0, 0 for _, k in ipairs(redis.call('KEYS', '*')) do \
+           b = b + (redis.call('MEMORY', 'USAGE', k, 'SAMPLES', '0') or 0) \
+           if redis.call('TYPE', k).ok == 'list' then l = math.max(l, redis.call('LLEN', k)) end \
+         end return {b, l}",
+        "0",
+    ]);
+    let mut n = out.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    (n.next().unwrap(), n.next().unwrap())
+}
+
+/// Issue 35: state never grows with cost. A request of cost 100,000 on
+/// a sliding log of limit 100,000 wrote 100,000 list elements (about
+/// 1 MB in Redis per key); now one run. The same for every algorithm:
+/// a request of the limit's whole size, then charges after the fact of
+/// any cost up to `u64::MAX`, leave every key's state a few hundred
+/// bytes, and both stores decide alike throughout.
+#[test]
+fn a_huge_cost_leaves_every_state_small() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let n = 100_000;
+    // Whole microseconds, and a window under 2^31 ns, which the memory
+    // store's log keeps unrounded (longer ones round to 2^k ns).
+    let r = Rate::new(n, Nanos::from_secs(2)).unwrap();
+    let w = Nanos::from_secs(2);
+    let limits = [
+        Limit::TokenBucket(TokenBucket::new(n, r).unwrap()),
+        Limit::LeakyBucket(LeakyBucket::new(n, r).unwrap()),
+        Limit::Shaper(Shaper::new(n, r, w).unwrap()),
+        Limit::FixedWindow(FixedWindow::new(n, w).unwrap()),
+        Limit::SlidingLog(SlidingLog::new(n, w).unwrap()),
+        Limit::SlidingCounter(SlidingCounter::new(n, w).unwrap()),
+        Limit::Gcra(Gcra::new(r, n).unwrap()),
+    ];
+    for limit in limits {
+        let name = limit.algorithm_name();
+        let rule = user_rule(name, vec![limit], Mode::Hard);
+        let key = Key::from_parts([name]);
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+        }];
+        let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+        let mut now_us = T0_US;
+        let (m, r) = (
+            memory.decide_at(&charges, n, Nanos(now_us * 1000)),
+            rt.block_on(redis.decide_at(&charges, n, now_us)).unwrap(),
+        );
+        assert!(m.allowed, "{name}");
+        assert_eq!(m, r, "{name}");
+        for cost in [n, u64::MAX, 1 << 40, 3] {
+            now_us += 1;
+            let at = Nanos(now_us * 1000);
+            let m = memory.charge_at(&charges, cost, at);
+            let r = rt
+                .block_on(redis.charge_at(&charges, cost, now_us))
+                .unwrap();
+            // (Times may differ by the script's rounding to microseconds.)
+            let seen = |d: &spillway_core::Decision| (d.allowed, d.rules[0].verdict.remaining);
+            assert_eq!(seen(&m), seen(&r), "{name}: charge of {cost}");
+        }
+        let (bytes, elements) = redis_bytes(&server);
+        assert!(
+            bytes <= 1024 && elements <= 8,
+            "{name}: {bytes} bytes in redis, a list of {elements} elements"
+        );
+        // In memory: what one request of cost 1 holds, and a run more.
+        let one = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+        one.decide_at(&charges, 1, Nanos(T0_US * 1000));
+        let (held, small) = (memory.usage().bytes, one.usage().bytes);
+        assert!(
+            held <= small + 256,
+            "{name}: {held} bytes in memory, {small} for a request of cost 1"
+        );
+        server.cli(&["FLUSHALL"]);
+    }
+}
+
+/// A sliding log stored by the script before logs held runs (one decimal
+/// element per unit) is read as it was and rewritten in runs on first
+/// use: nothing it counted is lost. Both stores go through the same
+/// requests; then Redis's logs are turned back into the old format, as
+/// the old script would have left them, and both carry on alike.
+#[test]
+fn an_old_format_sliding_log_is_read_after_upgrade() {
+    let server = RedisServer::start();
+    let rt = rt();
+    let redis = rt.block_on(connected(server.url()));
+    let memory = MemoryStore::new(ManualClock::new(Nanos::ZERO), MemoryConfig::default());
+    let rule = user_rule(
+        "log",
+        vec![Limit::SlidingLog(
+            SlidingLog::new(40, Nanos::from_secs(1)).unwrap(),
+        )],
+        Mode::Hard,
+    );
+    let key = Key::from_parts(["u"]);
+    let charges = [Charge {
+        rule: &rule,
+        key: &key,
+    }];
+    let mut now_us = T0_US;
+    let mut step = |i: u64| {
+        now_us += 37_000 + (i * 7919) % 50_000;
+        let cost = 1 + (i * 31) % 5;
+        let m = memory.decide_at(&charges, cost, Nanos(now_us * 1000));
+        let r = rt
+            .block_on(redis.decide_at(&charges, cost, now_us))
+            .unwrap();
+        assert_eq!(m, r, "request {i}");
+        m.allowed
+    };
+    let admitted = (0..30).filter(|&i| step(i)).count();
+    assert!(admitted > 10);
+    let old = server.cli(&[
+        "EVAL",
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', '*')) do \
+           if redis.call('TYPE', k).ok == 'list' then \
+             local ttl = redis.call('PTTL', k) \
+             local runs = redis.call('LRANGE', k, 0, -1) \
+             redis.call('DEL', k) \
+             for _, e in ipairs(runs) do \
+               local _, t, c = struct.unpack('>BdI4I4', e) \
+               for _ = 1, c do redis.call('RPUSH', k, string.format('%d', t)) n = n + 1 end \
+             end \
+             redis.call('PEXPIRE', k, ttl) \
+           end \
+         end return n",
+        "0",
+    ]);
+    let units: u64 = old.trim().parse().unwrap();
+    assert!(units > 10, "{old}");
+    let (_, elements) = redis_bytes(&server);
+    assert_eq!(elements, units, "one decimal element per unit, as before");
+    for i in 30..80 {
+        step(i);
+    }
+    let (_, elements) = redis_bytes(&server);
+    assert!(elements <= 40, "rewritten in runs: {elements}");
+}

@@ -422,7 +422,10 @@ fn a_lease_takes_what_every_limit_admits_all_or_none() {
         let entries = || {
             let keys = server.cli(&["--scan", "--pattern", "spillway:*.0"]);
             let list = keys.lines().find(|l| !l.is_empty()).expect("the log");
-            server.cli(&["LLEN", list]).trim().to_string()
+            // Units, not elements: a run holds a count (see RUN in decide.lua).
+            let sum = "local s = 0 for _, e in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do \
+                       local _, _, n = struct.unpack('>BdI4I4', e) s = s + n end return s";
+            server.cli(&["EVAL", sum, "1", list]).trim().to_string()
         };
         let d = one(&redis, &both, &key, SyncOp::Lease { want: 10 }).await;
         assert_eq!(d.items[0].granted, 3);

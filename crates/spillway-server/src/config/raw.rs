@@ -479,6 +479,12 @@ pub(crate) struct RawServer {
     pub(crate) max_streams_total: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) direct_path: Option<bool>,
+    #[serde(default)]
+    pub(crate) listen_backlog: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) ipv4_prefix: Option<Spanned<i64>>,
+    #[serde(default)]
+    pub(crate) ipv6_prefix: Option<Spanned<i64>>,
 }
 
 #[derive(Debug)]

@@ -151,9 +151,12 @@ pub fn rfc3339(ms: u64) -> String {
 /// # Errors
 /// Neither.
 pub fn parse_since(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(ms);
+    // Digits only: Rust's parser would also take `+5`, and a value with
+    // spaces around it is not one docs/openapi.yaml offers.
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s
+            .parse::<u64>()
+            .map_err(|_| format!("since {s:?}: milliseconds since 1970, at most 2^64 - 1"));
     }
     let bad = || {
         format!("since {s:?}: expected milliseconds since 1970 or a time like 2026-11-24T10:00:00Z")
@@ -253,6 +256,10 @@ mod tests {
         assert_eq!(parse_since("2026-11-24T10:00:00.5Z"), Ok(1_795_514_400_500));
         assert_eq!(parse_since("1795514400000"), Ok(1_795_514_400_000));
         assert!(parse_since("yesterday").is_err());
+        // As docs/openapi.yaml spells it, nothing else (the contract test).
+        assert!(parse_since("+5").is_err());
+        assert!(parse_since(" 123").is_err());
+        assert!(parse_since("99999999999999999999").is_err());
         assert!(parse_since("2026-13-24T10:00:00Z").is_err());
         assert!(parse_since("2026-02-31T10:00:00Z").is_err());
         // A multi-byte character where the offset's colon would be.

@@ -15,7 +15,8 @@ use crate::util::{Server, TempDir};
 const WRITE: &str = "contract-write-token-0123456789abcdef";
 
 /// Plans and rules the generated calls can reach: a plan-keyed rule, a
-/// user-keyed one, a descriptor-keyed one.
+/// user-keyed one, and a composite one (`by: user+ip`, whose admin key
+/// paths take two segments: issue 35 found the description wrong there).
 const RULES: &str = "admin:
   show_keys: true
   tokens:
@@ -29,6 +30,10 @@ rules:
     plan: { default: free }
   - name: users
     by: user
+    limits:
+      - fixed_window: { limit: 3, window: 1h }
+  - name: pair
+    by: user+ip
     limits:
       - fixed_window: { limit: 3, window: 1h }
 ";
@@ -118,4 +123,33 @@ fn the_server_does_what_docs_openapi_yaml_says() {
         !report.contains("[500]") && !report.contains("[502]"),
         "{tail}"
     );
+    // What the schema cannot spell, said in its descriptions and checked
+    // here: a composite key is one segment per part; an empty parameter is
+    // absent; a count is decimal digits only.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let c = crate::util::client();
+        let get = |path: &str| c.get(server.url(path)).bearer_auth(WRITE).send();
+        for (path, want) in [
+            ("/admin/v1/keys/pair/alice/203.0.113.7", 200),
+            ("/admin/v1/keys/pair/alice", 400),
+            ("/admin/v1/keys/pair/alice/203.0.113.7/x", 400),
+            ("/admin/v1/plans/pair/alice/%3A%3Affff%3A10.0.0.1", 200),
+            ("/admin/v1/audit?limit=", 200),
+            ("/admin/v1/audit?limit=%2B5", 400),
+            ("/admin/v1/audit?since=%20123", 400),
+            ("/admin/v1/audit?since=1795514400000&cache=1", 200),
+            ("/admin/v1/top?limit=", 200),
+            ("/admin/v1/top?limit=%2B5", 400),
+        ] {
+            let r = get(path).await.unwrap();
+            assert_eq!(r.status().as_u16(), want, "{path}");
+        }
+        let j: serde_json::Value = get("/admin/v1/keys/pair/alice/%3A%3Affff%3A10.0.0.1")
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(j["key"], serde_json::json!(["alice", "10.0.0.1"]), "{j}");
+    });
 }

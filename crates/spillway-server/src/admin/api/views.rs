@@ -4,6 +4,15 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
+/// A count as docs/openapi.yaml spells one: decimal digits only (Rust's
+/// parser would also take `+5`, which the description does not offer).
+pub(super) fn count(s: &str) -> Result<usize, ()> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(());
+    }
+    s.parse().map_err(|_| ())
+}
+
 /// Query parameters given empty (`rule=`) are as good as absent.
 pub(super) fn unset_blanks<const N: usize>(params: [&mut Option<String>; N]) {
     for v in params {
@@ -71,7 +80,7 @@ pub(super) async fn top(
         Err(e) => return problem(StatusCode::BAD_REQUEST, format!("window: {e}")),
     };
     let minutes = usize::try_from(window.as_millis_ceil().div_ceil(60_000)).unwrap_or(1);
-    let limit = match q.limit.as_deref().map(str::parse::<usize>) {
+    let limit = match q.limit.as_deref().map(count) {
         None => 20,
         Some(Ok(n)) if (1..=1000).contains(&n) => n,
         Some(_) => return problem(StatusCode::BAD_REQUEST, "limit: from 1 to 1000"),
@@ -169,7 +178,7 @@ pub(super) async fn audit(
         Some(Ok(v)) => v,
         Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, e),
     };
-    let limit = match q.limit.as_deref().map(str::parse::<usize>) {
+    let limit = match q.limit.as_deref().map(count) {
         None => 1000,
         Some(Ok(n)) if n >= 1 => n,
         Some(_) => return problem(StatusCode::BAD_REQUEST, "limit: a number from 1"),

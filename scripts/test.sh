@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: set-up; the repository's
 # own checks (no tracked file over 1 MiB, rust-version true, library crates
-# packageable, docs/openapi.yaml valid); formatting, lints, docs, and every
-# test.
+# packageable, docs/openapi.yaml valid, no unused dependency); formatting,
+# lints, docs, and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,7 @@ scripts/check-package.sh
 scripts/check-openapi.sh
 scripts/check-layers.sh --self-test
 scripts/check-layers.sh
+scripts/check-deps.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

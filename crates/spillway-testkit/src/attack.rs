@@ -121,8 +121,8 @@ pub enum Phase {
     /// HTTP/2: 128 streams opened on each connection whose bodies never
     /// come (HEADERS without END_STREAM, then nothing).
     StreamHeld,
-    /// Requests sent and their answers never read: pipelined on
-    /// HTTP/1.1, on HTTP/2 128 streams with a receive window of 0, on a
+    /// 128 requests sent and their answers never read (pipelined on
+    /// HTTP/1.1; on HTTP/2, streams with a receive window of 0), on a
     /// 4 KiB receive buffer, so the server's writes back up.
     AnswerNotRead,
     /// HTTP/2 rapid reset: HEADERS then RST_STREAM, as fast as it goes.
@@ -445,14 +445,15 @@ async fn stall<W: AsyncWrite + Unpin>(
             std::future::pending().await
         }
         (Phase::AnswerNotRead, Proto::H1) => {
+            // 128 pipelined requests: more answers than a 4 KiB receive
+            // buffer and a send buffer of the default 16 KiB hold, so the
+            // server's writes back up; then nothing (sending more would
+            // be a flood of requests, not a stall).
             let one = h1_request(&t.ask, &t.authority);
-            let batch: Vec<u8> = one.iter().copied().cycle().take(one.len() * 32).collect();
-            loop {
-                // Blocks for good once the server stops reading.
-                wr.write_all(&batch).await?;
-                report.sent.fetch_add(32, Ordering::Relaxed);
-                tokio::task::yield_now().await;
-            }
+            let all: Vec<u8> = one.iter().copied().cycle().take(one.len() * 128).collect();
+            wr.write_all(&all).await?;
+            report.sent.fetch_add(128, Ordering::Relaxed);
+            std::future::pending().await
         }
         (Phase::AnswerNotRead, Proto::H2) => {
             // A receive window of 0 (SETTINGS_INITIAL_WINDOW_SIZE): the

@@ -176,18 +176,25 @@ impl Legit {
     /// Asks from `from` until `until`, one request after another with
     /// `pause` between, each within `deadline`: on a new connection each
     /// time, or on `kept` (opened and served before), reopened when lost.
+    /// While every request so far was answered, it goes on past `until`
+    /// until it has asked `min` times (for at most four deadlines more):
+    /// a slow server is not a failure, and a share needs a few requests.
     pub async fn keep_asking(
         &self,
         mut kept: Option<Conn>,
-        from: Instant,
-        until: Instant,
+        (from, until): (Instant, Instant),
+        min: u32,
         deadline: Duration,
         pause: Duration,
     ) -> Tally {
         let keep_alive = kept.is_some();
         let mut tally = Tally::default();
         tokio::time::sleep_until(from.into()).await;
-        while Instant::now() < until {
+        let more = |t: &Tally| {
+            let now = Instant::now();
+            now < until || (t.asked < min && t.answered == t.asked && now < until + 4 * deadline)
+        };
+        while more(&tally) {
             let started = Instant::now();
             let once = async {
                 let mut conn = match kept.take() {

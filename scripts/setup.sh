@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond the Rust toolchain: redis-server
 # (Debian package, which brings redis-cli and redis-benchmark), faketime
-# (to run an instance with a skewed clock), python3 (the checks that read
+# (to run an instance with a skewed clock), iproute2 (the adversarial
+# matrix's IPv6 addresses on lo), python3 (the checks that read
 # cargo metadata), openapi-spec-validator (pip; checks docs/openapi.yaml),
 # and chromium with chromium-driver (the dashboard's browser test; headless
 # with --disable-gpu it needs none of their Recommends: mesa, fonts beyond
@@ -23,6 +24,8 @@ command -v faketime >/dev/null 2>&1 || need+=(faketime)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+# `ip`: the adversarial matrix adds IPv6 addresses to lo (many sources).
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+=(iproute2)
 # The gateways forward-auth is tested behind (docs/GATEWAYS.md).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)

@@ -48,6 +48,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 mod net;
+pub use net::network;
 
 /// The connection and stream budget shared by a process's listeners.
 pub struct Budget {

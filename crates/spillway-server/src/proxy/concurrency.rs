@@ -26,6 +26,21 @@
 //! waiting, a free slot is taken at once, whoever asks (the limit stays
 //! work-conserving for one busy client).
 //!
+//! Clients are networks, not addresses: [`client_of`] names an address by
+//! its IPv4 `/24` or IPv6 `/64` (an IPv6 client holds a whole `/64`, and
+//! a flood from many addresses usually comes from few networks), so one
+//! client cannot take more than one share by spreading over addresses.
+//!
+//! # A reserve for clients holding none
+//!
+//! An eighth of the limit (none below a limit of 8) is kept for clients
+//! holding no slot: once the others hold all but the reserve, only a
+//! client holding none (or the only client holding any: the limit stays
+//! work-conserving for one busy client) takes a slot, at once even if
+//! others wait. However many clients hold slots, a client arriving fresh
+//! is answered while the reserve lasts, without waiting for a slot to
+//! free (with `max_wait: 0`, it would otherwise be refused).
+//!
 //! A slot is held by a [`Permit`]. [`Permit::done`] returns it with a
 //! sample for the controller; dropping it (the client left) returns it
 //! without one. A waiter that gives up leaves the queue, and a slot granted
@@ -176,6 +191,17 @@ fn rank(p: Priority) -> usize {
 /// A client, as [`Concurrency::acquire_for`] names it.
 pub type Client = u64;
 
+/// The client `ip` stands for in the fair share: its network (IPv4 `/24`,
+/// IPv6 `/64`, as the connection budget groups clients) hashed with
+/// `hasher`, so every address of a network is one client. Text that is
+/// not an address (a client named otherwise) is hashed as it is.
+pub fn client_of(hasher: &impl std::hash::BuildHasher, ip: &str) -> Client {
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(a) => hasher.hash_one(spillway_wire::budget::network(a, 24, 64)),
+        Err(_) => hasher.hash_one(ip),
+    }
+}
+
 struct State {
     limit: u32,
     in_flight: u32,
@@ -217,10 +243,23 @@ impl State {
         self.holding.get(&client).copied().unwrap_or(0)
     }
 
+    /// Whether a client holding `held` slots may take one now: under the
+    /// limit, and out of the reserve only if it holds none or is the only
+    /// client holding any (see the [module docs](self)).
+    fn room_for(&self, held: u32) -> bool {
+        if self.in_flight >= self.limit {
+            return false;
+        }
+        let reserve = self.limit / 8;
+        self.in_flight < self.limit - reserve || held == 0 || self.holding.len() <= 1
+    }
+
     /// The next waiter to grant: of the most important priority waiting,
     /// the oldest of those whose client holds the fewest slots.
+    /// None when that waiter may not take a slot now (the reserve).
     fn next_waiter(&mut self) -> Option<(Client, oneshot::Sender<Grant>)> {
-        let q = self.waiting.iter_mut().rev().find(|q| !q.is_empty())?;
+        let rank = self.waiting.iter().rposition(|q| !q.is_empty())?;
+        let q = &self.waiting[rank];
         let (&oldest, &(client, _)) = q.first_key_value()?;
         let mut pick = (self.holding.get(&client).copied().unwrap_or(0), oldest);
         // The oldest holds nothing (the common case): no scan.
@@ -235,7 +274,10 @@ impl State {
                 }
             }
         }
-        q.remove(&pick.1)
+        if !self.room_for(pick.0) {
+            return None;
+        }
+        self.waiting[rank].remove(&pick.1)
     }
 
     /// Removes a waiter if it still waits; true if it did.
@@ -323,7 +365,9 @@ impl Concurrency {
     ) -> Result<Permit, Shed> {
         let mut waiter = {
             let mut state = self.state.lock();
-            if state.queued == 0 && state.in_flight < state.limit {
+            let held = state.held_by(client);
+            // Nobody waiting, or (the reserve) a client holding none.
+            if (state.queued == 0 || held == 0) && state.room_for(held) {
                 state.take(client);
                 return Ok(Permit::new(self, client));
             }

@@ -12,7 +12,7 @@ pub(crate) const IPV6_PREFIX: u8 = 64;
 /// The network of `ip`: its first `v4` (IPv4) or `v6` (IPv6) bits, the
 /// rest zero. An IPv4-mapped IPv6 address is read as the IPv4 address it
 /// maps (a dual-stack listener sees IPv4 clients so).
-pub(crate) fn network(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
+pub fn network(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
     match ip.to_canonical() {
         IpAddr::V4(a) => {
             let bits = u32::from(a);

@@ -637,7 +637,7 @@ fn settings() -> impl Strategy<Value = (ConcurrencySettings, HealthSettings)> {
 proptest! {
     /// Whatever the interleaving of arrivals, timeouts, clients leaving
     /// and calls ending: the counts match the permits and waiters that
-    /// exist, nobody waits while a slot is free, a grant never goes
+    /// exist, nobody waits while a slot but the reserve is free, a grant never goes
     /// above the limit, every refusal is counted, and all returns to 0.
     #[test]
     fn counts_never_drift(
@@ -703,7 +703,10 @@ proptest! {
                 prop_assert_eq!(c.queued(), waiting.len());
                 prop_assert!(c.queued() <= settings.max_queued);
                 if c.queued() > 0 {
-                    prop_assert!(c.in_flight() >= c.limit(), "a waiter beside a free slot");
+                    // Only the reserve (for clients holding none) may
+                    // stay free beside a waiter.
+                    let reserve = c.limit() / 8;
+                    prop_assert!(c.in_flight() >= c.limit() - reserve, "a waiter beside a free slot");
                 }
                 if granted {
                     prop_assert!(c.in_flight() <= c.limit(), "granted above the limit");
@@ -766,4 +769,57 @@ fn threads_racing_leave_nothing_behind() {
     });
     assert_eq!((c.in_flight(), c.queued()), (0, 0));
     assert!(c.limit() <= 8);
+}
+
+/// An acquire for `client` that must settle at once.
+fn at_once(c: &Arc<Concurrency>, client: Client) -> Result<Permit, Shed> {
+    match poll(&mut start_for(c, D, client)) {
+        Poll::Ready(r) => r,
+        Poll::Pending => panic!("client {client} waits"),
+    }
+}
+
+/// Issue 35: however many clients hold slots, a client holding none gets
+/// one at once from the reserve (an eighth of the limit), even with no
+/// waiting allowed; a client already holding one does not; and one client
+/// alone still takes the whole limit.
+#[tokio::test(start_paused = true)]
+async fn a_reserve_stays_for_clients_holding_none() {
+    let c = fixed(16, Duration::ZERO, 0);
+    let mut held: Vec<Permit> = (1..=14)
+        .map(|client| at_once(&c, client).unwrap())
+        .collect();
+    assert_eq!(c.in_flight(), 14);
+    assert!(
+        at_once(&c, 1).is_err(),
+        "a client holding a slot took the reserve"
+    );
+    for fresh in [99, 100] {
+        held.push(at_once(&c, fresh).expect("a client holding none is refused"));
+    }
+    assert_eq!(c.in_flight(), 16);
+    assert!(at_once(&c, 101).is_err());
+    drop(held);
+    let alone: Vec<Permit> = (0..16)
+        .map(|_| at_once(&c, 7).expect("one client alone takes the whole limit"))
+        .collect();
+    assert_eq!(c.in_flight(), 16);
+    drop(alone);
+}
+
+/// Addresses of one network are one client: IPv4 by /24, IPv6 by /64.
+#[test]
+fn clients_are_networks() {
+    let h = std::hash::RandomState::new();
+    assert_eq!(client_of(&h, "10.0.0.1"), client_of(&h, "10.0.0.200"));
+    assert_ne!(client_of(&h, "10.0.0.1"), client_of(&h, "10.0.1.1"));
+    assert_eq!(
+        client_of(&h, "2001:db8::1"),
+        client_of(&h, "2001:db8::ffff:1")
+    );
+    assert_ne!(
+        client_of(&h, "2001:db8::1"),
+        client_of(&h, "2001:db8:0:1::1")
+    );
+    assert_eq!(client_of(&h, "not an ip"), client_of(&h, "not an ip"));
 }

@@ -53,8 +53,8 @@
 --   7 gcra              a = microseconds per request
 --          d bounds what a charge after the fact may leave owing (see
 --          below): for 1, 2, 3 and 7 the debt in microseconds past the
---          enforced size's horizon (the limit's max_debt); for 6 the
---          largest count a charge leaves in a window; else 0
+--          enforced size's horizon (the limit's max_debt); for 6 its
+--          max_debt in microseconds too (see `counter_cap`); else 0
 -- ARGV[2], ARGV[3]  (optional: the sync header of an exchange, see below)
 --          an instance's name and a sequence number below 2^53, in
 --          decimal; with them the last of KEYS is the hash of the last
@@ -81,10 +81,11 @@
 -- then as written). The client sends the cost whole below 2^53. The debt
 -- is bounded as in crates/spillway-core: a schedule or a leaky bucket
 -- owes at most d microseconds past its horizon (the enforced size times
--- a), and a sliding counter counts at most d in a window, so a huge
--- charge keeps a key out at most one max_debt longer than its limit
--- would (a fixed window's count, capped at 2^53 - 1, and a sliding
--- log's entries clear with their window anyway). DEBT (about 71 years)
+-- a), and a sliding counter counts at most what keeps a key out d from
+-- the charge (`counter_cap`), so a huge charge keeps a key out at most
+-- one max_debt longer than its limit would (a fixed window's count,
+-- capped at 2^53 - 1, and a sliding log's entries clear with their
+-- window anyway). DEBT (about 71 years)
 -- still caps a time-based debt, so every number stays exact.
 --
 -- A refund (flag 3: units a lease took and did not use, given back) takes
@@ -570,6 +571,50 @@ end
 -- window) stops at 2^53 - 1.
 local DEBT = 2251799813685248
 local MAX_COUNT = 9007199254740991
+local MAX_U32 = 4294967295
+
+-- floor(x * y / z), exactly, for whole x below 2^32 and 0 < z <= y
+-- below 2^51 (a double holds products only to 2^53): y / z's quotient
+-- and remainder r, then x * r / z by long multiplication over x's bits.
+local function muldiv(x, y, z)
+  local q1 = floor(y / z)
+  local r = y - q1 * z
+  if r < 0 then
+    q1, r = q1 - 1, r + z
+  elseif r >= z then
+    q1, r = q1 + 1, r - z
+  end
+  local hi = x * q1
+  if hi >= MAX_U32 then return MAX_U32 end
+  local q, acc, rest, p = 0, 0, x, 2147483648
+  for _ = 1, 32 do
+    q, acc = q * 2, acc * 2
+    if rest >= p then
+      rest, acc = rest - p, acc + r
+    end
+    while acc >= z do
+      acc, q = acc - z, q + 1
+    end
+    p = p / 2
+  end
+  return hi + q
+end
+
+-- The largest count a charge leaves in a sliding counter's window of
+-- `w` microseconds and limit `size`, `left` of which is still to come,
+-- so that it keeps the key out at most `d` (its max_debt) from the
+-- charge, as crates/spillway-core's `SlidingCounter::max_count_at`:
+-- `size x w / (w - d')` with `d' = d - left`, at least `size + 1` (a
+-- charge past the limit leaves the key over it), none (2^32 - 1) once
+-- `d' >= w`.
+local function counter_cap(size, w, d, left)
+  local dl = d - min(left, w)
+  if dl >= w then return MAX_U32 end
+  if dl < 0 then dl = 0 end
+  local x
+  if w >= 2251799813685248 then x = floor(size * w / (w - dl)) else x = muldiv(size, w, w - dl) end
+  return min(max(x, size + 1), MAX_U32)
+end
 
 -- Charges `cost` after the fact to a counter algorithm's `state` of
 -- enforced size `size`, owing at most `d` (see the header): the state's
@@ -603,7 +648,7 @@ local function charged(code, state, size, a, d, now, cost)
   end
   -- 6: sliding window counter, rolled forward as `counter` does.
   local e, cur, prev, known = slide(state, a, now)
-  return e + a, known, e + a, min(cur + cost, max(d, cur)), prev
+  return e + a, known, e + a, min(cur + cost, max(counter_cap(size, a, d, e - now), cur)), prev
 end
 
 -- Refunds `cost` units taken at `since` from a counter algorithm's

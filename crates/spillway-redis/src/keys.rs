@@ -67,8 +67,9 @@ const SLIDING_LOG: u64 = 5;
 /// `(code, base size, enforced size, a, b, d)` of a limit, in
 /// microseconds; `d` bounds what a charge after the fact leaves owing, as
 /// the enforced limit's own `charge` does in the memory store: its
-/// max_debt for a schedule or a leaky bucket, its largest count in a
-/// window for a sliding counter, else 0.
+/// max_debt for a schedule, a leaky bucket or a sliding counter (whose
+/// largest count the script derives from it and the time left in the
+/// window, as `SlidingCounter::max_count_at` does), else 0.
 fn params_of(base: &Limit, enforced: &Limit) -> [u64; 6] {
     let (code, a, b) = match base {
         Limit::TokenBucket(l) => (1, us_up(l.refill().interval()), 0),
@@ -80,10 +81,11 @@ fn params_of(base: &Limit, enforced: &Limit) -> [u64; 6] {
         Limit::Gcra(l) => (7, us_up(l.rate().interval()), 0),
     };
     let d = match enforced {
-        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::Shaper(_) | Limit::Gcra(_) => {
-            us_up(enforced.max_debt().as_u64())
-        }
-        Limit::SlidingCounter(l) => l.max_count(),
+        Limit::TokenBucket(_)
+        | Limit::LeakyBucket(_)
+        | Limit::Shaper(_)
+        | Limit::Gcra(_)
+        | Limit::SlidingCounter(_) => us_up(enforced.max_debt().as_u64()),
         Limit::FixedWindow(_) | Limit::SlidingLog(_) => 0,
     };
     [code, base.size(), enforced.size(), a, b, d]
@@ -162,7 +164,7 @@ pub(crate) fn script_cost(charges: &[Charge<'_>], cost: u64) -> u64 {
 /// failing the call: a time-based debt (token bucket, GCRA, shaper,
 /// leaky bucket) at the limit's max_debt past its horizon (and at 2^51
 /// µs, about 71 years, whatever that says), a sliding counter's count at
-/// its `max_count`, a fixed window's count at 2^53 - 1 (it clears with
+/// its `max_count_at` the charge's time, a fixed window's count at 2^53 - 1 (it clears with
 /// the window anyway), and a sliding log keeps its newest limit + 1
 /// entries, as in core.
 pub(crate) fn charge_cost(cost: u64) -> u64 {

@@ -85,23 +85,33 @@ impl SlidingCounter {
         SlidingCounter { max_debt, ..*self }
     }
 
-    /// The largest count a charge leaves in a window. A count of `x`
-    /// above the limit keeps a check of cost `c` out, in the next window,
-    /// until `W - floor((limit - c) W / x)` has passed, at most
-    /// `W (1 - limit / x)` (plus a nanosecond of rounding) longer than a
-    /// count of `limit` would: `x <= limit W / (W - max_debt)` keeps that
-    /// within the debt. A debt of a window or more only stops at what the
-    /// state holds (2^32 - 1), which is at most one window longer anyway.
-    pub fn max_count(&self) -> u64 {
+    /// The largest count a charge at `now` leaves in the window ending at
+    /// `end`, so that a charge keeps a key out about one period (its
+    /// debt, by default a window) from the time of the charge, like the
+    /// other algorithms. A count of `x` above the limit keeps a request
+    /// of cost `c` out for the rest of this window, `W - e` (`e` the time
+    /// elapsed in it), and then until `W - floor((limit - c) W / x)` of
+    /// the next has passed: `x <= limit W / (W - d')`, where `d' =
+    /// max_debt - (W - e)` is the debt left once this window is over,
+    /// keeps the whole within `max(max_debt, W - e) + c W / limit` (and
+    /// a nanosecond of rounding). The count is at least `limit + 1`, so
+    /// a charge past the limit always leaves the key over it (checks of
+    /// cost 0 refused; at `limit` exactly they pass, and a client that
+    /// checks, then pays after the fact, would be served without end):
+    /// that adds at most one unit's fade, `W / (limit + 1)`. No cap (but
+    /// what the state holds, 2^32 - 1) once `d' >= W`. (Capping at
+    /// `limit W / (W - max_debt)` whatever `e`, as before, let a charge
+    /// early in a window keep a key out for up to two windows.)
+    pub fn max_count_at(&self, end: Nanos, now: Nanos) -> u64 {
         let w = self.window.0;
         let cap = u64::from(u32::MAX);
-        match self.max_debt {
-            Some(d) if d.get() < w => {
-                let x = u128::from(self.limit) * u128::from(w) / u128::from(w - d.get());
-                u64::try_from(x).map_or(cap, |x| x.min(cap))
-            }
-            _ => cap,
+        let left = end.0.saturating_sub(now.0).min(w);
+        let d = debt_or(self.max_debt, w).saturating_sub(left);
+        if d >= w {
+            return cap;
         }
+        let x = u128::from(self.limit) * u128::from(w) / u128::from(w - d);
+        u64::try_from(x).map_or(cap, |x| x.max(self.limit + 1).min(cap))
     }
 
     pub(crate) fn with_limit(&self, limit: u64) -> SlidingCounter {
@@ -156,15 +166,17 @@ impl SlidingCounter {
     }
 
     /// Charges `cost` after the fact: always counted in the current
-    /// window, even past the limit (up to [`SlidingCounter::max_count`]
-    /// in a window, never lowering a count already above it), which puts
-    /// the key in debt: checks are denied until the estimate is back
-    /// under the limit, as the count's weight fades over the next window
-    /// (the rate at which this algorithm forgets any count). The verdict
-    /// is a check of cost 0 after the charge.
+    /// window, even past the limit (up to
+    /// [`SlidingCounter::max_count_at`] the charge's time, never lowering
+    /// a count already above it), which puts the key in debt: checks are
+    /// denied until the estimate is back under the limit, as the count's
+    /// weight fades over the next window (the rate at which this
+    /// algorithm forgets any count). The verdict is a check of cost 0
+    /// after the charge.
     pub fn charge(&self, state: Wide, now: Nanos, cost: u64) -> (Verdict, Wide) {
         let (end, cur, prev) = self.roll(state, now);
-        let cur = cur.saturating_add(cost).min(self.max_count().max(cur));
+        let most = self.max_count_at(Nanos(end), now);
+        let cur = cur.saturating_add(cost).min(most.max(cur));
         let next = Wide {
             a: end.saturating_add(self.window.0),
             b: (cur << 32) | prev,

@@ -13,6 +13,8 @@ use spillway_testkit::attack;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
+use spillway_testkit::upstream::HttpUpstream;
+
 use crate::util::{Server, TempDir};
 
 /// `spillway serve` with `server` as its `server:` section and a rule
@@ -27,6 +29,22 @@ fn serve(server: &str) -> (Server, TempDir) {
     );
     let s = Server::start(&["--config", file.to_str().unwrap()]);
     (s, dir)
+}
+
+/// `spillway proxy` in front of a fresh upstream, with `server` as its
+/// `server:` section and a generous rule.
+async fn proxy(server: &str) -> (Server, TempDir, HttpUpstream) {
+    let up = HttpUpstream::start().await;
+    let dir = TempDir::new("stall-proxy");
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            "server: {server}\nproxy: {{ upstream: {} }}\nrules:\n  - name: all\n    limits: [ {{ fixed_window: {{ limit: 1000000, window: 1h }} }} ]\n",
+            up.url()
+        ),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    (s, dir, up)
 }
 
 /// How a flood's connection stalls.
@@ -230,8 +248,20 @@ fn addr(s: &Server) -> SocketAddr {
 /// its client is now sheddable like an idle connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn regression_bodies_that_never_finish_cannot_hold_the_connection_budget() {
-    for stall in [Stall::Chunked, Stall::H2Held { streams: 1 }] {
-        let (s, _d) = serve("{ max_connections: 40, body_timeout: 5m, idle_timeout: 5m }");
+    let bounds = "{ max_connections: 40, body_timeout: 5m, idle_timeout: 5m }";
+    for (way, stall) in [
+        ("serve", Stall::Chunked),
+        ("serve", Stall::H2Held { streams: 1 }),
+        ("proxy", Stall::Chunked),
+        ("proxy", Stall::H2Held { streams: 1 }),
+    ] {
+        let (s, _d, _up) = if way == "proxy" {
+            let (s, d, up) = proxy(bounds).await;
+            (s, d, Some(up))
+        } else {
+            let (s, d) = serve(bounds);
+            (s, d, None)
+        };
         let flood = Flood::start(addr(&s), &[local(0, 0, 1)], 40, stall);
         // Let the flood take the budget.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -240,11 +270,11 @@ async fn regression_bodies_that_never_finish_cannot_hold_the_connection_budget()
         drop(flood);
         assert!(
             fresh >= 38,
-            "{stall:?}: a fresh client got {fresh} of 40 answered"
+            "{way}, {stall:?}: a fresh client got {fresh} of 40 answered"
         );
         assert!(
             kept >= 38,
-            "{stall:?}: a kept-alive client got {kept} of 40 answered"
+            "{way}, {stall:?}: a kept-alive client got {kept} of 40 answered"
         );
     }
 }
@@ -361,4 +391,67 @@ async fn regression_a_fresh_network_gets_a_stream_however_many_addresses_hold_th
         answered >= 38,
         "a fresh network's h2c client got {answered} of 40 answered"
     );
+}
+
+/// Issue 35: a connection told to close gets its grace once. An h2c
+/// request whose connection went quiet past the idle timeout was told to
+/// close (GOAWAY), and then every byte the client sent re-armed the
+/// deadline: a body trickled after the GOAWAY held the connection for as
+/// long as it trickled. It is now closed a second after the GOAWAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_bytes_after_a_goaway_do_not_extend_the_connection() {
+    let (s, _d) = serve("{ idle_timeout: 1s, body_timeout: 5m }");
+    let mut conn = TcpStream::connect(&s.addr).await.unwrap();
+    let mut hello = attack::preface();
+    hello.extend(attack::headers(1, "POST", "x", "/v1/check", false, true));
+    conn.write_all(&hello).await.unwrap();
+    // Quiet past the idle timeout, with the request in flight: told to
+    // close.
+    let mut heard = Vec::new();
+    let mut buf = [0u8; 4096];
+    let told = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => heard.extend_from_slice(&buf[..n]),
+            }
+            if frame_types(&heard).contains(&7) {
+                return true;
+            }
+        }
+    })
+    .await;
+    assert_eq!(told, Ok(true), "no GOAWAY after the idle timeout");
+    // Now a byte of body every 200 ms: closed all the same.
+    let started = Instant::now();
+    let mut closed = false;
+    while started.elapsed() < Duration::from_secs(15) {
+        if conn.write_all(&attack::frame(0, 0, 1, b" ")).await.is_err() {
+            closed = true;
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => {
+                closed = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        closed,
+        "bytes after the GOAWAY held the connection for 15 s"
+    );
+}
+
+/// The types of the HTTP/2 frames in `bytes` (a server's side of a
+/// connection, from its first frame).
+fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
 }

@@ -177,7 +177,7 @@ impl Legit {
     /// `pause` between, each within `deadline`: on a new connection each
     /// time, or on `kept` (opened and served before), reopened when lost.
     /// While every request so far was answered, it goes on past `until`
-    /// until it has asked `min` times (for at most four deadlines more):
+    /// until it has asked `min` times (for at most two deadlines more):
     /// a slow server is not a failure, and a share needs a few requests.
     pub async fn keep_asking(
         &self,
@@ -192,7 +192,7 @@ impl Legit {
         tokio::time::sleep_until(from.into()).await;
         let more = |t: &Tally| {
             let now = Instant::now();
-            now < until || (t.asked < min && t.answered == t.asked && now < until + 4 * deadline)
+            now < until || (t.asked < min && t.answered == t.asked && now < until + 2 * deadline)
         };
         while more(&tally) {
             let started = Instant::now();

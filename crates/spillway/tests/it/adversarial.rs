@@ -41,7 +41,7 @@ use crate::util::{Server, TempDir};
 
 /// A stall's time to fill the budget before the legitimate client asks,
 /// and how long the client then asks under attack.
-const STALL: (Duration, Duration) = (Duration::from_millis(500), Duration::from_millis(1500));
+const STALL: (Duration, Duration) = (Duration::from_millis(400), Duration::from_millis(1200));
 /// The same for a flood: it costs the server from its first frames, with
 /// a few connections that need no time to open.
 const FLOOD: (Duration, Duration) = (Duration::from_millis(200), Duration::from_millis(1000));
@@ -639,15 +639,21 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-/// Waits (at most 5 s) for the server's descriptors to fall back near
-/// where they were before a cell, so the next cell starts clean.
+/// Waits (at most 3 s) for the server's descriptors to fall back near
+/// where they were before a cell, or to stop falling (the proxy keeps
+/// idle upstream connections for 5 s), so the next cell starts clean.
 async fn settle(pid: u32, baseline: usize) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut last = usize::MAX;
     while Instant::now() < deadline {
-        if attack::open_descriptors(pid).is_none_or(|n| n <= baseline + 8) {
+        let Some(n) = attack::open_descriptors(pid) else {
+            return;
+        };
+        if n <= baseline + 8 || n >= last {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = n;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

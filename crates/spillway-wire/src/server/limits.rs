@@ -25,7 +25,8 @@ pub struct Limits {
     pub max_streams: u32,
     /// Most requests in flight on hyper connections process-wide (see
     /// [`Budget`](crate::budget::Budget); for [`serve`](super::serve) and
-    /// [`serve_on`](super::serve_on), like `max_connections`).
+    /// [`serve_on`](super::serve_on), like `max_connections`). Never more
+    /// than the client connections: the budget lowers it to them.
     pub max_streams_total: usize,
     /// How long shutdown waits for requests in flight.
     pub drain_timeout: Duration,

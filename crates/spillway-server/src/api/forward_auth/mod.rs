@@ -22,6 +22,7 @@ use spillway_tower::render::{PROBLEM_JSON, Problem, insert_rate_limit_headers};
 use spillway_wire::{Headers, Sole};
 
 use crate::Shared;
+use crate::credentials::Refusal;
 use crate::identity::{IpNet, UserSource};
 
 pub mod original;
@@ -81,15 +82,10 @@ pub enum Answer {
     Admitted(Checked),
     /// Denied: `deny_status`, `Retry-After`, the decision's headers.
     Denied(Checked),
-    /// Not decided: the call's token, or an ambiguous user.
-    Refused {
-        /// The status.
-        status: StatusCode,
-        /// Why, for a person.
-        detail: String,
-        /// A 401's `WWW-Authenticate`.
-        challenge: Option<&'static str>,
-    },
+    /// Not decided: the call's token, or a value that names what is
+    /// limited and cannot be read; written as every credential refusal is
+    /// ([`crate::credentials::refusal_answer`]).
+    Refused(Refusal),
 }
 
 impl ForwardAuth {
@@ -135,11 +131,10 @@ impl ForwardAuth {
                 Sole::Missing | Sole::Many => None,
             };
             if let Err(r) = self.shared.api_tokens.admit(token, false) {
-                return Answer::Refused {
-                    status: r.status,
+                return Answer::Refused(Refusal {
                     detail: format!("{} (forward-auth reads it from {TOKEN_HEADER})", r.detail),
-                    challenge: r.challenge,
-                };
+                    ..r
+                });
             }
         }
         let s = &self.settings;
@@ -151,11 +146,11 @@ impl ForwardAuth {
                 401 | 403 => s.deny_status,
                 _ => StatusCode::BAD_REQUEST,
             };
-            Answer::Refused {
+            Answer::Refused(Refusal {
                 status,
                 detail: u.to_string(),
                 challenge: None,
-            }
+            })
         };
         let o = match original::read(method, target, &s.path, headers, peer, &s.trusted_proxies) {
             Ok(o) => o,
@@ -220,73 +215,63 @@ impl ForwardAuth {
         match answer {
             Answer::Admitted(_) => StatusCode::OK,
             Answer::Denied(_) => self.settings.deny_status,
-            Answer::Refused { status, .. } => *status,
+            Answer::Refused(r) => r.status,
         }
     }
 
-    /// What `answer` carries, for either writer: the status, the body
-    /// (none when admitted), the decision's headers, a 401's challenge.
-    fn render<'a>(&self, answer: &'a Answer) -> Rendered<'a> {
+    /// What a decided `answer` carries, for either writer: the status,
+    /// the body (none when admitted) and the decision's headers; a
+    /// refusal is written as every credential refusal is.
+    fn render<'a>(&self, answer: &'a Answer) -> Result<Rendered<'a>, &'a Refusal> {
         let status = self.status(answer);
         match answer {
-            Answer::Admitted(c) => Rendered {
+            Answer::Admitted(c) => Ok(Rendered {
                 status,
                 body: String::new(),
-                checked: Some(c),
-                challenge: None,
-            },
+                checked: c,
+            }),
             Answer::Denied(c) => {
                 let mut p = Problem::too_many_requests(c);
                 p.status = status;
-                Rendered {
+                Ok(Rendered {
                     status,
                     body: p.to_json(),
-                    checked: Some(c),
-                    challenge: None,
-                }
+                    checked: c,
+                })
             }
-            Answer::Refused {
-                detail, challenge, ..
-            } => Rendered {
-                status,
-                body: Problem::new(status, detail.as_str()).to_json(),
-                checked: None,
-                challenge: *challenge,
-            },
+            Answer::Refused(r) => Err(r),
         }
     }
 
     /// `answer` written as HTTP/1.1 for the direct path.
     pub fn write(&self, answer: &Answer, out: &mut Vec<u8>, close: bool, head_request: bool) {
         use spillway_wire::write;
-        let r = self.render(answer);
+        let r = match self.render(answer) {
+            Ok(r) => r,
+            Err(refusal) => return refusal.write_http1(out, close, head_request),
+        };
         let content_type = if r.body.is_empty() {
             "text/plain"
         } else {
             PROBLEM_JSON
         };
-        let body = r.body.as_bytes();
         write::answer(
             out,
             r.status,
             content_type,
-            body,
+            r.body.as_bytes(),
             close,
             head_request,
-            |o| {
-                if let Some(c) = r.checked {
-                    spillway_tower::render::push_rate_limit_headers(c, o);
-                }
-                if let Some(c) = r.challenge {
-                    write::header(o, "www-authenticate", c.as_bytes());
-                }
-            },
+            |o| spillway_tower::render::push_rate_limit_headers(r.checked, o),
         );
     }
 
     /// `answer` as a response for the axum routes (HTTP/2, TLS).
     pub fn response(&self, answer: &Answer, head_request: bool) -> Response {
-        let r = self.render(answer);
+        let r = match self.render(answer) {
+            Ok(r) => r,
+            Err(refusal) => return crate::credentials::refusal_answer(refusal).into_response(),
+        };
         let problem = !r.body.is_empty();
         let len = r.body.len();
         let mut resp = if head_request {
@@ -301,23 +286,17 @@ impl ForwardAuth {
             h.remove(header::CONTENT_TYPE);
         }
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-        if let Some(c) = r.checked {
-            insert_rate_limit_headers(c, h);
-        }
-        if let Some(c) = r.challenge {
-            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(c));
-        }
+        insert_rate_limit_headers(r.checked, h);
         resp
     }
 }
 
-/// An answer as both writers put it on the wire.
+/// A decided answer as both writers put it on the wire.
 struct Rendered<'a> {
     status: StatusCode,
     /// A problem document; empty when admitted.
     body: String,
-    checked: Option<&'a Checked>,
-    challenge: Option<&'static str>,
+    checked: &'a Checked,
 }
 
 /// The endpoint on the axum side of the decision listener (HTTP/2, TLS),

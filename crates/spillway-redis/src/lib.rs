@@ -110,7 +110,7 @@ pub use over::DEFAULT_ENTRIES as DEFAULT_OVER_LIMIT_CACHE;
 mod msgpack;
 mod reply;
 mod sync;
-pub use sync::{SyncItem, SyncItemReply, SyncOp, SyncReply};
+pub use sync::{Beat, SyncItem, SyncItemReply, SyncOp, SyncReply};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -271,6 +271,25 @@ impl RedisStore {
         instance: &str,
         ttl: Duration,
     ) -> Result<(u64, usize), StoreError> {
+        self.beat(instance, ttl, true)
+            .await
+            .map(|b| (b.now_us, b.live))
+    }
+
+    /// [`heartbeat`](Self::heartbeat), saying whether every push this
+    /// instance made so far has been applied (`synced`), and answering
+    /// the horizon too: the earliest, over the live instances that said
+    /// so, of the TIME before which everything they admitted is in the
+    /// store (see `lua/heartbeat.lua`).
+    ///
+    /// # Errors
+    /// As [`Store::decide`](spillway_store::Store::decide).
+    pub async fn beat(
+        &self,
+        instance: &str,
+        ttl: Duration,
+        synced: bool,
+    ) -> Result<Beat, StoreError> {
         let inner = &self.inner;
         let ttl_us = u64::try_from(ttl.as_micros())
             .unwrap_or(u64::MAX)
@@ -280,7 +299,8 @@ impl RedisStore {
             .arg(1)
             .arg(keys::live_key(&inner.config.prefix))
             .arg(instance)
-            .arg(ttl_us);
+            .arg(ttl_us)
+            .arg(if synced { "1" } else { "0" });
         let conn = self.connection()?.clone();
         let call = async {
             let _due = spillway_store::due::Awaiting::new();
@@ -293,10 +313,11 @@ impl RedisStore {
             .await
             .unwrap_or_else(|_| Err(timed_out()))
             .and_then(|out| match out[..] {
-                [now, live] => Ok((
-                    u64::try_from(now).unwrap_or(0),
-                    usize::try_from(live).unwrap_or(0),
-                )),
+                [now, live, horizon] => Ok(Beat {
+                    now_us: u64::try_from(now).unwrap_or(0),
+                    live: usize::try_from(live).unwrap_or(0),
+                    horizon_us: u64::try_from(horizon).unwrap_or(0),
+                }),
                 _ => Err(wrong_length()),
             });
         match result {
@@ -307,6 +328,19 @@ impl RedisStore {
             Err(e) => Err(self.failed(&e)),
         }
     }
+}
+
+/// A heartbeat's answer (see [`RedisStore::beat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// Redis's TIME, in microseconds.
+    pub now_us: u64,
+    /// Live instances, this one included.
+    pub live: usize,
+    /// The earliest TIME (microseconds) before which every live instance
+    /// that said so has everything it admitted in the store; 0 if none
+    /// has said so yet.
+    pub horizon_us: u64,
 }
 
 fn wrong_length() -> redis::RedisError {

@@ -62,6 +62,12 @@ pub(crate) struct Entry {
     /// Eventual mode: cost admitted (or charged) here while the key was
     /// new, in the current epoch.
     pub gated: u64,
+    /// Eventual mode, while gated: Redis's TIME (µs) at this instance's
+    /// first exchange round after the key's first request here in the
+    /// epoch (0: none yet). The gate opens only once every live instance
+    /// has pushed all it admitted before then (the heartbeats' horizon
+    /// has passed it).
+    pub gate_after_us: u64,
     /// Eventual mode: when the current epoch ends: the end of the rule's
     /// shortest fixed window (whose start makes the key new again), never
     /// for a rule without one; zero before the key's first decision.
@@ -90,6 +96,7 @@ impl Entry {
             asking: None,
             gate: 0,
             gated: 0,
+            gate_after_us: 0,
             epoch: Nanos::ZERO,
         }
     }

@@ -62,6 +62,9 @@ pub(crate) struct Inner {
     /// Exchanges started (not pulls): a key new here is gated until two
     /// more have (see [`gate`]).
     pub(crate) rounds: AtomicU64,
+    /// The horizon of the last heartbeat (Redis's TIME, µs): every live
+    /// instance has pushed all it admitted before it (see `gate`).
+    horizon_seen: AtomicU64,
 }
 
 impl std::fmt::Debug for Inner {
@@ -115,6 +118,7 @@ impl SyncStore {
             fresh: Mutex::new(Vec::new()),
             turn: tokio::sync::Mutex::new(()),
             rounds: AtomicU64::new(0),
+            horizon_seen: AtomicU64::new(0),
             config,
         });
         tokio::spawn(exchange_loop(Arc::downgrade(&inner)));
@@ -372,13 +376,13 @@ impl Inner {
         // have reached it; the cost is set aside at the gate, all rules or
         // none.
         let mut gated = smallvec::SmallVec::<[bool; 2]>::from_elem(false, charges.len());
-        let (now, rounds, live) = (
-            self.clock.now(),
-            self.rounds.load(Ordering::Acquire),
-            self.share.live(),
-        );
+        let now = self.clock.now();
+        let at = GateAt {
+            rounds: self.rounds.load(Ordering::Acquire),
+            live: self.share.live(),
+        };
         for (j, (c, &tag)) in charges.iter().zip(&tags).enumerate() {
-            match self.track(c, tag, |e| gate(e, c.rule, now, rounds, live, cost, after)) {
+            match self.track(c, tag, |e| gate(e, c.rule, now, &at, cost, after)) {
                 // A key the map does not hold cannot be shared: its own
                 // share of the limit is what this instance may admit for
                 // it alone.
@@ -435,6 +439,14 @@ impl Inner {
     }
 }
 
+/// What the gate of eventual mode reads besides the key: exchanges
+/// started and live instances.
+#[derive(Clone, Copy)]
+struct GateAt {
+    rounds: u64,
+    live: u64,
+}
+
 /// What the gate of a key new here says of a request.
 enum Gate {
     /// The key is not new here: decide as usual.
@@ -450,27 +462,27 @@ enum Gate {
 /// start of its rule's shortest fixed window (a window's count starts
 /// from 0 on every instance at once), is admitted here up to this
 /// instance's share of it, `size / live` (at least 1) of its smallest
-/// enforced limit, until the second exchange after its first request.
+/// enforced limit, until the second exchange after its first request
+/// *and* until every live instance has pushed all it admitted before
+/// this instance's first exchange round after that request (the
+/// heartbeats' horizon, which Redis computes from every instance's
+/// rounds: see `lua/heartbeat.lua`).
 ///
-/// Why the second: the first pushes what was admitted here while the key
-/// was new; exchanges come every interval, so between the first and the
-/// second every other live instance has exchanged once and pushed its
-/// own first admissions, and the second reads them all. Opened earlier,
+/// Why: the first exchange pushes what was admitted here while the key
+/// was new, and the others push theirs in their own exchanges; the gate
+/// opens on a read that holds them all. It once assumed that exchanges
+/// come every interval, so that by the second every other instance had
+/// pushed: on a busy machine one came late, the read missed its share,
+/// and 3 instances hammering one key admitted 510 in 4 fixed windows of
+/// 100 (issue 35). Opened earlier,
 /// at the first exchange or at the early pull of a new key, each instance
 /// read a store that did not have the others' admissions yet, and each
 /// admitted up to the whole limit: 3 instances admitted 300 of a limit
 /// of 100 at a fresh key, and 1,200 in 4 fixed windows of 100. A charge
 /// after the fact is never refused, but counts against the share. A
 /// shadow rule never refuses, and is not gated.
-fn gate(
-    e: &mut Entry,
-    rule: &Rule,
-    now: Nanos,
-    rounds: u64,
-    live: u64,
-    cost: u64,
-    after: bool,
-) -> Gate {
+fn gate(e: &mut Entry, rule: &Rule, now: Nanos, at: &GateAt, cost: u64, after: bool) -> Gate {
+    let GateAt { rounds, live } = *at;
     if rule.mode() == Mode::Shadow {
         return Gate::Open;
     }
@@ -478,6 +490,7 @@ fn gate(
         e.epoch = epoch_end(rule, now);
         e.gate = rounds + 2;
         e.gated = 0;
+        e.gate_after_us = 0;
     }
     if e.gate == 0 {
         return Gate::Open;
@@ -669,13 +682,13 @@ impl Inner {
                 items.extend(ops.drain(..room));
             }
             called = true;
-            if self.call(&items, Some(push.seq)).await.is_err() {
+            if self.call(&items, Some(push.seq), true).await.is_err() {
                 // Sent again, unchanged, next time. The other ops still go:
                 // a lease's refunds were taken out of its slices already.
                 break;
             }
         }
-        let chunks = ops.chunks(MAX_ITEMS).map(|c| self.call(c, None));
+        let chunks = ops.chunks(MAX_ITEMS).map(|c| self.call(c, None, true));
         called |= !ops.is_empty();
         join_all(chunks.map(|f| async move {
             let _ = f.await;
@@ -686,7 +699,8 @@ impl Inner {
 
     /// One call to the home store, taken in: the clock, the link's health,
     /// the push answered, the store back; then [`absorb`](Self::absorb).
-    async fn call(&self, items: &[Item], seq: Option<u64>) -> Result<(), ()> {
+    /// `round`: a call of an exchange round (not an early pull).
+    async fn call(&self, items: &[Item], seq: Option<u64>, round: bool) -> Result<(), ()> {
         let call = sync_items(items);
         let sent = self.clock.elapsed();
         let push = seq.map(|n| (self.instance.as_str(), n));
@@ -710,7 +724,7 @@ impl Inner {
                     tracing::info!(store = %self.home.store.describe(), "sync: store answers again");
                 }
                 self.share.end();
-                self.absorb(items, &reply);
+                self.absorb(items, &reply, round);
                 Ok(())
             }
             Err(e) => {
@@ -731,10 +745,13 @@ impl Inner {
 
     /// Takes in an exchange's answer: catches local states up with the
     /// store's (eventual), or hands out the slices granted (lease).
-    fn absorb(&self, items: &[Item], reply: &SyncReply) {
+    fn absorb(&self, items: &[Item], reply: &SyncReply, round: bool) {
         let now = self.clock.now();
         let interval = Nanos::from(self.config.interval);
         let rounds = self.rounds.load(Ordering::Acquire);
+        // Known before this call was sent: what the store holds of every
+        // live instance's admissions up to then is in this reply.
+        let horizon = self.horizon_seen.load(Ordering::Acquire);
         for (item, r) in items.iter().zip(&reply.items) {
             match item.op {
                 SyncOp::Lease { .. } => {
@@ -751,9 +768,18 @@ impl Inner {
                     let waiting_after = self.home.link.lock().unacked_for(item.tag);
                     self.keys.get(item.tag, |e| {
                         // Read at the second exchange after it was new
-                        // here: the others' first admissions are in.
-                        if e.gate != 0 && rounds >= e.gate {
-                            e.gate = 0;
+                        // here, once every live instance has pushed all
+                        // it admitted before the first: the others'
+                        // first admissions are in, however late their
+                        // exchanges came (see `gate`).
+                        if e.gate != 0 {
+                            if e.gate_after_us == 0 {
+                                if round {
+                                    e.gate_after_us = reply.now_us.max(1);
+                                }
+                            } else if rounds >= e.gate && horizon >= e.gate_after_us {
+                                e.gate = 0;
+                            }
                         }
                         let unpushed = e.pending.saturating_add(waiting_after);
                         e.remaining = min_remaining(&r.limits);
@@ -787,7 +813,7 @@ impl Inner {
             })
             .collect();
         for chunk in items.chunks(MAX_ITEMS) {
-            let _ = self.call(chunk, None).await;
+            let _ = self.call(chunk, None, false).await;
         }
     }
 
@@ -797,15 +823,20 @@ impl Inner {
     /// exchange was made (`alone`): an idle instance still notices.
     async fn heartbeat(&self, alone: bool) {
         let sent = self.clock.elapsed();
-        if let Ok((now_us, live)) = self
+        // Every push so far applied: what this instance admitted before
+        // this round began is in the store (the horizon, see `gate`).
+        let synced = self.home.link.lock().waiting() == 0;
+        if let Ok(beat) = self
             .home
             .store
-            .heartbeat(&self.instance, live_ttl(self.config.interval))
+            .beat(&self.instance, live_ttl(self.config.interval), synced)
             .await
         {
             let received = self.clock.elapsed();
-            self.clock.learn(now_us, sent, received);
-            self.share.set_live(live as u64);
+            self.clock.learn(beat.now_us, sent, received);
+            self.share.set_live(beat.live as u64);
+            self.horizon_seen
+                .fetch_max(beat.horizon_us, Ordering::AcqRel);
             // With no exchange to tell, the heartbeat says how the link is;
             // else the exchange's answer does (a store that answers small
             // heartbeats but not the exchanges is not in sync).

@@ -511,7 +511,8 @@ fn heartbeats_count_live_instances_and_drop_stale_ones() {
         // An instance last heard of two hours ago is gone at the next beat.
         let stale = (t2 - 2 * HOUR * SEC_US).to_string();
         server.cli(&["ZADD", "spillway:sync:live", &stale, "gone"]);
-        assert_eq!(server.cli(&["ZCARD", "spillway:sync:live"]).trim(), "3");
+        // a, b, gone, and a's pushed-before time (a has beaten twice).
+        assert_eq!(server.cli(&["ZCARD", "spillway:sync:live"]).trim(), "4");
         assert_eq!(redis.heartbeat("b", ttl).await.unwrap().1, 2);
         assert_eq!(
             server.cli(&["ZSCORE", "spillway:sync:live", "gone"]).trim(),
@@ -523,6 +524,33 @@ fn heartbeats_count_live_instances_and_drop_stale_ones() {
             .parse()
             .unwrap();
         assert!(pttl > 0 && pttl <= HOUR * 1000, "{pttl}");
+    });
+}
+
+/// The horizon: the earliest, over the live instances that said all
+/// their pushes were applied, of their previous heartbeat's time (what
+/// they admitted before it is in the store). An instance that has not
+/// said so is left out; one whose pushes wait keeps its old time.
+#[test]
+fn heartbeats_tell_the_horizon_every_instance_has_pushed_to() {
+    let server = RedisServer::start();
+    let rt = rt();
+    rt.block_on(async {
+        let redis = connected(server.url()).await;
+        let ttl = Duration::from_secs(HOUR);
+        let a1 = redis.beat("a", ttl, true).await.unwrap();
+        assert_eq!((a1.live, a1.horizon_us), (1, 0), "no previous beat yet");
+        let b1 = redis.beat("b", ttl, true).await.unwrap();
+        assert_eq!((b1.live, b1.horizon_us), (2, 0));
+        let a2 = redis.beat("a", ttl, true).await.unwrap();
+        assert_eq!(a2.horizon_us, a1.now_us, "b has not said yet: a's alone");
+        let b2 = redis.beat("b", ttl, false).await.unwrap();
+        assert_eq!(b2.horizon_us, a1.now_us, "b's pushes wait: left out");
+        let b3 = redis.beat("b", ttl, true).await.unwrap();
+        assert_eq!(b3.horizon_us, a1.now_us.min(b2.now_us));
+        let a3 = redis.beat("a", ttl, true).await.unwrap();
+        assert_eq!(a3.horizon_us, a2.now_us.min(b2.now_us));
+        assert_eq!(a3.live, 2);
     });
 }
 

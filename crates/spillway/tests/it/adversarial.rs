@@ -64,7 +64,7 @@ const OTHER_DESCRIPTORS: usize = 64;
 /// The most memory a server may hold under any attack.
 const MAX_RSS: u64 = 256 << 20;
 
-const SERVER: &str = "server: { max_connections: 200, head_timeout: 5s, idle_timeout: 10s, max_streams: 100, max_streams_total: 1000 }";
+const SERVER: &str = "server: { max_connections: 200, head_timeout: 5s, idle_timeout: 10s, max_streams: 100, max_streams_total: 200 }";
 
 const RULES: &str = r#"
 rules:

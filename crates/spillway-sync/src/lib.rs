@@ -37,9 +37,12 @@
 //! the start of its rule's shortest fixed window), that bound is the whole
 //! limit per instance; so there an instance admits at most its share
 //! (`limit / N`, at least 1) until its second exchange after the key's
-//! first request, by which every live instance has pushed its own first
-//! admissions: at most `limit + (N − 1) × (limit mod N)` per fresh key or
-//! window when instances push within an interval (docs/SYNC.md).
+//! first request *and* a read holding every live instance's admissions
+//! up to its first exchange after that request (the heartbeats' horizon
+//! says when: see `lua/heartbeat.lua` in spillway-redis): at most
+//! `limit + (N − 1) × (limit mod N)` per fresh key or window where the
+//! instances start together, whatever order and delay their exchanges
+//! come in (docs/SYNC.md).
 //!
 //! ## Lease mode
 //! An instance leases a slice of a key's remaining budget: the store

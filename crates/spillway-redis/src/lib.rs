@@ -109,6 +109,8 @@ pub use keys::tag;
 pub use over::DEFAULT_ENTRIES as DEFAULT_OVER_LIMIT_CACHE;
 mod msgpack;
 mod reply;
+mod rules;
+pub use rules::{Precondition, RuleChange, RuleWrite};
 mod sync;
 pub use sync::{Beat, SyncItem, SyncItemReply, SyncOp, SyncReply};
 
@@ -141,6 +143,10 @@ pub const RESET_LUA: &str = include_str!("../lua/reset.lua");
 /// The script of the admin maps ([`RedisStore::admin_put`] and the rest),
 /// with its contract at its top.
 pub const ADMIN_LUA: &str = include_str!("../lua/admin.lua");
+
+/// The script of the API rules ([`RedisStore::rules_put`] and the rest),
+/// with its contract at its top.
+pub const RULES_LUA: &str = include_str!("../lua/rules.lua");
 
 /// Settings of a [`RedisStore`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -121,9 +121,11 @@ pub enum Phase {
     /// HTTP/2: 128 streams opened on each connection whose bodies never
     /// come (HEADERS without END_STREAM, then nothing).
     StreamHeld,
-    /// 128 requests sent and their answers never read (pipelined on
-    /// HTTP/1.1; on HTTP/2, streams with a receive window of 0), on a
-    /// 4 KiB receive buffer, so the server's writes back up.
+    /// Requests sent and their answers never read, on a 4 KiB receive
+    /// buffer: on HTTP/1.1 16 pipelined (large answers back the server's
+    /// writes up; small ones fit the send buffer Linux grows for it, and
+    /// the connection then waits, answers unread); on HTTP/2 128 streams
+    /// with a receive window of 0, whose answers can never be finished.
     AnswerNotRead,
     /// HTTP/2 rapid reset: HEADERS then RST_STREAM, as fast as it goes.
     RapidReset,
@@ -445,14 +447,18 @@ async fn stall<W: AsyncWrite + Unpin>(
             std::future::pending().await
         }
         (Phase::AnswerNotRead, Proto::H1) => {
-            // 128 pipelined requests: more answers than a 4 KiB receive
-            // buffer and a send buffer of the default 16 KiB hold, so the
-            // server's writes back up; then nothing (sending more would
-            // be a flood of requests, not a stall).
+            // A few pipelined requests, then nothing: sending more would
+            // be a flood of requests (128 each on 300 connections kept
+            // four debug servers busy for seconds), not a stall.
             let one = h1_request(&t.ask, &t.authority);
-            let all: Vec<u8> = one.iter().copied().cycle().take(one.len() * 128).collect();
+            let all: Vec<u8> = one
+                .iter()
+                .copied()
+                .cycle()
+                .take(one.len() * PIPELINED)
+                .collect();
             wr.write_all(&all).await?;
-            report.sent.fetch_add(128, Ordering::Relaxed);
+            report.sent.fetch_add(PIPELINED as u64, Ordering::Relaxed);
             std::future::pending().await
         }
         (Phase::AnswerNotRead, Proto::H2) => {
@@ -663,6 +669,9 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// Requests pipelined by [`Phase::AnswerNotRead`] on HTTP/1.1.
+const PIPELINED: usize = 16;
 
 const DATA: u8 = 0;
 const HEADERS: u8 = 1;

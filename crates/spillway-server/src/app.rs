@@ -214,6 +214,10 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     }
     let assign = admin::assign::Assignments::open(file)
         .map_err(|e| spillway_store::StoreError::new(false, e))?;
+    let api_context = crate::reload::api_rules_context(&opts.config);
+    let rules_api =
+        admin::rules_api::ApiRules::open(&assign, api_context.clone(), shared.health.clone())
+            .map_err(|e| spillway_store::StoreError::new(false, e))?;
     let top = Arc::new(admin::top::TopKeys::new(
         settings.top_slots,
         settings.show_keys,
@@ -237,6 +241,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         settings: arc_swap::ArcSwap::from_pointee(settings.clone()),
         plans: arc_swap::ArcSwap::from_pointee(opts.config.plans.clone()),
         assign,
+        rules_api,
         top,
         series: admin::series::Series::new(),
         audit: admin::audit::Audit::new(settings.audit_entries),
@@ -245,6 +250,13 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         parse_limits: config::limits_from_json,
         compiling: Mutex::new(None),
     });
+    // The API rules kept in the state file, in force from the start.
+    admin::rules_api::swap_in(
+        &admin,
+        rule_set(&opts.config, 1, &shared.health),
+        api_context,
+    );
+    admin.top.rules_changed(&shared.limiter.rules());
     admin.recompile();
     let grpc = Arc::new(GrpcState {
         shared: shared.clone(),
@@ -609,6 +621,7 @@ async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch
     step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Its own task: a slow Redis read in `tick` must not hold elastic
     // rules at a stale health.
+    tokio::spawn(admin::rules_api::follow(admin.clone(), stop.clone()));
     let health_admin = admin.clone();
     let mut health_stop = stop.clone();
     tokio::spawn(async move {

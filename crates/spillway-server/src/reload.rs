@@ -193,8 +193,7 @@ pub(crate) fn reload(
             state.domains.store(Arc::new(domains));
             let version = state.shared.limiter.rules().version + 1;
             let set = rule_set(&config, version, &state.shared.health);
-            state.shared.events.rules_changed(&set);
-            state.shared.limiter.replace_rules(set);
+            swap_in_with_api_rules(state, &config, set);
             state
                 .admin
                 .reloaded(&config.admin, &config.plans, &config.health);
@@ -226,6 +225,29 @@ pub(crate) fn reload(
             tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
             None
         }
+    }
+}
+
+/// Puts the file's rule set `set` in force together with the rules made
+/// over the admin API (issue 36's seam: file rules and API rules are
+/// composed in `admin::rules_api`, until the rule set is rebuilt from
+/// every source here).
+fn swap_in_with_api_rules(
+    state: &Reloader,
+    config: &crate::config::Config,
+    set: spillway_store::RuleSet,
+) {
+    crate::admin::rules_api::swap_in(&state.admin, set, api_rules_context(config));
+}
+
+/// What a rule made over the admin API is read against: the rules
+/// file's `descriptors:` and `path_matching:`.
+pub(crate) fn api_rules_context(
+    config: &crate::config::Config,
+) -> crate::admin::rules_api::Context {
+    crate::admin::rules_api::Context {
+        descriptors: config.descriptors.clone(),
+        path_matching: config.path_matching,
     }
 }
 

@@ -122,6 +122,12 @@ struct StateFile {
     overrides: Vec<Override>,
     #[serde(default)]
     plans: Vec<PlanAssignment>,
+    /// The rules made over the admin API (see `crate::rules_api`), kept
+    /// here as that module writes them. Absent from files written before
+    /// they existed, and left out while there are none, so such files
+    /// still load (and an older spillway still reads a newer file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    api_rules: Option<serde_json::Value>,
 }
 
 /// A rule's name and a key's parts.
@@ -140,6 +146,8 @@ pub struct Assignments {
     /// Serialises writes (file saves, Redis round trips with the reading
     /// that follows).
     writing: tokio::sync::Mutex<()>,
+    /// The state file's section of API rules, saved with the rest.
+    api_rules: Mutex<Option<serde_json::Value>>,
 }
 
 /// Why a write failed.
@@ -172,6 +180,7 @@ impl Assignments {
                         )
                     })?;
                     a.replace(state.overrides, state.plans);
+                    *a.api_rules.lock() = state.api_rules;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
@@ -437,6 +446,28 @@ impl Assignments {
         }
     }
 
+    /// The state file's section of API rules as read at start (or as
+    /// last saved).
+    pub fn api_rules_section(&self) -> Option<serde_json::Value> {
+        self.api_rules.lock().clone()
+    }
+
+    /// Whether a state file is kept.
+    pub fn has_file(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Saves `section` as the state file's API rules, with everything
+    /// else; what was there before stays if the file cannot be written.
+    ///
+    /// # Errors
+    /// The file cannot be written (nothing changed then).
+    pub async fn save_api_rules(&self, section: serde_json::Value) -> Result<(), WriteError> {
+        let _w = self.writing.lock().await;
+        let before = self.api_rules.lock().replace(section);
+        self.save().inspect_err(|_| *self.api_rules.lock() = before)
+    }
+
     /// Writes the state file, if one is set.
     fn save(&self) -> Result<(), WriteError> {
         let Some(path) = &self.file else {
@@ -445,6 +476,7 @@ impl Assignments {
         let state = StateFile {
             overrides: self.overrides.lock().values().cloned().collect(),
             plans: self.plans.lock().values().cloned().collect(),
+            api_rules: self.api_rules.lock().clone(),
         };
         let text = serde_json::to_vec_pretty(&state).unwrap_or_default();
         let mut tmp = path.as_os_str().to_owned();

@@ -23,6 +23,7 @@ use crate::Shared;
 pub mod api;
 pub mod assign;
 pub mod audit;
+pub mod rules_api;
 pub mod series;
 pub mod settings;
 pub mod top;
@@ -48,6 +49,8 @@ pub struct AdminState {
     pub plans: arc_swap::ArcSwap<settings::PlanBook>,
     /// Overrides and plan assignments.
     pub assign: assign::Assignments,
+    /// Rules made over the admin API.
+    pub rules_api: rules_api::ApiRules,
     /// Each rule's heaviest keys.
     pub top: Arc<top::TopKeys>,
     /// Decisions over the last 15 minutes.
@@ -287,15 +290,47 @@ async fn to_dashboard() -> Response {
     axum::response::Redirect::permanent("/admin/").into_response()
 }
 
+/// The rules in force in the order they are tried (the file's, then
+/// those made over the API), paged: `prefix` keeps the names that start
+/// with it, `after` starts past the rule of that name, `limit` (1000
+/// unless asked) ends the page, and `next_after` names where the next
+/// page starts.
 async fn rules(
     State(state): State<Arc<AdminState>>,
     _: api::Authorized<api::ReadIfTokens>,
+    q: Result<axum::extract::Query<api::PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let page = match api::PageQuery::page(q, 1000) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let set = state.shared.limiter.rules();
     let plans = state.plans.load();
-    let list: Vec<serde_json::Value> = set
-        .rules()
+    let start = if page.after.is_empty() {
+        0
+    } else {
+        match set.rules().iter().position(|r| r.name() == page.after) {
+            Some(i) => i + 1,
+            None => {
+                return api::problem(
+                    axum::http::StatusCode::NOT_FOUND,
+                    format!(
+                        "after: no rule named {:?} now (the rules changed): start again without after",
+                        page.after
+                    ),
+                );
+            }
+        }
+    };
+    let mut idx: Vec<usize> = (start..set.rules().len())
+        .filter(|i| set.rules()[*i].name().starts_with(page.prefix.as_str()))
+        .take(page.limit + 1)
+        .collect();
+    let more = idx.len() > page.limit;
+    idx.truncate(page.limit);
+    let list: Vec<serde_json::Value> = idx
         .iter()
+        .map(|i| &set.rules()[*i])
         .map(|r| {
             let mut v = rule_json(r);
             v["plan"] = match plans.rules.get(r.name()).and_then(|p| p.default.as_ref()) {
@@ -305,7 +340,16 @@ async fn rules(
             v
         })
         .collect();
-    axum::Json(json!({ "version": set.version, "rules": list })).into_response()
+    let next_after = more
+        .then(|| idx.last().map(|i| set.rules()[*i].name()))
+        .flatten();
+    axum::Json(json!({
+        "version": set.version,
+        "rules": list,
+        "total": set.rules().len(),
+        "next_after": next_after,
+    }))
+    .into_response()
 }
 
 /// A rule as the API and `check-config` show it.
@@ -342,6 +386,14 @@ async fn status(
             )
         })
         .collect();
+    let (held, unreadable, shadowed) = state.rules_api.counts();
+    let api_rules = json!({
+        "held": held,
+        "unreadable": unreadable,
+        "shadowed": shadowed,
+        "version": state.rules_api.version(),
+        "read_from_store": store.redis().is_none() || state.rules_api.pulled(),
+    });
     let mut body = json!({
         "store": {
             "kind": store.kind(),
@@ -357,6 +409,7 @@ async fn status(
         "health": api::seen_json(&state),
         "overrides": state.assign.overrides(crate::unix_ms()).len(),
         "plan_assignments": state.assign.plans().len(),
+        "api_rules": api_rules,
         "version": set.version,
         "rules": set.rules().len(),
         "source": state.source_name,

@@ -36,6 +36,9 @@ mod keys;
 #[allow(clippy::wildcard_imports)]
 use keys::*;
 
+mod rules;
+pub(crate) use rules::PageQuery;
+
 mod extract;
 pub use extract::{Authorized, KeyTarget, Need, Read, ReadIfTokens, Write};
 
@@ -58,6 +61,13 @@ pub fn routes() -> Router<Arc<AdminState>> {
         .route(
             "/admin/v1/plans/{*rest}",
             get(plan_get).put(plan_put).delete(plan_delete),
+        )
+        .route("/admin/v1/rules", get(rules::rules_list))
+        .route(
+            "/admin/v1/rules/{*rest}",
+            get(rules::rule_get)
+                .put(rules::rule_put)
+                .delete(rules::rule_delete),
         )
         .route("/admin/v1/top", get(top))
         .route("/admin/v1/series", get(series))
@@ -142,6 +152,8 @@ pub async fn audit_refusals(
             (&Method::PUT, p) if p.starts_with("/admin/v1/plans/") => "plan.put",
             (&Method::DELETE, p) if p.starts_with("/admin/v1/plans/") => "plan.delete",
             (&Method::PUT, "/v1/health") => "health.put",
+            (&Method::PUT, p) if p.starts_with("/admin/v1/rules/") => "rule.put",
+            (&Method::DELETE, p) if p.starts_with("/admin/v1/rules/") => "rule.delete",
             _ => "write",
         };
         let why = answer

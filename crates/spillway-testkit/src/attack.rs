@@ -264,9 +264,15 @@ pub async fn run(
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// A TCP connection from `source` to `to`, within 2 s; a small receive
-/// buffer when `small_window` (the server's writes back up sooner).
-pub async fn connect_from(source: IpAddr, to: SocketAddr, small_window: bool) -> Option<TcpStream> {
+/// A TCP connection from `source` to `to`, within `within`; a small
+/// receive buffer when `small_window` (the server's writes back up
+/// sooner).
+pub async fn connect_from(
+    source: IpAddr,
+    to: SocketAddr,
+    small_window: bool,
+    within: Duration,
+) -> Option<TcpStream> {
     let sock = if to.is_ipv4() {
         TcpSocket::new_v4()
     } else {
@@ -278,7 +284,7 @@ pub async fn connect_from(source: IpAddr, to: SocketAddr, small_window: bool) ->
         let _ = sock.set_recv_buffer_size(4096);
     }
     sock.bind(SocketAddr::new(source, 0)).ok()?;
-    let tcp = tokio::time::timeout(Duration::from_secs(2), sock.connect(to))
+    let tcp = tokio::time::timeout(within, sock.connect(to))
         .await
         .ok()?
         .ok()?;
@@ -286,15 +292,17 @@ pub async fn connect_from(source: IpAddr, to: SocketAddr, small_window: bool) ->
     Some(tcp)
 }
 
-/// Wraps `tcp` in TLS with `config` for the name `authority`, within 2 s.
+/// Wraps `tcp` in TLS with `config` for the name `authority`, within
+/// `within`.
 pub async fn tls_over(
     tcp: TcpStream,
     config: Arc<rustls::ClientConfig>,
     authority: &str,
+    within: Duration,
 ) -> Option<tokio_rustls::client::TlsStream<TcpStream>> {
     let name = rustls::pki_types::ServerName::try_from(authority.to_string()).ok()?;
     let connector = tokio_rustls::TlsConnector::from(config);
-    tokio::time::timeout(Duration::from_secs(2), connector.connect(name, tcp))
+    tokio::time::timeout(within, connector.connect(name, tcp))
         .await
         .ok()?
         .ok()
@@ -303,10 +311,12 @@ pub async fn tls_over(
 /// Opens one connection of `phase`: TCP, then TLS unless the phase stalls
 /// before or in the handshake.
 async fn open(phase: Phase, target: &Target, source: IpAddr) -> Option<Box<dyn Io>> {
-    let tcp = connect_from(source, target.addr, phase == Phase::AnswerNotRead).await?;
+    // An attacker gives up on a connection after 2 s, and tries again.
+    let within = Duration::from_secs(2);
+    let tcp = connect_from(source, target.addr, phase == Phase::AnswerNotRead, within).await?;
     match &target.tls {
         Some(cfg) if !matches!(phase, Phase::Connect | Phase::TlsHandshake) => {
-            let tls = tls_over(tcp, cfg.clone(), &target.authority).await?;
+            let tls = tls_over(tcp, cfg.clone(), &target.authority, within).await?;
             Some(Box::new(tls))
         }
         _ => Some(Box::new(tcp)),

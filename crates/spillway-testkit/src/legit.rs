@@ -95,17 +95,20 @@ impl Tally {
 }
 
 impl Legit {
-    /// Opens a connection (TCP, TLS, the protocol's handshake).
+    /// Opens a connection (TCP, TLS, the protocol's handshake); each step
+    /// may take as long as the whole request may (the caller's deadline
+    /// bounds them all).
     ///
     /// # Errors
     /// What failed, in a word or three (`no connection`, `tls`, ...).
     pub async fn connect(&self) -> Result<Conn, String> {
-        let tcp = attack::connect_from(self.source, self.addr, false)
+        let within = Duration::from_secs(60);
+        let tcp = attack::connect_from(self.source, self.addr, false, within)
             .await
             .ok_or("no connection")?;
         let io: Box<dyn Io> = match &self.tls {
             Some(cfg) => Box::new(
-                attack::tls_over(tcp, cfg.clone(), &self.authority)
+                attack::tls_over(tcp, cfg.clone(), &self.authority, within)
                     .await
                     .ok_or("tls handshake")?,
             ),

@@ -619,9 +619,10 @@ async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut step = tokio::time::interval(admin::series::STEP);
     step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The API rules' pull from Redis, on its own: every 250 ms.
+    tokio::spawn(admin::rules_api::follow(admin.clone(), stop.clone()));
     // Its own task: a slow Redis read in `tick` must not hold elastic
     // rules at a stale health.
-    tokio::spawn(admin::rules_api::follow(admin.clone(), stop.clone()));
     let health_admin = admin.clone();
     let mut health_stop = stop.clone();
     tokio::spawn(async move {

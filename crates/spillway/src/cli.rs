@@ -97,6 +97,12 @@ pub(crate) enum Command {
         /// As `serve --merge-domains`.
         #[arg(long)]
         merge_domains: bool,
+        /// Also read the rules made over the admin API back from the
+        /// store (Redis, as the file's `store:` says; else the memory
+        /// store's `admin.state_file`), check them against the file and
+        /// print them.
+        #[arg(long)]
+        from_store: bool,
     },
     /// Replay a trace (an access log) through a rules file at virtual
     /// time and report who would be limited, or write a synthetic trace.

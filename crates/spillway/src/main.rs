@@ -17,6 +17,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod check_config;
 mod cli;
+mod from_store;
 mod json_log;
 mod log_limit;
 mod logging;
@@ -75,9 +76,15 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             files,
             merge_domains,
+            from_store,
         } => {
             init_logging(log_format.unwrap_or_default());
-            check_config::check_config(&files, merge_domains || merge_domain_config_env())
+            let code = check_config::check_config(&files, merge_domains || merge_domain_config_env());
+            if from_store && code == ExitCode::SUCCESS {
+                from_store::run(&files)
+            } else {
+                code
+            }
         }
     }
 }

@@ -22,6 +22,7 @@ mod ops;
 mod proxy;
 mod proxy_bounds;
 mod redis;
+mod rules_api;
 mod secrets;
 mod simulate;
 mod simulate_report;

@@ -453,7 +453,8 @@ impl Upstream {
 
     /// Relays the body of `resp` to the client after `out` (which holds the
     /// finished response head), as it arrives, and puts the connection back
-    /// in the pool if it can serve again. False if either side broke
+    /// in the pool if it can serve again, as soon as the answer is all read
+    /// (before its last bytes are written to the client). False if either side broke
     /// midway, the upstream stalled for the timeout, or its chunked coding
     /// was malformed: the client's framing cannot be finished then, so the
     /// caller closes its connection.
@@ -499,6 +500,23 @@ impl Upstream {
                 out.extend_from_slice(&data[..take]);
                 data.clear();
             }
+            if done {
+                break;
+            }
+            // Whatever the upstream has ready is gathered first (up to
+            // `RELAY`): an answer that is all there is read whole, and its
+            // connection goes back before the client has to take it.
+            if out.len() < RELAY {
+                match read_ready(&mut resp.conn, &mut data) {
+                    None => {}
+                    Some(Ok(n)) if n > 0 => continue,
+                    Some(Ok(0)) if resp.framing == Framing::UntilClose => {
+                        return client.write_all(out).await;
+                    }
+                    // Closed early or broken.
+                    Some(_) => return false,
+                }
+            }
             // What arrived goes out now: a stream (server-sent events, a
             // long poll) reaches the client as the upstream writes it.
             if !out.is_empty() {
@@ -507,9 +525,6 @@ impl Upstream {
                 }
                 out.clear();
             }
-            if done {
-                break;
-            }
             match tokio::time::timeout(self.timeout, read_some(&mut resp.conn, &mut data)).await {
                 Ok(Ok(0)) if resp.framing == Framing::UntilClose => return true,
                 Ok(Ok(n)) if n > 0 => {}
@@ -517,13 +532,38 @@ impl Upstream {
                 _ => return false,
             }
         }
+        // The answer is all read: its upstream connection goes back (or
+        // closes) before the client takes the last of it, so a client that
+        // does not read its answers (for up to the write timeout each)
+        // holds no upstream connection meanwhile. Writing first let 50 such
+        // clients hold the whole pool, and every other request waited.
         if resp.reusable && !leftover {
             let mut idle = self.idle.lock();
             if idle.len() < MAX_IDLE {
                 idle.push(resp.conn);
             }
+        } else {
+            drop(resp.conn);
+        }
+        if !out.is_empty() {
+            if !client.write_all(out).await {
+                return false;
+            }
+            out.clear();
         }
         true
+    }
+}
+
+/// What the upstream has sent and not yet been read, without waiting:
+/// `None` when there is nothing.
+fn read_ready(conn: &mut Conn, buf: &mut Vec<u8>) -> Option<io::Result<usize>> {
+    if buf.capacity() - buf.len() < 2048 {
+        buf.reserve(RELAY.max(buf.capacity()));
+    }
+    match conn.stream.try_read_buf(buf) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+        r => Some(r),
     }
 }
 

@@ -455,3 +455,55 @@ fn frame_types(mut bytes: &[u8]) -> Vec<u8> {
     }
     types
 }
+
+/// Issue 35 (found by the adversarial matrix's "answer not read" row):
+/// the proxy's direct path wrote an answer's last bytes to the client
+/// while still holding its upstream connection, so clients that send
+/// requests and never read the answers held the whole upstream pool (up
+/// to the write timeout per write) and every other request waited for
+/// it. The connection now goes back as soon as the answer is all read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_clients_that_do_not_read_hold_no_upstream_connection() {
+    let up = HttpUpstream::start().await;
+    let dir = TempDir::new("stall-unread");
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            "server: {{ write_timeout: 5m }}\nproxy: {{ upstream: {{ url: {}, max_connections: 2 }}, timeout: 3s }}\nrules:\n  - name: all\n    limits: [ {{ fixed_window: {{ limit: 1000000, window: 1h }} }} ]\n",
+            up.url()
+        ),
+    );
+    let s = Server::start_cmd("proxy", &["--config", file.to_str().unwrap()]);
+    // Four clients with a small receive buffer, each sending 128 requests
+    // whose answers (60 kB each, more than the socket buffers hold) it
+    // never reads.
+    let body = vec![b'x'; 60_000];
+    let mut one = format!(
+        "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    one.extend_from_slice(&body);
+    let all: Vec<u8> = one.iter().copied().cycle().take(one.len() * 128).collect();
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut conn = socket.connect(addr(&s)).await.unwrap();
+        let all = all.clone();
+        readers.push(tokio::spawn(async move {
+            let _ = conn.write_all(&all).await;
+            std::future::pending::<()>().await;
+            drop(conn);
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (answered, _) = legit(addr(&s), local(0, 0, 1), 10, true, Duration::from_secs(60)).await;
+    for r in readers {
+        r.abort();
+    }
+    assert!(
+        answered >= 9,
+        "{answered} of 10 answered beside clients that do not read"
+    );
+}

@@ -147,18 +147,16 @@ fn precondition(h: &HeaderMap, put: bool) -> Result<Precondition, Response> {
         (None, None) => Ok(Precondition::None),
         (Some(m), None) if m == "*" => Ok(Precondition::Exists),
         (Some(m), None) => {
-            if m.starts_with("W/") {
-                // A weak ETag never matches (If-Match compares strongly).
-                return Ok(Precondition::Version(0));
-            }
+            // Only ETags this API gives ("17") can match: a weak one or
+            // another spelling never would, and is refused as unreadable.
             let inner = m.strip_prefix('"').and_then(|x| x.strip_suffix('"'));
             match inner {
-                Some(i) => Ok(Precondition::Version(
-                    i.parse().ok().filter(|v| *v > 0).unwrap_or(0),
-                )),
-                None => Err(problem(
+                Some(i) if !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()) => {
+                    Ok(Precondition::Version(i.parse().unwrap_or(u64::MAX)))
+                }
+                _ => Err(problem(
                     StatusCode::BAD_REQUEST,
-                    "If-Match: an ETag in quotes, as a GET answered it, or *",
+                    "If-Match: the ETag a GET answered, in quotes (\"17\"), or *",
                 )),
             }
         }

@@ -606,6 +606,12 @@ pub fn build(ctx: &Context, json: &Value) -> Result<Rule, String> {
     if json.get("plan").is_some() {
         return Err("plan: not offered to rules made over the API: give limits".into());
     }
+    // JSON's types first, as docs/openapi.yaml gives them: YAML would
+    // read `"api": 5` as the text "5", and `null` as absent.
+    if let Err(e) = serde_json::from_value::<Shape>(json.clone()) {
+        let e = e.to_string();
+        return Err(e.split(" at line ").next().unwrap_or(&e).to_string());
+    }
     let text = whole_numbers(json.clone()).to_string();
     let raw: Spanned<spillway_rules::raw::RawRule> = serde_saphyr::from_str(&text)
         .map_err(|e| spillway_rules::build::first_line(&e.to_string()))?;
@@ -627,6 +633,35 @@ pub fn build(ctx: &Context, json: &Value) -> Result<Rule, String> {
             .collect::<Vec<_>>()
             .join("; ")),
     }
+}
+
+/// A rule's fields and their JSON types (the reader of the rules file
+/// checks the rest).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct Shape {
+    name: String,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    api: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    by: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    limits: Option<Vec<serde_json::Map<String, Value>>>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    mode: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    priority: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    on_store_error: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    queue: Option<serde_json::Map<String, Value>>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    path_matching: Option<serde_json::Map<String, Value>>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    cost: Option<serde_json::Map<String, Value>>,
+    #[serde(default, deserialize_with = "crate::json::present")]
+    description: Option<String>,
 }
 
 /// JSON Schema's integers are numbers without a fraction however written

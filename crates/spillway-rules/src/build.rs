@@ -78,10 +78,12 @@ pub fn rules(
     ctx: &RuleContext<'_>,
     mut each: impl FnMut(&mut Collector<'_>, &Spanned<RawRule>, &Rule),
 ) -> Vec<Rule> {
-    let mut rules = Vec::new();
-    let mut names: Vec<&Spanned<String>> = Vec::new();
+    let mut rules = Vec::with_capacity(list.len());
+    // By name: a million rules checked in linear time, not quadratic.
+    let mut names: std::collections::HashMap<&str, &Spanned<String>> =
+        std::collections::HashMap::with_capacity(list.len());
     for r in list {
-        if let Some(prev) = names.iter().find(|n| n.value == r.value.name.value) {
+        if let Some(prev) = names.get(r.value.name.value.as_str()) {
             errs.at(
                 &r.value.name,
                 format!(
@@ -91,7 +93,9 @@ pub fn rules(
                 ),
             );
         }
-        names.push(&r.value.name);
+        names
+            .entry(r.value.name.value.as_str())
+            .or_insert(&r.value.name);
         if let Some(rule) = rule(errs, r, ctx) {
             each(errs, r, &rule);
             rules.push(rule);

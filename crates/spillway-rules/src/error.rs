@@ -134,7 +134,7 @@ impl<'a> Collector<'a> {
             file: self.file.to_string(),
             line: span.referenced.line(),
             column: span.referenced.column(),
-            message: message.into(),
+            message: bounded(message.into()),
         });
     }
 
@@ -144,7 +144,27 @@ impl<'a> Collector<'a> {
             file: self.file.to_string(),
             line,
             column,
-            message: message.into(),
+            message: bounded(message.into()),
         });
     }
+}
+
+/// The longest message shown: a message quoting a value of megabytes (a
+/// hostile or broken file) shows its start and how long it was.
+const MAX_MESSAGE: usize = 1024;
+
+/// `message` cut to [`MAX_MESSAGE`] bytes (at a character boundary).
+pub(crate) fn bounded(message: String) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message;
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}... (message cut: {} bytes in all)",
+        &message[..end],
+        message.len()
+    )
 }

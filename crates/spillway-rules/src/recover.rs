@@ -12,6 +12,8 @@
 //! no aliases (an alias may point into another piece). Anything else
 //! reports serde's one error, as before.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde_saphyr::granit_parser::{Event, Parser, StructureStyle};
 
 use crate::error::{Error, Errors, first_line};
@@ -37,7 +39,7 @@ pub fn read<T: Sections, V>(
     text: &str,
     validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<V, Errors> {
-    match serde_saphyr::from_str::<T>(text) {
+    match from_str::<T>(text) {
         Ok(raw) => validate(file, raw, false),
         // serde stopped at the first structural error: read the file again
         // piece by piece for the others, and validate what parsed.
@@ -177,17 +179,28 @@ fn piece(lines: &[&str], head: Option<&str>, start: usize, end: usize) -> String
 }
 
 fn parse<T: Sections>(file: &str, piece: &str) -> Result<T, Error> {
-    serde_saphyr::from_str(piece).map_err(|e| located(file, &e))
+    from_str(piece).map_err(|e| located(file, &e))
 }
 
 /// serde-saphyr's error as ours: its first line, at its location.
 pub fn located(file: &str, e: &serde_saphyr::Error) -> Error {
     let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
+    // The breach itself, under the snippet and alias wrappers.
+    let mut inner = e;
+    while let serde_saphyr::Error::AliasError { error, .. }
+    | serde_saphyr::Error::WithSnippet { error, .. } = inner
+    {
+        inner = error;
+    }
+    let message = match inner {
+        serde_saphyr::Error::Budget { breach, .. } => budget_message(breach),
+        _ => None,
+    };
     Error {
         file: file.to_string(),
         line,
         column,
-        message: first_line(&e.to_string()),
+        message: crate::error::bounded(message.unwrap_or_else(|| first_line(&e.to_string()))),
     }
 }
 
@@ -327,21 +340,120 @@ impl<'a> Events<'a> {
     }
 }
 
-/// The largest file read: larger is an error, not a parse.
-pub const MAX_FILE_LEN: usize = 16 << 20;
+/// The largest file read by default (`--max-file-bytes`): 1 GiB, room
+/// for several million rules (a rule is ~135 bytes of YAML).
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 30;
 
-/// An error if `text` is larger than [`MAX_FILE_LEN`].
+/// The largest file read: larger is an error, not a parse. One setting
+/// for the process, set once from `--max-file-bytes` before any file is
+/// read (every reader of rules files, the server's and the offline
+/// tools', goes through [`check_size`] and [`read_file`]).
+static MAX_FILE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_MAX_FILE_BYTES);
+
+/// Sets the largest rules file read (`--max-file-bytes`); 0 is read as
+/// the default.
+pub fn set_max_file_bytes(bytes: u64) {
+    let bytes = if bytes == 0 {
+        DEFAULT_MAX_FILE_BYTES
+    } else {
+        bytes
+    };
+    MAX_FILE_BYTES.store(bytes, Ordering::Relaxed);
+}
+
+/// The largest rules file read (see [`set_max_file_bytes`]).
+pub fn max_file_bytes() -> u64 {
+    MAX_FILE_BYTES.load(Ordering::Relaxed)
+}
+
+/// The deepest nesting of mappings and lists read: a rules file needs
+/// about 8; deeper is a hostile file (it would cost stack and time).
+pub const MAX_DEPTH: usize = 64;
+
+/// The YAML reader's options for a rules file of any size.
+///
+/// The reader's default budget caps a document at 250,000 nodes (about
+/// 14,000 rules); spillway reads files of millions of rules, so what
+/// bounds the work is the file's size (`--max-file-bytes`: a node costs
+/// at least a byte of text): node, event and scalar-byte counts are
+/// bounded by it, not by a count of their own. What a small file could
+/// still blow up stays bounded as before: aliases and their expansion
+/// (an alias bomb), anchors, nesting depth, documents.
+pub fn yaml_options() -> serde_saphyr::Options {
+    let max = usize::try_from(max_file_bytes()).unwrap_or(usize::MAX);
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_reader_input_bytes = Some(max);
+    // Every node and event is at least one byte of the file, so the file
+    // size bounds them; an alias's expansion is bounded apart (below).
+    budget.max_nodes = usize::MAX;
+    budget.max_events = usize::MAX;
+    budget.max_total_scalar_bytes = max;
+    budget.max_depth = MAX_DEPTH;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+/// `text` read into `T` with [`yaml_options`].
+///
+/// # Errors
+/// serde-saphyr's error (see [`located`] for ours).
+pub fn from_str<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, serde_saphyr::Error> {
+    serde_saphyr::from_str_with_options(text, yaml_options())
+}
+
+/// Which protection a budget breach hit, in words a user can act on.
+#[allow(clippy::unnecessary_wraps)]
+fn budget_message(breach: &serde_saphyr::budget::BudgetBreach) -> Option<String> {
+    use serde_saphyr::budget::BudgetBreach as B;
+    let fixed = "a protection against hostile YAML, fixed: a rules file needs far less";
+    Some(match breach {
+        B::Depth { depth } => {
+            format!("YAML nested too deep: {depth} levels, the limit is {MAX_DEPTH} ({fixed})")
+        }
+        B::Aliases { aliases } => format!(
+            "too many YAML aliases (`*name`): {aliases}, the limit is 50000 ({fixed}; write the values out)"
+        ),
+        B::Anchors { anchors } => {
+            format!("too many YAML anchors (`&name`): {anchors}, the limit is 50000 ({fixed})")
+        }
+        B::AliasAnchorRatio { aliases, anchors } => format!(
+            "YAML aliases expand too much: {aliases} aliases of {anchors} anchors (an alias bomb?; {fixed}; write the values out)"
+        ),
+        B::RecordedAnchorEvents { .. } | B::RecordedAnchorBytes { .. } => format!(
+            "YAML aliases expand too much (an alias bomb?): past 1,000,000 values replayed ({fixed}; write the values out)"
+        ),
+        B::Documents { documents } => {
+            format!("too many YAML documents: {documents}, the limit is 1024 ({fixed})")
+        }
+        B::ScalarBytes { total_scalar_bytes } => format!(
+            "the values add up to {total_scalar_bytes} bytes, more than --max-file-bytes ({}); raise it with --max-file-bytes",
+            max_file_bytes()
+        ),
+        other => format!("YAML too costly to read: {other:?} ({fixed})"),
+    })
+}
+
+/// The error when a file is larger than [`max_file_bytes`].
+fn too_large(file: &str, len: u64) -> Errors {
+    Errors(vec![Error {
+        file: file.to_string(),
+        line: 0,
+        column: 0,
+        message: format!(
+            "file of {len} bytes is larger than the limit of {} bytes; raise it with --max-file-bytes",
+            max_file_bytes()
+        ),
+    }])
+}
+
+/// An error if `text` is larger than [`max_file_bytes`].
 ///
 /// # Errors
 /// The file is too large.
 pub fn check_size(file: &str, text: &str) -> Result<(), Errors> {
-    if text.len() > MAX_FILE_LEN {
-        return Err(Errors(vec![Error {
-            file: file.to_string(),
-            line: 0,
-            column: 0,
-            message: "file larger than 16 MiB".to_string(),
-        }]));
+    if text.len() as u64 > max_file_bytes() {
+        return Err(too_large(file, text.len() as u64));
     }
     Ok(())
 }
@@ -351,14 +463,31 @@ pub fn check_size(file: &str, text: &str) -> Result<(), Errors> {
 /// # Errors
 /// The file cannot be read (or is not UTF-8).
 pub fn read_file(path: &std::path::Path) -> Result<(String, String), Errors> {
+    use std::io::Read;
     let name = path.display().to_string();
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok((name, text)),
-        Err(e) => Err(Errors(vec![Error {
-            file: name,
+    let cannot = |e: std::io::Error| {
+        Errors(vec![Error {
+            file: name.clone(),
             line: 0,
             column: 0,
             message: format!("cannot read: {e}"),
-        }])),
+        }])
+    };
+    // Read at most one byte past the limit: a huge file (or an endless
+    // pipe) is refused without being held in memory.
+    let limit = max_file_bytes();
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(limit.saturating_add(1)).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(&name, bytes.len() as u64));
     }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        cannot(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        ))
+    })?;
+    Ok((name, text))
 }

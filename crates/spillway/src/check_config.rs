@@ -31,9 +31,19 @@ fn hide(line: String) -> String {
     }
 }
 
+/// Files of more rules than this are summarised (counts per algorithm,
+/// mode and key) instead of listed, unless `--verbose`: a million lines
+/// is not a report.
+const LIST_AT_MOST: usize = 100;
+
+/// The errors shown of a file that has more: enough to fix it by.
+const SHOW_ERRORS: usize = 50;
+
 /// Checks `paths` (a rules file, envoyproxy/ratelimit files and
 /// directories) and prints the report; exit code 2 when they are invalid.
-pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
+/// Rules are listed one by one when `verbose` or when there are at most
+/// [`LIST_AT_MOST`]; a larger file is summarised.
+pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool) -> ExitCode {
     // A directory, or a file with a top-level `domain:`, is
     // envoyproxy/ratelimit's; anything else is a rules file. Each file is
     // read once, here: a pipe, `/dev/stdin` or `<(...)` gives its text
@@ -62,7 +72,7 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("{e}");
+                    print_errors(&e);
                     ExitCode::from(2)
                 }
             };
@@ -232,7 +242,15 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
                 "reload: a changed file applies after {:?} unchanged (SIGHUP: at once)",
                 cfg.reload_quiet
             );
-            for r in &cfg.rules {
+            if cfg.rules.len() > LIST_AT_MOST {
+                print_summary(&cfg.rules);
+            }
+            let listed = if verbose || cfg.rules.len() <= LIST_AT_MOST {
+                cfg.rules.as_slice()
+            } else {
+                &[]
+            };
+            for r in listed {
                 outln!(
                     "- {} (api: {}, by: {}, mode: {})",
                     r.name(),
@@ -255,10 +273,81 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("{e}");
+            print_errors(&e);
             ExitCode::from(2)
         }
     }
+}
+
+/// The first [`SHOW_ERRORS`] errors, each with file:line:column, and how
+/// many more there are.
+fn print_errors(e: &config::ConfigErrors) {
+    if e.0.len() <= SHOW_ERRORS {
+        eprintln!("{e}");
+        return;
+    }
+    let first = config::ConfigErrors(e.0[..SHOW_ERRORS].to_vec());
+    eprintln!("{first}");
+    eprintln!(
+        "... and {} more errors ({} in all)",
+        e.0.len() - SHOW_ERRORS,
+        e.0.len()
+    );
+}
+
+/// A large rule set in a few lines: how many rules use each algorithm,
+/// mode and key (`--verbose` lists them).
+fn print_summary(rules: &[spillway_core::Rule]) {
+    use std::collections::BTreeMap;
+    let mut algorithms: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut modes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut keys: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut routed, mut limits) = (0usize, 0usize);
+    for r in rules {
+        for l in r.limits() {
+            *algorithms.entry(l.algorithm_name()).or_default() += 1;
+        }
+        limits += r.limits().len();
+        routed += usize::from(r.route().is_some());
+        *modes.entry(r.mode().to_string()).or_default() += 1;
+        let by = if r.by().parts().is_empty() {
+            "everyone".to_string()
+        } else {
+            r.by().to_string()
+        };
+        *keys.entry(by).or_default() += 1;
+    }
+    let show = |m: &BTreeMap<String, usize>| -> String {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    outln!(
+        "summary: {} rules ({routed} with an api:), {limits} limits; --verbose lists every rule",
+        rules.len()
+    );
+    outln!("  algorithms (limits): {}", show_str(&algorithms));
+    outln!("  modes: {}", show(&modes));
+    let top: BTreeMap<String, usize> = {
+        let mut v: Vec<(String, usize)> = keys.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let more = v.len().saturating_sub(20);
+        let mut m: BTreeMap<String, usize> = v.into_iter().take(20).collect();
+        if more > 0 {
+            m.insert(format!("(and {more} other keys)"), 0);
+        }
+        m
+    };
+    outln!("  keys (by:): {}", show(&top));
+}
+
+/// `name n, ...` of a map with `&str` keys.
+fn show_str(m: &std::collections::BTreeMap<&str, usize>) -> String {
+    m.iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The switches as the file writes them, and what they mean.

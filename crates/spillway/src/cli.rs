@@ -19,6 +19,36 @@ pub(crate) struct Cli {
     /// file's `log.format`, else text].
     #[arg(long, global = true, value_name = "FORMAT", value_parser = parse_log_format)]
     pub(crate) log_format: Option<LogFormat>,
+    /// The largest rules or envoyproxy/ratelimit file read, in bytes
+    /// (`KiB`, `MiB`, `GiB` suffixes taken) [default: 1GiB]. A larger
+    /// file is refused before it is parsed.
+    #[arg(long, global = true, value_name = "BYTES", value_parser = parse_bytes)]
+    pub(crate) max_file_bytes: Option<u64>,
+}
+
+/// `1073741824`, `512MiB`, `1GiB`, `64KiB` (also `K`, `M`, `G`, `KB`...:
+/// powers of 1024 all) as a byte count of at least 1.
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("`{s}`: a number of bytes, e.g. 1073741824 or 1GiB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("`{s}`: unknown unit `{other}` (B, KiB, MiB, GiB)")),
+    };
+    let bytes = n
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}`: too large"))?;
+    if bytes == 0 {
+        return Err("at least 1 byte".to_string());
+    }
+    Ok(bytes)
 }
 
 fn parse_log_format(s: &str) -> Result<LogFormat, String> {
@@ -97,6 +127,10 @@ pub(crate) enum Command {
         /// As `serve --merge-domains`.
         #[arg(long)]
         merge_domains: bool,
+        /// List every rule (a large file is otherwise summarised: counts
+        /// per algorithm, mode and key).
+        #[arg(long, short = 'v')]
+        verbose: bool,
         /// Also read the rules made over the admin API back from the
         /// store (Redis, as the file's `store:` says; else the memory
         /// store's `admin.state_file`), check them against the file and

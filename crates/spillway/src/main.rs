@@ -27,6 +27,9 @@ mod simulate;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let log_format = cli.log_format;
+    if let Some(bytes) = cli.max_file_bytes {
+        spillway_rules::recover::set_max_file_bytes(bytes);
+    }
     match cli.command {
         Command::Serve {
             config,
@@ -76,10 +79,15 @@ fn main() -> ExitCode {
         Command::CheckConfig {
             files,
             merge_domains,
+            verbose,
             from_store,
         } => {
             init_logging(log_format.unwrap_or_default());
-            let code = check_config::check_config(&files, merge_domains || merge_domain_config_env());
+            let code = check_config::check_config(
+                &files,
+                merge_domains || merge_domain_config_env(),
+                verbose,
+            );
             if from_store && code == ExitCode::SUCCESS {
                 from_store::run(&files)
             } else {

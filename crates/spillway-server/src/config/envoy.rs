@@ -16,15 +16,12 @@ use std::sync::Arc;
 use serde_saphyr::Spanned;
 use spillway_core::{KeySpec, Limit, Mode, Rule};
 
-use spillway_rules::build::{Collector, first_line, limit};
+use spillway_rules::build::{Collector, limit};
 use spillway_rules::recover::read_file as read;
 
 use super::raw::{RawDescriptor, RawDomain, RawEnvoyRate, RawLimit};
 use super::{ConfigError, ConfigErrors};
 use crate::grpc::{Action, Domain, Node, proto::Unit};
-
-/// The largest file read (as for rules files).
-const MAX_FILE: usize = 16 << 20;
 
 /// A domain as one file gives it, with where its parts are: for the errors
 /// that involve two files (the same domain twice, or, merged, the same
@@ -71,9 +68,7 @@ pub(crate) fn parse_located(file: &str, text: &str) -> Result<Located, ConfigErr
             message.to_string(),
         )])
     };
-    if text.len() > MAX_FILE {
-        return Err(one(0, 0, "file larger than 16 MiB"));
-    }
+    spillway_rules::recover::check_size(file, text)?;
     let doc = first_document(text);
     if doc.lines().all(|l| {
         let t = l.trim();
@@ -85,10 +80,8 @@ pub(crate) fn parse_located(file: &str, text: &str) -> Result<Located, ConfigErr
             "no `domain:`: the file (or its first YAML document) is empty",
         ));
     }
-    let raw: RawDomain = serde_saphyr::from_str(doc).map_err(|e| {
-        let (line, column) = e.location().map_or((0, 0), |l| (l.line(), l.column()));
-        one(line, column, &first_line(&e.to_string()))
-    })?;
+    let raw: RawDomain = spillway_rules::recover::from_str(doc)
+        .map_err(|e| ConfigErrors(vec![spillway_rules::recover::located(file, &e)]))?;
     let mut errs = Collector::new(file);
     let (domain, at) = domain(&mut errs, &raw, (0, 0));
     if !errs.list.is_empty() {
@@ -174,7 +167,9 @@ pub(super) fn domain(
 
 fn descriptors(errs: &mut Collector<'_>, path: &str, list: &[Spanned<RawDescriptor>]) -> Vec<Node> {
     let mut out: Vec<Node> = Vec::with_capacity(list.len());
-    let mut seen: Vec<(String, u64)> = Vec::new();
+    // By composite key: a domain of a million descriptors is checked in
+    // linear time.
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     for d in list {
         let raw = &d.value;
         let key_at = raw.key.as_ref().map_or_else(|| loc(d), loc);
@@ -197,12 +192,14 @@ fn descriptors(errs: &mut Collector<'_>, path: &str, list: &[Spanned<RawDescript
             .filter(|v| !v.is_empty());
         let composite = composite(&key, value.as_deref());
         let here = format!("{path}.{composite}");
-        match seen.iter().find(|(c, _)| *c == composite) {
-            Some((_, line)) => errs.at_loc(
+        match seen.get(&composite) {
+            Some(line) => errs.at_loc(
                 key_at,
                 format!("duplicate descriptor composite key '{here}' (first at line {line})"),
             ),
-            None => seen.push((composite, key_at.0)),
+            None => {
+                seen.insert(composite, key_at.0);
+            }
         }
         let shadow = raw.shadow_mode.unwrap_or(false);
         let mode = if shadow { Mode::Shadow } else { Mode::Hard };

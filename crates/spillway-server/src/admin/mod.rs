@@ -28,6 +28,10 @@ pub mod series;
 pub mod settings;
 pub mod top;
 
+/// The most rules `/v1/status` lists under `near_limit` (those that
+/// admitted most).
+pub const NEAR_LIMIT_RULES: usize = 100;
+
 /// How often the health elastic rules read is brought up to date.
 pub const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -371,13 +375,25 @@ async fn status(
     let reload = state.reload.lock().clone();
     let store = state.shared.limiter.store();
     let degraded = store.degraded();
-    let near: serde_json::Map<String, serde_json::Value> = state
+    let in_force: std::collections::HashSet<&str> = set.rules().iter().map(Rule::name).collect();
+    // Admitted: allowed, shadow denied (admitted) and soft exceeded. Only
+    // rules that admitted any, the NEAR_LIMIT_RULES that admitted most:
+    // with many rules, a status of every one would say nothing.
+    let mut totals: Vec<(String, [u64; 5])> = state
         .shared
         .events
         .rule_totals()
         .into_iter()
-        .filter(|(n, _)| set.rules().iter().any(|r| r.name() == n))
-        // Admitted: allowed, shadow denied (admitted) and soft exceeded.
+        .filter(|(n, t)| in_force.contains(n.as_str()) && t[0] + t[2] + t[3] > 0)
+        .collect();
+    let admitted = |t: &[u64; 5]| t[0] + t[2] + t[3];
+    let near_total = totals.len();
+    if totals.len() > NEAR_LIMIT_RULES {
+        totals.select_nth_unstable_by(NEAR_LIMIT_RULES, |a, b| admitted(&b.1).cmp(&admitted(&a.1)));
+        totals.truncate(NEAR_LIMIT_RULES);
+    }
+    let near: serde_json::Map<String, serde_json::Value> = totals
+        .into_iter()
         // A rule's name may come from `${NAME}`.
         .map(|(n, t)| {
             (
@@ -405,6 +421,7 @@ async fn status(
         "near_limit": {
             "ratio": state.shared.events.near_limit_ratio(),
             "rules": near,
+            "rules_admitting": near_total,
         },
         "health": api::seen_json(&state),
         "overrides": state.assign.overrides(crate::unix_ms()).len(),

@@ -58,7 +58,11 @@ impl Series {
             for i in 0..5 {
                 d[i] = t[i].saturating_sub(before[i]);
             }
-            step.insert(name.clone(), d);
+            // Only rules that decided in the step take room: with many
+            // rules, most see no traffic at all.
+            if d != [0; 5] {
+                step.insert(name.clone(), d);
+            }
             last.insert(name, t);
         }
         inner.last = last;
@@ -91,6 +95,44 @@ impl Series {
     }
 }
 
+impl Series {
+    /// The `limit` rules of `all` that decided most in the points kept,
+    /// busiest first (ties by name), with how many decisions each; then,
+    /// while there is room, rules that decided nothing, by name. One pass
+    /// over the rules, whatever their number.
+    pub fn busiest(&self, all: &[&str], limit: usize) -> Vec<(String, u64)> {
+        let known: std::collections::HashSet<&str> = all.iter().copied().collect();
+        let mut sums: HashMap<String, u64> = HashMap::new();
+        {
+            let inner = self.inner.lock();
+            for (_, m) in &inner.points {
+                for (name, c) in m {
+                    if known.contains(name.as_str()) {
+                        *sums.entry(name.clone()).or_default() += c.iter().sum::<u64>();
+                    }
+                }
+            }
+        }
+        let mut busy: Vec<(String, u64)> = sums.into_iter().filter(|(_, n)| *n > 0).collect();
+        busy.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        busy.truncate(limit);
+        if busy.len() < limit {
+            let shown: std::collections::HashSet<&str> =
+                busy.iter().map(|(n, _)| n.as_str()).collect();
+            let mut idle: Vec<&str> = all.iter().copied().filter(|n| !shown.contains(n)).collect();
+            let room = limit - busy.len();
+            if idle.len() > room {
+                idle.select_nth_unstable(room);
+                idle.truncate(room);
+            }
+            idle.sort_unstable();
+            let idle: Vec<(String, u64)> = idle.into_iter().map(|n| (n.to_string(), 0)).collect();
+            busy.extend(idle);
+        }
+        busy
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +154,35 @@ mod tests {
         let (_, list) = s.snapshot(&["a".into()]);
         assert_eq!(list[0].1.len(), POINTS);
         assert!(list[0].1.iter().all(|c| c[0] == 1));
+    }
+
+    #[test]
+    fn the_busiest_first_then_idle_rules_by_name() {
+        let s = Series::new();
+        let zero = [0; 5];
+        s.record(
+            0,
+            vec![("a".into(), zero), ("b".into(), zero), ("c".into(), zero)],
+        );
+        s.record(
+            5000,
+            vec![
+                ("a".into(), [1, 0, 0, 0, 0]),
+                ("b".into(), [5, 2, 0, 0, 0]),
+                ("c".into(), zero),
+            ],
+        );
+        let all = ["a", "b", "c", "d"];
+        assert_eq!(s.busiest(&all, 1), [("b".to_string(), 7)]);
+        assert_eq!(
+            s.busiest(&all, 3),
+            [
+                ("b".to_string(), 7),
+                ("a".to_string(), 1),
+                ("c".to_string(), 0)
+            ]
+        );
+        // A rule no longer in force is not shown.
+        assert_eq!(s.busiest(&["a"], 5), [("a".to_string(), 1)]);
     }
 }

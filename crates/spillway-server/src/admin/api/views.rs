@@ -124,19 +124,50 @@ pub(super) async fn top(
     }
 }
 
-pub(super) async fn series(State(state): State<Arc<AdminState>>, _: Authorized<Read>) -> Response {
-    let names: Vec<String> = state
-        .shared
-        .limiter
-        .rules()
-        .rules()
+#[derive(Deserialize)]
+pub(super) struct SeriesQuery {
+    #[serde(default)]
+    limit: Option<String>,
+}
+
+/// The most rules the chart's series lists unless asked.
+const SERIES_RULES: usize = 50;
+
+pub(super) async fn series(
+    State(state): State<Arc<AdminState>>,
+    _: Authorized<Read>,
+    q: Result<Query<SeriesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(mut q)) = q else {
+        return problem(StatusCode::BAD_REQUEST, "query: limit=N");
+    };
+    unset_blanks([&mut q.limit]);
+    let limit = match q.limit.as_deref().map(count) {
+        None => SERIES_RULES,
+        Some(Ok(n)) if (1..=1000).contains(&n) => n,
+        Some(_) => return problem(StatusCode::BAD_REQUEST, "limit: from 1 to 1000"),
+    };
+    let set = state.shared.limiter.rules();
+    let all: Vec<&str> = set.rules().iter().map(Rule::name).collect();
+    // The busiest rules, not all: a chart of a million lines says nothing.
+    let busiest = state.series.busiest(&all, limit);
+    let names: Vec<String> = busiest.iter().map(|(n, _)| n.clone()).collect();
+    let wanted: std::collections::HashMap<&str, usize> = names
         .iter()
-        .map(|r| r.name().to_string())
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
         .collect();
+    let mut info = vec![Value::Null; names.len()];
+    for r in set.rules() {
+        if let Some(i) = wanted.get(r.name()) {
+            info[*i] = crate::admin::rule_json(r);
+        }
+    }
     let (end, list) = state.series.snapshot(&names);
     let rules: Vec<Value> = list
         .iter()
-        .map(|(name, points)| {
+        .zip(busiest.iter().zip(info))
+        .map(|((name, points), ((_, decided), rule))| {
             let mut o = serde_json::Map::new();
             o.insert("rule".into(), json!(name));
             for (i, f) in crate::admin::series::FIELDS.iter().enumerate() {
@@ -145,6 +176,8 @@ pub(super) async fn series(State(state): State<Arc<AdminState>>, _: Authorized<R
                     json!(points.iter().map(|p| p[i]).collect::<Vec<_>>()),
                 );
             }
+            o.insert("decided".into(), json!(decided));
+            o.insert("info".into(), rule);
             Value::Object(o)
         })
         .collect();
@@ -152,6 +185,7 @@ pub(super) async fn series(State(state): State<Arc<AdminState>>, _: Authorized<R
         "step_s": crate::admin::series::STEP.as_secs(),
         "end_unix_ms": end,
         "rules": rules,
+        "rules_total": all.len(),
     }))
     .into_response()
 }

@@ -1,9 +1,14 @@
 //! Prometheus metrics, written by hand: a few atomics, no registry.
 //!
-//! Labels are rule names and outcomes only, never client keys, so the number
-//! of series is bounded by the rules file; the one exception, an Envoy
-//! limit marked `detailed_metric`, has a bounded number of descriptor
-//! series of its own (see [`GrpcRule::hits`]).
+//! Labels are rule names and outcomes only, never client keys. A rule has
+//! series only once it has decided a request, and at most
+//! [`DEFAULT_MAX_RULE_SERIES`] rules have their own (see
+//! [`Metrics::set_max_rule_series`]); the decisions of rules past that
+//! count in one aggregate series, `rule="(other rules)"`. So a million
+//! rules cost no memory here until they are requested, and `/metrics`
+//! stays bounded whatever the number of rules. The one exception, an
+//! Envoy limit marked `detailed_metric`, has a bounded number of
+//! descriptor series of its own (see [`GrpcRule::hits`]).
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -97,15 +102,43 @@ const BUCKETS: [f64; 12] = [
     0.01, 0.1,
 ];
 
-/// Per-rule counters for one rule set version, in rule order (removed
-/// rules' counters after them).
-type RuleTable = (u64, Vec<(String, Arc<RuleCounters>)>);
+/// How many rules have series of their own by default: enough for the
+/// rules that carry traffic in most deployments, few enough for a scrape
+/// (each is 7 lines).
+pub const DEFAULT_MAX_RULE_SERIES: usize = 2_000;
+
+/// The label of the series that aggregates rules past the cap.
+pub const OTHER_RULES: &str = "(other rules)";
+
+/// Where each rule of one rule set version counts, in rule order: empty
+/// until the rule's first decision (16 bytes a rule, not the 3 KB of its
+/// striped counters).
+#[derive(Debug, Default)]
+struct RuleTable {
+    version: u64,
+    slots: Box<[std::sync::OnceLock<Arc<RuleCounters>>]>,
+}
+
+/// The counters of every rule that has decided a request, by name, in
+/// the order of their first decisions; kept when the rule goes away
+/// (Prometheus counters must not vanish mid-process).
+#[derive(Debug, Default)]
+struct Seen {
+    list: Vec<(String, Arc<RuleCounters>)>,
+    by_name: HashMap<String, usize>,
+}
 
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct Metrics {
     /// Counters per rule, indexed like the rule set they were built for.
     rules: ArcSwap<RuleTable>,
+    /// Rules that have decided a request (their own series).
+    seen: parking_lot::Mutex<Seen>,
+    /// The decisions of rules past `max_rule_series`.
+    other: Arc<RuleCounters>,
+    /// How many rules have series of their own.
+    max_rule_series: AtomicUsize,
     /// Requests no rule applied to.
     unlimited: Counter,
     latency_buckets: [Counter; BUCKETS.len()],
@@ -153,7 +186,10 @@ impl Metrics {
     /// Metrics for the rules in `set`.
     pub fn new(set: &RuleSet) -> Metrics {
         let m = Metrics {
-            rules: ArcSwap::from_pointee((0, Vec::new())),
+            rules: ArcSwap::from_pointee(RuleTable::default()),
+            seen: parking_lot::Mutex::new(Seen::default()),
+            other: Arc::default(),
+            max_rule_series: AtomicUsize::new(DEFAULT_MAX_RULE_SERIES),
             unlimited: Counter::default(),
             latency_buckets: Default::default(),
             latency_count: Counter::default(),
@@ -178,28 +214,48 @@ impl Metrics {
     }
 
     /// Re-indexes counters for a new rule set, keeping the counts of rules
-    /// whose names stay.
+    /// whose names stay. Linear in the rules, and free of allocation per
+    /// rule beyond its empty slot.
     pub fn rules_changed(&self, set: &RuleSet) {
-        let old = self.rules.load();
-        let by_name: HashMap<&str, &Arc<RuleCounters>> =
-            old.1.iter().map(|(n, c)| (n.as_str(), c)).collect();
-        let mut list: Vec<(String, Arc<RuleCounters>)> = set
-            .rules()
-            .iter()
-            .map(|r| {
-                let c = by_name
-                    .get(r.name())
-                    .map_or_else(Default::default, |c| (*c).clone());
-                (r.name().to_string(), c)
-            })
-            .collect();
-        // Keep removed rules' series too: Prometheus counters must not vanish mid-process.
-        for (n, c) in &old.1 {
-            if !list.iter().any(|(m, _)| m == n) {
-                list.push((n.clone(), c.clone()));
+        let seen = self.seen.lock();
+        let slots: Box<[std::sync::OnceLock<Arc<RuleCounters>>]> =
+            (0..set.rules().len()).map(|_| Default::default()).collect();
+        if !seen.list.is_empty() {
+            for (slot, r) in slots.iter().zip(set.rules()) {
+                if let Some(&i) = seen.by_name.get(r.name()) {
+                    let _ = slot.set(seen.list[i].1.clone());
+                }
             }
         }
-        self.rules.store(Arc::new((set.version, list)));
+        self.rules.store(Arc::new(RuleTable {
+            version: set.version,
+            slots,
+        }));
+    }
+
+    /// Sets how many rules have series of their own (at least 1): the
+    /// first to decide a request get them; the others count in the
+    /// aggregate series `rule="(other rules)"`. Rules that have their own
+    /// already keep them.
+    pub fn set_max_rule_series(&self, n: usize) {
+        self.max_rule_series.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// The counters of the rule named `name`: its own (made now if it has
+    /// none and the cap allows), else the aggregate.
+    fn counters_for(&self, name: &str) -> Arc<RuleCounters> {
+        let mut seen = self.seen.lock();
+        if let Some(&i) = seen.by_name.get(name) {
+            return seen.list[i].1.clone();
+        }
+        if seen.list.len() >= self.max_rule_series.load(Ordering::Relaxed) {
+            return self.other.clone();
+        }
+        let c = Arc::<RuleCounters>::default();
+        let i = seen.list.len();
+        seen.list.push((name.to_string(), c.clone()));
+        seen.by_name.insert(name.to_string(), i);
+        c
     }
 
     /// Counts one rule's outcome. `index` is the rule's index in the set of `version`.
@@ -208,17 +264,17 @@ impl Metrics {
     }
 
     /// Runs `f` on the counters of the rule at `index` of the set
-    /// numbered `version` (by name if the set changed since).
+    /// numbered `version` (by name if the set changed since), made on
+    /// the rule's first decision.
     fn with_counters(&self, version: u64, index: usize, name: &str, f: impl FnOnce(&RuleCounters)) {
         let rules = self.rules.load();
-        let counters = if rules.0 == version {
-            rules.1.get(index).map(|(_, c)| c)
-        } else {
-            rules.1.iter().find(|(n, _)| n == name).map(|(_, c)| c)
-        };
-        if let Some(c) = counters {
-            f(c);
+        if rules.version == version
+            && let Some(slot) = rules.slots.get(index)
+        {
+            f(slot.get_or_init(|| self.counters_for(name)));
+            return;
         }
+        f(&self.counters_for(name));
     }
 
     /// Sets the share of a limit below which an admitted request counts
@@ -233,13 +289,23 @@ impl Metrics {
         f64::from_bits(self.near_ratio.load(Ordering::Relaxed))
     }
 
-    /// Every rule's totals so far, in rule order: decisions by outcome
+    /// The series to show: every rule that has decided a request, in the
+    /// order of their first decisions, then the aggregate of the rules
+    /// past the cap if it counted any.
+    fn rule_series(&self) -> Vec<(String, Arc<RuleCounters>)> {
+        let mut list = self.seen.lock().list.clone();
+        if self.other.by_outcome.iter().any(|c| c.get() > 0) {
+            list.push((OTHER_RULES.to_string(), self.other.clone()));
+        }
+        list
+    }
+
+    /// Every requested rule's totals so far (see [`Metrics::rule_series`]):
+    /// decisions by outcome
     /// (allowed, denied, shadow denied, soft exceeded), then near-limit
     /// admissions.
     pub fn rule_totals(&self) -> Vec<(String, [u64; 5])> {
-        self.rules
-            .load()
-            .1
+        self.rule_series()
             .iter()
             .map(|(n, c)| {
                 let mut t = [0; 5];
@@ -386,8 +452,8 @@ impl Metrics {
             "# HELP spillway_decisions_total Decisions by rule and outcome."
         );
         let _ = writeln!(out, "# TYPE spillway_decisions_total counter");
-        let rules = self.rules.load();
-        for (name, c) in &rules.1 {
+        let rules = self.rule_series();
+        for (name, c) in &rules {
             for o in OUTCOMES {
                 let _ = writeln!(
                     out,
@@ -404,7 +470,7 @@ impl Metrics {
             self.near_limit_ratio()
         );
         let _ = writeln!(out, "# TYPE spillway_near_limit_total counter");
-        for (name, c) in &rules.1 {
+        for (name, c) in &rules {
             let _ = writeln!(
                 out,
                 "spillway_near_limit_total{{rule=\"{}\"}} {}",
@@ -529,7 +595,7 @@ impl Metrics {
             "# HELP spillway_elastic_admitted_total Requests an elastic rule admitted above its plain limit, by rule (also in spillway_decisions_total as elastic_admitted)."
         );
         let _ = writeln!(out, "# TYPE spillway_elastic_admitted_total counter");
-        for (name, c) in &rules.1 {
+        for (name, c) in &rules {
             let _ = writeln!(
                 out,
                 "spillway_elastic_admitted_total{{rule=\"{}\"}} {}",
@@ -550,4 +616,61 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spillway_core::{Gcra, KeySpec, Limit, Mode, Nanos, Rate, Rule};
+
+    fn set(names: &[&str], version: u64) -> RuleSet {
+        let rules = names
+            .iter()
+            .map(|n| {
+                let rate = Rate::new(1, Nanos::from_secs(1)).unwrap();
+                let limit = Limit::Gcra(Gcra::new(rate, 1).unwrap());
+                let by = KeySpec::from_parts(Vec::new());
+                Rule::new(*n, None, by, vec![limit], Mode::Hard).unwrap()
+            })
+            .collect();
+        let mut s = RuleSet::new(rules);
+        s.version = version;
+        s
+    }
+
+    /// Issue 36: a million rules had a million series (and 3 KB of
+    /// counters each) before any request.
+    #[test]
+    fn only_requested_rules_have_series_and_past_the_cap_they_aggregate() {
+        let m = Metrics::new(&set(&["a", "b", "c", "d"], 1));
+        assert!(!m.render(None).contains("spillway_decisions_total{rule="));
+        m.set_max_rule_series(2);
+        m.count(1, 1, "b", Outcome::Allowed);
+        m.count(1, 1, "b", Outcome::Denied);
+        m.count(1, 3, "d", Outcome::Allowed);
+        m.count(1, 0, "a", Outcome::Allowed);
+        m.count(1, 2, "c", Outcome::Allowed);
+        let shown = m.render(None);
+        assert!(shown.contains("spillway_decisions_total{rule=\"b\",outcome=\"denied\"} 1"));
+        assert!(shown.contains("spillway_decisions_total{rule=\"d\",outcome=\"allowed\"} 1"));
+        assert!(!shown.contains("rule=\"a\""), "{shown}");
+        assert!(
+            shown
+                .contains("spillway_decisions_total{rule=\"(other rules)\",outcome=\"allowed\"} 2"),
+            "{shown}"
+        );
+        // A reload keeps the counts of a rule by name, at its new index,
+        // and a removed rule's series stays.
+        m.rules_changed(&set(&["x", "d"], 2));
+        m.count(2, 1, "d", Outcome::Allowed);
+        let shown = m.render(None);
+        assert!(shown.contains("spillway_decisions_total{rule=\"d\",outcome=\"allowed\"} 2"));
+        assert!(shown.contains("spillway_decisions_total{rule=\"b\",outcome=\"denied\"} 1"));
+        // A decision made under the old version finds its rule by name.
+        m.count(1, 3, "d", Outcome::Allowed);
+        assert!(
+            m.render(None)
+                .contains("spillway_decisions_total{rule=\"d\",outcome=\"allowed\"} 3")
+        );
+    }
 }

@@ -267,8 +267,73 @@ impl Log {
 }
 
 #[cfg(test)]
+#[path = "sliding_log_old.rs"]
+mod old;
+
+#[cfg(test)]
 mod tests {
+    use super::old::OldLog;
     use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        /// A request: decided, committed if admitted.
+        Hit(u64),
+        /// A charge after the fact.
+        Charge(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => prop_oneof![3 => 0u64..4, 1 => 0u64..40].prop_map(Op::Hit),
+            2 => prop_oneof![3 => 0u64..8, 1 => 0u64..200, 1 => Just(u64::MAX)].prop_map(Op::Charge),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// Old against new (issue 35): the log whose heap ring holds runs
+        /// decides every request and charge exactly as the flat log of
+        /// one offset per unit did, on random sequences at virtual time:
+        /// bursts at one instant (runs), gaps that expire entries, gaps
+        /// past 2^32 units (a rebase), clock steps back, costs past the
+        /// limit, charges up to `u64::MAX`, windows that need a shift.
+        #[test]
+        fn runs_decide_as_the_flat_log_did(
+            limit in prop_oneof![1u64..12, 12u64..60],
+            window in prop_oneof![1u64..5_000, 1_000_000u64..3_000_000_000, Just(86_400_000_000_000)],
+            ops in proptest::collection::vec(
+                (prop_oneof![4 => Just(0i64), 4 => 0i64..2_000, 2 => 0i64..4_000_000_000, 1 => -3_000i64..0, 1 => Just(1i64 << 40)], op()),
+                1..120,
+            ),
+        ) {
+            let sl = SlidingLog::new(limit, Nanos(window)).unwrap();
+            let (mut new, mut old) = (Log::new(), OldLog::default());
+            let mut now: u64 = 1_700_000_000_000_000_000;
+            for (i, (gap, op)) in ops.into_iter().enumerate() {
+                now = now.saturating_add_signed(gap);
+                let t = Nanos(now);
+                let (a, b) = match op {
+                    Op::Hit(c) => {
+                        let (a, b) = (sl.decide(&new, t, c), sl.old_decide(&old, t, c));
+                        if a.allowed {
+                            sl.commit(&mut new, t, c);
+                        }
+                        if b.allowed {
+                            sl.old_commit(&mut old, t, c);
+                        }
+                        (a, b)
+                    }
+                    Op::Charge(c) => (sl.charge(&mut new, t, c), sl.old_charge(&mut old, t, c)),
+                };
+                prop_assert_eq!(a, b, "op {} {:?} at {}", i, op, now);
+                prop_assert_eq!(new.len(), old.len(), "op {}", i);
+                prop_assert_eq!(new.expires_at(), old.expires_at(), "op {}", i);
+            }
+        }
+    }
 
     /// Issue 35: `limit: 100000` and one request of cost 100,000 took a
     /// 400 KB log; 1,000 such keys took 450 MiB. Now a request of any

@@ -279,7 +279,7 @@ impl Proxy {
             None => None,
             Some(c) => {
                 let priority = priority_of(checked);
-                let client = std::hash::BuildHasher::hash_one(&self.clients, who.ip.as_str());
+                let client = concurrency::client_of(&self.clients, who.ip.as_str());
                 // Boxed: only a proxy with a limit pays for the wait's state.
                 match Box::pin(c.acquire_for(priority, client)).await {
                     Ok(p) => Some(p),

@@ -36,6 +36,9 @@ pub(crate) struct Runs {
     runs: VecDeque<(u32, u32)>,
     /// The count before the first unit kept.
     start: u32,
+    /// Units held (what `len` answers on every decision: one load, as
+    /// the flat ring's length was).
+    units: u32,
 }
 
 impl Runs {
@@ -46,7 +49,7 @@ impl Runs {
     }
 
     fn len(&self) -> usize {
-        self.runs.back().map_or(0, |&r| self.through(r))
+        self.units as usize
     }
 
     /// The run holding unit `i`.
@@ -56,6 +59,7 @@ impl Runs {
 
     /// Appends `n` units at `x`: onto the last run if it has that offset.
     fn push(&mut self, x: u32, n: u32, max: usize) {
+        self.units = self.units.wrapping_add(n);
         let end = self.runs.back().map_or(self.start, |r| r.1);
         match self.runs.back_mut() {
             Some(r) if r.0 == x => r.1 = end.wrapping_add(n),
@@ -101,7 +105,12 @@ impl Ring {
     pub(crate) fn get(&self, i: usize) -> u32 {
         match self {
             Ring::Inline { buf, .. } => buf[i],
-            Ring::Heap(r) => r.runs[r.run_of(i)].0,
+            // A denial asks for the oldest live unit (usually in the
+            // first run): one look before the binary search.
+            Ring::Heap(r) => match r.runs.front() {
+                Some(&f) if i < r.through(f) => f.0,
+                _ => r.runs[r.run_of(i)].0,
+            },
         }
     }
 
@@ -133,12 +142,21 @@ impl Ring {
             Ring::Heap(r) if k >= r.len() => {
                 r.start = r.runs.back().map_or(r.start, |b| b.1);
                 r.runs.clear();
+                r.units = 0;
             }
             Ring::Heap(r) => {
-                let whole = r.run_of(k);
-                r.runs.drain(..whole);
+                // Runs wholly dropped leave from the front, one look each
+                // (each run leaves once: a decision that expires one unit
+                // costs no search).
+                while let Some(&f) = r.runs.front() {
+                    if r.through(f) > k {
+                        break;
+                    }
+                    r.runs.pop_front();
+                }
                 // `k < len`, so it fits the 32 bits counts wrap in.
                 r.start = r.start.wrapping_add(k as u32);
+                r.units -= k as u32;
             }
         }
     }

@@ -25,15 +25,18 @@ pub(crate) enum Ring {
     Heap(Box<Runs>),
 }
 
-/// Runs of equal offsets, oldest first, as `(offset, end)`: `end` is the
-/// count of units through this run since some origin, so a unit's index
-/// is found by binary search, and dropping part of the first run only
-/// moves `start`. Counts wrap (a key may charge 2^32 units in its life):
+/// Runs of equal offsets, oldest first: `offs[j]` the offset, `ends[j]`
+/// the count of units through run `j` since some origin, so a unit's
+/// index is found by binary search, and dropping part of the first run
+/// only moves `start`. Two arrays, not one of pairs, so the search by time
+/// (every decision that expires something) reads 4-byte offsets, as the
+/// flat ring did. Counts wrap (a key may charge 2^32 units in its life):
 /// only differences from `start` are read, and a log holds at most
 /// [`MAX_LOG_LIMIT`](super::MAX_LOG_LIMIT)` + 1` units, far below 2^32.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Runs {
-    runs: VecDeque<(u32, u32)>,
+    offs: VecDeque<u32>,
+    ends: VecDeque<u32>,
     /// The count before the first unit kept.
     start: u32,
     /// Units held (what `len` answers on every decision: one load, as
@@ -42,10 +45,11 @@ pub(crate) struct Runs {
 }
 
 impl Runs {
-    /// Units through run `r` (its end, relative to the first unit kept).
+    /// Units through a run whose end is `end` (relative to the first
+    /// unit kept).
     #[inline]
-    fn through(&self, r: (u32, u32)) -> usize {
-        r.1.wrapping_sub(self.start) as usize
+    fn through(&self, end: u32) -> usize {
+        end.wrapping_sub(self.start) as usize
     }
 
     fn len(&self) -> usize {
@@ -54,28 +58,29 @@ impl Runs {
 
     /// The run holding unit `i`.
     fn run_of(&self, i: usize) -> usize {
-        self.runs.partition_point(|&r| self.through(r) <= i)
+        self.ends.partition_point(|&e| self.through(e) <= i)
     }
 
     /// Appends `n` units at `x`: onto the last run if it has that offset.
     fn push(&mut self, x: u32, n: u32, max: usize) {
         self.units = self.units.wrapping_add(n);
-        let end = self.runs.back().map_or(self.start, |r| r.1);
-        match self.runs.back_mut() {
-            Some(r) if r.0 == x => r.1 = end.wrapping_add(n),
-            _ => {
-                if self.runs.capacity() == self.runs.len() {
-                    // Doubling, never beyond `max` runs (a run holds at
-                    // least one unit, a full log `max` units).
-                    let cap = (self.runs.len() * 2)
-                        .max(INLINE)
-                        .min(max)
-                        .max(self.runs.len() + 1);
-                    self.runs.reserve_exact(cap - self.runs.len());
-                }
-                self.runs.push_back((x, end.wrapping_add(n)));
+        let end = self.ends.back().copied().unwrap_or(self.start);
+        if self.offs.back() == Some(&x) {
+            if let Some(e) = self.ends.back_mut() {
+                *e = end.wrapping_add(n);
             }
+            return;
         }
+        let len = self.offs.len();
+        if self.offs.capacity() == len {
+            // Doubling, never beyond `max` runs (a run holds at least one
+            // unit, a full log `max` units).
+            let cap = (len * 2).max(INLINE).min(max).max(len + 1);
+            self.offs.reserve_exact(cap - len);
+            self.ends.reserve_exact(cap - len);
+        }
+        self.offs.push_back(x);
+        self.ends.push_back(end.wrapping_add(n));
     }
 }
 
@@ -107,9 +112,9 @@ impl Ring {
             Ring::Inline { buf, .. } => buf[i],
             // A denial asks for the oldest live unit (usually in the
             // first run): one look before the binary search.
-            Ring::Heap(r) => match r.runs.front() {
-                Some(&f) if i < r.through(f) => f.0,
-                _ => r.runs[r.run_of(i)].0,
+            Ring::Heap(r) => match r.ends.front() {
+                Some(&e) if i < r.through(e) => r.offs[0],
+                _ => r.offs[r.run_of(i)],
             },
         }
     }
@@ -123,9 +128,9 @@ impl Ring {
     pub(crate) fn partition_point(&self, pred: impl Fn(u32) -> bool) -> usize {
         match self {
             Ring::Inline { len, buf } => buf[..usize::from(*len)].partition_point(|&o| pred(o)),
-            Ring::Heap(r) => match r.runs.partition_point(|&(o, _)| pred(o)) {
+            Ring::Heap(r) => match r.offs.partition_point(|&o| pred(o)) {
                 0 => 0,
-                j => r.through(r.runs[j - 1]),
+                j => r.through(r.ends[j - 1]),
             },
         }
     }
@@ -140,19 +145,21 @@ impl Ring {
                 *len = (n - k) as u8;
             }
             Ring::Heap(r) if k >= r.len() => {
-                r.start = r.runs.back().map_or(r.start, |b| b.1);
-                r.runs.clear();
+                r.start = r.ends.back().copied().unwrap_or(r.start);
+                r.offs.clear();
+                r.ends.clear();
                 r.units = 0;
             }
             Ring::Heap(r) => {
                 // Runs wholly dropped leave from the front, one look each
                 // (each run leaves once: a decision that expires one unit
                 // costs no search).
-                while let Some(&f) = r.runs.front() {
-                    if r.through(f) > k {
+                while let Some(&e) = r.ends.front() {
+                    if r.through(e) > k {
                         break;
                     }
-                    r.runs.pop_front();
+                    r.ends.pop_front();
+                    r.offs.pop_front();
                 }
                 // `k < len`, so it fits the 32 bits counts wrap in.
                 r.start = r.start.wrapping_add(k as u32);
@@ -191,7 +198,7 @@ impl Ring {
     pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&mut u32)) {
         match self {
             Ring::Inline { len, buf } => buf[..usize::from(*len)].iter_mut().for_each(&mut f),
-            Ring::Heap(r) => r.runs.iter_mut().for_each(|(o, _)| f(o)),
+            Ring::Heap(r) => r.offs.iter_mut().for_each(f),
         }
     }
 
@@ -205,14 +212,15 @@ impl Ring {
             if units <= INLINE / 2 {
                 let mut buf = [0; INLINE];
                 for (i, b) in buf.iter_mut().enumerate().take(units) {
-                    *b = r.runs[r.run_of(i)].0;
+                    *b = r.offs[r.run_of(i)];
                 }
                 *self = Ring::Inline {
                     len: units as u8,
                     buf,
                 };
-            } else if r.runs.capacity() > 2 * r.runs.len() + 8 {
-                r.runs.shrink_to_fit();
+            } else if r.offs.capacity() > 2 * r.offs.len() + 8 {
+                r.offs.shrink_to_fit();
+                r.ends.shrink_to_fit();
             }
         }
     }
@@ -221,7 +229,9 @@ impl Ring {
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
             Ring::Inline { .. } => 0,
-            Ring::Heap(r) => std::mem::size_of::<Runs>() + r.runs.capacity() * 8,
+            Ring::Heap(r) => {
+                std::mem::size_of::<Runs>() + (r.offs.capacity() + r.ends.capacity()) * 4
+            }
         }
     }
 
@@ -230,7 +240,7 @@ impl Ring {
     pub(crate) fn runs(&self) -> usize {
         match self {
             Ring::Inline { len, .. } => usize::from(*len),
-            Ring::Heap(r) => r.runs.len(),
+            Ring::Heap(r) => r.offs.len(),
         }
     }
 }

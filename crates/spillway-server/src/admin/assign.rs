@@ -221,6 +221,25 @@ impl Assignments {
             .collect()
     }
 
+    /// The overrides in force at `now_ms` after `after` (by rule, then
+    /// key), at most `limit`, and whether more follow.
+    pub fn overrides_page(
+        &self,
+        now_ms: u64,
+        after: Option<&Id>,
+        limit: usize,
+    ) -> (Vec<Override>, bool) {
+        page(&self.overrides.lock(), after, limit, |o| {
+            o.expires_unix_ms > now_ms
+        })
+    }
+
+    /// The plan assignments after `after` (by rule, then key), at most
+    /// `limit`, and whether more follow.
+    pub fn plans_page(&self, after: Option<&Id>, limit: usize) -> (Vec<PlanAssignment>, bool) {
+        page(&self.plans.lock(), after, limit, |_| true)
+    }
+
     /// A key's assigned plan.
     pub fn plan_of(&self, rule: &str, key: &[String]) -> Option<PlanAssignment> {
         self.plans
@@ -629,6 +648,38 @@ impl Assignments {
             kr.insert(matched.fingerprint(), &parts, own);
         }
     }
+}
+
+/// The entries of `map` that `keep` keeps after `after`, at most `limit`,
+/// and whether more follow.
+fn page<T: Clone>(
+    map: &BTreeMap<Id, T>,
+    after: Option<&Id>,
+    limit: usize,
+    keep: impl Fn(&T) -> bool,
+) -> (Vec<T>, bool) {
+    use std::ops::Bound;
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+    let mut out: Vec<T> = map
+        .range((start, Bound::Unbounded))
+        .map(|(_, v)| v)
+        .filter(|v| keep(v))
+        .take(limit + 1)
+        .cloned()
+        .collect();
+    let more = out.len() > limit;
+    out.truncate(limit);
+    (out, more)
+}
+
+/// A page's cursor: the rule and key of its last entry, as JSON.
+pub fn cursor(rule: &str, key: &[String]) -> String {
+    field(&(rule.to_string(), key.to_vec()))
+}
+
+/// A cursor read back.
+pub fn read_cursor(s: &str) -> Option<Id> {
+    serde_json::from_str(s).ok()
 }
 
 /// A Redis field naming a rule and key: their JSON (unambiguous

@@ -46,14 +46,17 @@ impl Series {
     }
 
     /// Takes a reading of every rule's totals at `at_unix_ms`: the step
-    /// since the last reading is what each total grew by (a rule seen for
-    /// the first time starts at its total: its first step is zero).
+    /// since the last reading is what each total grew by (from zero for a
+    /// rule seen for the first time).
     pub fn record(&self, at_unix_ms: u64, totals: Vec<(String, Counts)>) {
         let mut inner = self.inner.lock();
         let mut step = HashMap::with_capacity(totals.len());
         let mut last = HashMap::with_capacity(totals.len());
         for (name, t) in totals {
-            let before = inner.last.get(&name).copied().unwrap_or(t);
+            // A rule not seen before counted from zero: the metrics list a
+            // rule from its first request on (and counters start with the
+            // process), so all it has counted falls in this step.
+            let before = inner.last.get(&name).copied().unwrap_or_default();
             let mut d = [0; 5];
             for i in 0..5 {
                 d[i] = t[i].saturating_sub(before[i]);
@@ -146,7 +149,7 @@ mod tests {
         assert_eq!(end, 5000);
         assert_eq!(list[0].1.len(), POINTS);
         assert_eq!(list[0].1[POINTS - 1], [5, 2, 0, 0, 1]);
-        assert_eq!(list[0].1[POINTS - 2], [0; 5]);
+        assert_eq!(list[0].1[POINTS - 2], [10, 0, 0, 0, 0]);
         assert_eq!(list[1].1[POINTS - 1], [0; 5]);
         for i in 0..(POINTS as u64 + 10) {
             s.record(10_000 + i, vec![("a".into(), [20 + i, 2, 0, 0, 1])]);

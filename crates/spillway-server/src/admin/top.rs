@@ -401,6 +401,9 @@ struct Minute {
     denied: SpaceSaving,
 }
 
+/// A rule's minutes, made at its first decision.
+type RuleSlot = std::sync::OnceLock<Arc<RuleTop>>;
+
 /// One rule's minutes.
 #[derive(Debug)]
 struct RuleTop {
@@ -417,8 +420,10 @@ pub struct TopKeys {
     show_keys: AtomicBool,
     /// The current minute (since the Unix epoch), set by [`tick`](Self::tick).
     minute: AtomicU64,
-    /// Per rule, indexed like the rule set of the version.
-    rules: ArcSwap<(u64, Vec<Arc<RuleTop>>)>,
+    /// Per rule, indexed like the rule set of the version: empty until
+    /// the rule's first decision (a million rules cost a slot each, not
+    /// a sketch each).
+    rules: ArcSwap<(u64, Vec<RuleSlot>)>,
     /// The seed of the key hashes shown: per process, so a hash says
     /// nothing of the key to someone who cannot see it.
     seed: u64,
@@ -484,20 +489,23 @@ impl TopKeys {
     /// names stay.
     pub fn rules_changed(&self, set: &RuleSet) {
         let old = self.rules.load();
+        // By name, once: a rule set of a million rules is matched in one
+        // pass, not a million.
+        let counted: std::collections::HashMap<&str, &Arc<RuleTop>> = old
+            .1
+            .iter()
+            .filter_map(RuleSlot::get)
+            .map(|r| (r.name.as_str(), r))
+            .collect();
         let list = set
             .rules()
             .iter()
             .map(|r| {
-                old.1
-                    .iter()
-                    .find(|o| o.name == r.name())
-                    .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(RuleTop {
-                            name: r.name().to_string(),
-                            minutes: Mutex::new(VecDeque::new()),
-                        })
-                    })
+                let slot = RuleSlot::new();
+                if let Some(o) = counted.get(r.name()) {
+                    let _ = slot.set(Arc::clone(o));
+                }
+                slot
             })
             .collect();
         self.rules.store(Arc::new((set.version, list)));
@@ -513,9 +521,20 @@ impl TopKeys {
     fn count(&self, version: u64, index: usize, name: &str, key: &Key<'_>, outcome: Outcome) {
         let rules = self.rules.load();
         let rt = if rules.0 == version {
-            rules.1.get(index)
+            rules.1.get(index).map(|s| {
+                s.get_or_init(|| {
+                    Arc::new(RuleTop {
+                        name: name.to_string(),
+                        minutes: Mutex::new(VecDeque::new()),
+                    })
+                })
+            })
         } else {
-            rules.1.iter().find(|r| r.name == name)
+            rules
+                .1
+                .iter()
+                .filter_map(RuleSlot::get)
+                .find(|r| r.name == name)
         };
         let Some(rt) = rt else { return };
         let hash = key.hash(0, self.seed);
@@ -544,7 +563,11 @@ impl TopKeys {
     /// current one included), at most `limit`.
     pub fn top(&self, rule: &str, by: By, minutes: usize, limit: usize) -> Option<TopList> {
         let rules = self.rules.load();
-        let rt = rules.1.iter().find(|r| r.name == rule)?;
+        let rt = rules
+            .1
+            .iter()
+            .filter_map(RuleSlot::get)
+            .find(|r| r.name == rule)?;
         let now = self.minute.load(Ordering::Relaxed);
         let from = now.saturating_sub(minutes.saturating_sub(1) as u64);
         // Copied out, and merged without the lock every decision of the
@@ -570,9 +593,27 @@ impl TopKeys {
         })
     }
 
-    /// The rules' names, in rule order.
+    /// The names of the rules that decided since they came in force, in
+    /// rule order.
     pub fn rule_names(&self) -> Vec<String> {
-        self.rules.load().1.iter().map(|r| r.name.clone()).collect()
+        self.rules
+            .load()
+            .1
+            .iter()
+            .filter_map(RuleSlot::get)
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    /// A rule's top keys when it has decided nothing yet.
+    pub fn empty(rule: &str, minutes: usize) -> TopList {
+        TopList {
+            rule: rule.to_string(),
+            keys: Vec::new(),
+            total: 0,
+            max_error: 0,
+            minutes,
+        }
     }
 }
 

@@ -105,17 +105,69 @@ pub(super) async fn key_reset(
     }
 }
 
+/// `after` (a page's `next_after`) and `limit` of the overrides' and
+/// plans' lists.
+#[derive(Deserialize)]
+pub(super) struct IdPageQuery {
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<String>,
+}
+
+/// The most entries of a page of overrides or plan assignments.
+const ID_PAGE: usize = 1000;
+
+fn id_page(
+    q: Result<Query<IdPageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(Option<crate::admin::assign::Id>, usize), Response> {
+    let Ok(Query(mut q)) = q else {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "query: after=CURSOR&limit=N",
+        ));
+    };
+    unset_blanks([&mut q.after, &mut q.limit]);
+    let limit = match q.limit.as_deref().map(count) {
+        None => ID_PAGE,
+        Some(Ok(n)) if (1..=ID_PAGE).contains(&n) => n,
+        Some(_) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                format!("limit: from 1 to {ID_PAGE}"),
+            ));
+        }
+    };
+    let after = match q.after.as_deref() {
+        None => None,
+        Some(a) => Some(crate::admin::assign::read_cursor(a).ok_or_else(|| {
+            problem(
+                StatusCode::BAD_REQUEST,
+                "after: a next_after this list answered",
+            )
+        })?),
+    };
+    Ok((after, limit))
+}
+
 pub(super) async fn overrides_list(
     State(state): State<Arc<AdminState>>,
     _: Authorized<Read>,
+    q: Result<Query<IdPageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    let list: Vec<Value> = state
-        .assign
-        .overrides(now_ms())
-        .iter()
-        .map(|o| override_json(o, &state))
-        .collect();
-    axum::Json(json!({ "overrides": list })).into_response()
+    let (after, limit) = match id_page(q) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (page, more) = state.assign.overrides_page(now_ms(), after.as_ref(), limit);
+    let next = more
+        .then(|| {
+            page.last()
+                .map(|o| crate::admin::assign::cursor(&o.rule, &o.key))
+        })
+        .flatten();
+    let list: Vec<Value> = page.iter().map(|o| override_json(o, &state)).collect();
+    axum::Json(json!({ "overrides": list, "next_after": next })).into_response()
 }
 
 pub(super) async fn override_get(
@@ -390,7 +442,12 @@ pub(super) fn plan_json(state: &AdminState, t: &Target) -> Value {
 pub(super) async fn plans_list(
     State(state): State<Arc<AdminState>>,
     _: Authorized<Read>,
+    q: Result<Query<IdPageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let (after, limit) = match id_page(q) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let book = state.plans.load();
     let plans: serde_json::Map<String, Value> = book
         .plans
@@ -402,11 +459,19 @@ pub(super) async fn plans_list(
         .iter()
         .filter_map(|(r, rp)| rp.default.as_ref().map(|d| (r.clone(), json!(d))))
         .collect();
-    let assignments: Vec<PlanAssignment> = state.assign.plans();
+    let (assignments, more) = state.assign.plans_page(after.as_ref(), limit);
+    let next = more
+        .then(|| {
+            assignments
+                .last()
+                .map(|p| crate::admin::assign::cursor(&p.rule, &p.key))
+        })
+        .flatten();
     axum::Json(json!({
         "plans": plans,
         "defaults": defaults,
         "assignments": assignments,
+        "next_after": next,
     }))
     .into_response()
 }

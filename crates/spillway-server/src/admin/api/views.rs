@@ -86,8 +86,16 @@ pub(super) async fn top(
         Some(_) => return problem(StatusCode::BAD_REQUEST, "limit: from 1 to 1000"),
     };
     let top = &state.top;
+    let set = state.shared.limiter.rules();
     let one = |rule: &str| -> Option<Value> {
-        let t = top.top(rule, by, minutes, limit)?;
+        let t = match top.top(rule, by, minutes, limit) {
+            Some(t) => t,
+            // In force, no decision yet: nothing counted.
+            None if set.rules().iter().any(|r| r.name() == rule) => {
+                crate::admin::top::TopKeys::empty(rule, minutes)
+            }
+            None => return None,
+        };
         Some(json!({
             "rule": t.rule,
             "by": if by == By::Denied { "denied" } else { "decided" },

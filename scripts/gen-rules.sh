@@ -14,7 +14,7 @@ gen() { # from to
     print "rules:";
     for (i = from; i < to; i++) {
       printf "  - name: svc%d-rule-%d\n", i % 1000, i;
-      if (i % 10 != 9) printf "    api: %s /svc%d/v1/res%d\n", (i % 3 == 0 ? "POST" : "GET"), i % 1000, i;
+      printf "    api: %s /svc%d/v1/res%d\n", (i % 3 == 0 ? "POST" : "GET"), i % 1000, i;
       printf "    by: %s\n", by[i % 5 + 1];
       if (i % 10 == 3) print "    mode: shadow"; else if (i % 10 == 8) print "    mode: soft 10%";
       printf "    limits:\n";

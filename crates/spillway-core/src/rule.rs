@@ -202,15 +202,21 @@ impl fmt::Display for KeySpec {
 /// (matches the rest of the path, including nothing).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Route {
-    method: Option<String>,
-    segments: Vec<Segment>,
+    /// The route as written (trimmed); the method and the literal
+    /// segments are read from it, not copied: a million routes cost two
+    /// allocations each, not six.
+    text: Box<str>,
+    /// The method's length at the start of `text` (0: any method).
+    method: u8,
+    segments: Box<[Segment]>,
     prefix: bool,
-    text: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// A segment of a route's path: a literal (where it is in the route's
+/// text) or a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Segment {
-    Literal(String),
+    Literal { start: u32, len: u32 },
     Param,
 }
 
@@ -222,14 +228,25 @@ impl Route {
     pub fn parse(s: &str) -> Result<Route, Error> {
         let text = s.trim();
         let (method, path) = match text.split_once(char::is_whitespace) {
-            Some((m, p)) => (Some(m.to_ascii_uppercase()), p.trim()),
+            Some((m, p)) => (Some(m), p.trim()),
             None => (None, text),
         };
-        if let Some(m) = &method
-            && !m.bytes().all(|b| b.is_ascii_alphabetic())
+        if let Some(m) = method
+            && (!m.bytes().all(|b| b.is_ascii_alphabetic()) || m.len() > 64)
         {
+            let m = m.to_ascii_uppercase();
             return Err(ErrorKind::BadRoute(format!("{m:?} is not an HTTP method")).into());
         }
+        if text.len() > u32::MAX as usize {
+            return Err(ErrorKind::BadRoute("route longer than 4 GiB".to_string()).into());
+        }
+        // The method upper-case, then the path as written.
+        let text: String = match method {
+            Some(m) => format!("{} {path}", m.to_ascii_uppercase()),
+            None => path.to_string(),
+        };
+        let path_at = text.len() - path.len();
+        let path = &text[path_at..];
         let Some(rest) = path.strip_prefix('/') else {
             return Err(ErrorKind::BadRoute(format!("path {path:?} must start with /")).into());
         };
@@ -251,14 +268,19 @@ impl Route {
             } else if seg.contains(['{', '}', '*']) {
                 return Err(ErrorKind::BadRoute(format!("bad segment {seg:?} in {path:?}")).into());
             } else {
-                segments.push(Segment::Literal((*seg).to_string()));
+                // `seg` is a slice of `text`: where it is.
+                let start = seg.as_ptr() as usize - text.as_ptr() as usize;
+                segments.push(Segment::Literal {
+                    start: start as u32,
+                    len: seg.len() as u32,
+                });
             }
         }
         Ok(Route {
-            method,
-            segments,
+            method: method.map_or(0, |m| m.len() as u8),
+            segments: segments.into_boxed_slice(),
             prefix,
-            text: text.to_string(),
+            text: text.into_boxed_str(),
         })
     }
 
@@ -286,7 +308,7 @@ impl Route {
     /// `matching` decides whether `HEAD` counts as `GET` and whether a
     /// trailing `/` is ignored.
     pub fn matches_with(&self, method: Option<&str>, path: &str, matching: PathMatching) -> bool {
-        if let Some(m) = &self.method {
+        if let Some(m) = self.method() {
             match method {
                 Some(rm) if rm.eq_ignore_ascii_case(m) => {}
                 Some(rm)
@@ -304,13 +326,16 @@ impl Route {
         } else {
             (path, &self.segments[..])
         };
+        let literal = |start: u32, len: u32| &self.text[start as usize..(start + len) as usize];
         let Some(mut segs) = Route::segments_of(path) else {
             return false;
         };
         for want in want {
             match (want, segs.next()) {
-                (Segment::Literal(l), Some(got))
-                    if l == got || (matching.case_insensitive && l.eq_ignore_ascii_case(got)) => {}
+                (&Segment::Literal { start, len }, Some(got))
+                    if literal(start, len) == got
+                        || (matching.case_insensitive
+                            && literal(start, len).eq_ignore_ascii_case(got)) => {}
                 (Segment::Param, Some(got)) if !got.is_empty() => {}
                 _ => return false,
             }
@@ -323,10 +348,15 @@ impl Route {
         &self.text
     }
 
+    /// The method, upper-case, if the route names one.
+    fn method(&self) -> Option<&str> {
+        (self.method > 0).then(|| &self.text[..usize::from(self.method)])
+    }
+
     /// The segments without the empty one a trailing `/` leaves.
     fn segments_but_trailing(&self) -> &[Segment] {
         match self.segments.split_last() {
-            Some((Segment::Literal(l), rest)) if l.is_empty() => rest,
+            Some((Segment::Literal { len: 0, .. }, rest)) => rest,
             _ => &self.segments,
         }
     }
@@ -336,8 +366,10 @@ impl Route {
     /// path it matches (under any [`PathMatching`]) starts with them (for
     /// an index of many routes).
     pub fn literal_prefix(&self) -> impl Iterator<Item = &str> {
-        self.segments_but_trailing().iter().map_while(|s| match s {
-            Segment::Literal(l) => Some(l.as_str()),
+        self.segments_but_trailing().iter().map_while(|s| match *s {
+            Segment::Literal { start, len } => {
+                Some(&self.text[start as usize..(start + len) as usize])
+            }
             Segment::Param => None,
         })
     }
@@ -381,21 +413,54 @@ pub trait Attributes {
 }
 
 /// A rule: a route, a key, limits that must all admit, and a mode.
+///
+/// Cheap to clone: what the rule says is behind one `Arc`, so the copies a
+/// server keeps (the rule set in force, the file's set the admin API's
+/// rules are composed with, a rule set being built beside it on reload)
+/// share it instead of holding a million rules two or three times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
-    name: String,
-    route: Option<Route>,
-    by: KeySpec,
-    limits: Vec<Limit>,
+    body: std::sync::Arc<RuleBody>,
+    /// Where an elastic rule reads the service's health (none: its plain
+    /// limits). Beside the body: each server sets its own gauge on rules
+    /// it shares with its configuration.
+    health: Option<std::sync::Arc<crate::HealthGauge>>,
+}
+
+/// The limits a soft or an elastic rule enforces beside its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Extra {
     /// `limits` raised by the soft percentage; empty unless the mode is soft.
     soft_limits: Vec<Limit>,
     /// An elastic rule's limits at each step of its reach (step `k` at
     /// `k - 1`, for 1 to [`LEVELS`](crate::elastic::LEVELS)); empty
     /// unless the mode is elastic.
     elastic_limits: Vec<Vec<Limit>>,
-    /// Where an elastic rule reads the service's health (none: its plain
-    /// limits).
-    health: Option<std::sync::Arc<crate::HealthGauge>>,
+}
+
+/// Shares what rules share: rules of the same key, or of the same limits,
+/// point at one copy of them ([`Rule::interned`]). A file of a million
+/// rules has a few dozen distinct keys and limit sets.
+#[derive(Debug, Default)]
+pub struct RuleInterner {
+    keys: std::collections::HashMap<KeySpec, std::sync::Arc<KeySpec>>,
+    /// By their `Debug` text (limits are not `Hash`), which names every
+    /// parameter.
+    limits: std::collections::HashMap<String, std::sync::Arc<[Limit]>>,
+}
+
+/// What a [`Rule`] says, shared by its clones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RuleBody {
+    name: Box<str>,
+    route: Option<Route>,
+    /// Shared with every rule of the same key (see [`RuleInterner`]).
+    by: std::sync::Arc<KeySpec>,
+    /// Shared with every rule of the same limits (see [`RuleInterner`]).
+    limits: std::sync::Arc<[Limit]>,
+    /// What soft and elastic rules add; `None` for the others (most), so
+    /// they do not carry two empty lists.
+    extra: Option<Box<Extra>>,
     mode: Mode,
     on_store_error: Option<FailPolicy>,
     /// The rule's own path matching, if it sets one (else the limiter's).
@@ -459,21 +524,28 @@ impl Rule {
         // limits change gets fresh counters, an unchanged one keeps its own
         // across reloads (the mode and route do not enter it).
         let fingerprint = fnv1a(format!("{name}\u{0}{by:?}\u{0}{limits:?}").as_bytes());
+        let extra = (!soft_limits.is_empty() || !elastic_limits.is_empty()).then(|| {
+            Box::new(Extra {
+                soft_limits,
+                elastic_limits,
+            })
+        });
         Ok(Rule {
-            name,
-            route,
-            by,
-            limits,
-            soft_limits,
-            elastic_limits,
+            body: std::sync::Arc::new(RuleBody {
+                name: name.into_boxed_str(),
+                route,
+                by: std::sync::Arc::new(by),
+                limits: limits.into(),
+                extra,
+                mode,
+                on_store_error: None,
+                path_matching: None,
+                response_cost: None,
+                blocked: false,
+                priority: None,
+                fingerprint,
+            }),
             health: None,
-            mode,
-            on_store_error: None,
-            path_matching: None,
-            response_cost: None,
-            blocked: false,
-            priority: None,
-            fingerprint,
         })
     }
 
@@ -487,16 +559,16 @@ impl Rule {
     /// No limits.
     pub fn with_limits(&self, limits: Vec<Limit>) -> Result<Rule, Error> {
         let mut rule = Rule::new(
-            self.name.clone(),
-            self.route.clone(),
-            self.by.clone(),
+            self.body.name.to_string(),
+            self.body.route.clone(),
+            KeySpec::clone(&self.body.by),
             limits,
-            self.mode,
+            self.body.mode,
         )?;
-        rule.on_store_error = self.on_store_error;
-        rule.path_matching = self.path_matching;
-        rule.response_cost = self.response_cost.clone();
-        rule.priority = self.priority;
+        rule.body_mut().on_store_error = self.body.on_store_error;
+        rule.body_mut().path_matching = self.body.path_matching;
+        rule.body_mut().response_cost = self.body.response_cost.clone();
+        rule.body_mut().priority = self.body.priority;
         rule.health = self.health.clone();
         Ok(rule)
     }
@@ -505,33 +577,58 @@ impl Rule {
     /// operator's block of one key); a shadow rule reports the refusal
     /// and admits. Same counters as the rule.
     pub fn blocked(&self) -> Rule {
-        Rule {
-            blocked: true,
-            ..self.clone()
-        }
+        let mut rule = self.clone();
+        rule.body_mut().blocked = true;
+        rule
+    }
+
+    /// This rule with its key and limits shared with the rules of `pool`
+    /// that have the same (and added to it): the same rule, in fewer
+    /// bytes. Builders of many rules (a rules file) call it on each.
+    pub fn interned(mut self, pool: &mut RuleInterner) -> Rule {
+        let by = pool
+            .keys
+            .entry(KeySpec::clone(&self.body.by))
+            .or_insert_with(|| self.body.by.clone())
+            .clone();
+        let text = format!("{:?}", self.body.limits);
+        let limits = pool
+            .limits
+            .entry(text)
+            .or_insert_with(|| self.body.limits.clone())
+            .clone();
+        let body = self.body_mut();
+        body.by = by;
+        body.limits = limits;
+        self
+    }
+
+    /// The body to change (copied first if another clone shares it).
+    fn body_mut(&mut self) -> &mut RuleBody {
+        std::sync::Arc::make_mut(&mut self.body)
     }
 
     /// Sets how much this rule's traffic matters under overload. Does not
     /// change the rule's counters.
     pub fn with_priority(mut self, priority: Priority) -> Rule {
-        self.priority = Some(priority);
+        self.body_mut().priority = Some(priority);
         self
     }
 
     /// How much this rule's traffic matters under overload, if it says.
     pub fn priority(&self) -> Option<Priority> {
-        self.priority
+        self.body.priority
     }
 
     /// Whether every request is refused (see [`Rule::blocked`]).
     pub fn is_blocked(&self) -> bool {
-        self.blocked
+        self.body.blocked
     }
 
     /// Takes this rule's cost from the answer (see [`ResponseCost`]).
     /// Does not change the rule's counters.
     pub fn with_response_cost(mut self, cost: ResponseCost) -> Rule {
-        self.response_cost = Some(ResponseCost {
+        self.body_mut().response_cost = Some(ResponseCost {
             header: cost.header.to_ascii_lowercase(),
             ..cost
         });
@@ -540,12 +637,12 @@ impl Rule {
 
     /// Where the cost comes from if it is known only after the answer.
     pub fn response_cost(&self) -> Option<&ResponseCost> {
-        self.response_cost.as_ref()
+        self.body.response_cost.as_ref()
     }
 
     /// Sets this rule's own store-failure policy.
     pub fn with_fail_policy(mut self, policy: FailPolicy) -> Rule {
-        self.on_store_error = Some(policy);
+        self.body_mut().on_store_error = Some(policy);
         self
     }
 
@@ -554,57 +651,60 @@ impl Rule {
     /// an upstream that serves `/a` and `/a/` differently turns
     /// `trailing_slash` off. Does not change the rule's counters.
     pub fn with_path_matching(mut self, matching: PathMatching) -> Rule {
-        self.path_matching = Some(matching);
+        self.body_mut().path_matching = Some(matching);
         self
     }
 
     /// The rule's own path matching, if it sets one.
     pub fn path_matching(&self) -> Option<PathMatching> {
-        self.path_matching
+        self.body.path_matching
     }
 
     /// The rule's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.body.name
     }
 
     /// The route, if the rule is limited to one.
     pub fn route(&self) -> Option<&Route> {
-        self.route.as_ref()
+        self.body.route.as_ref()
     }
 
     /// How clients are keyed.
     pub fn by(&self) -> &KeySpec {
-        &self.by
+        &self.body.by
     }
 
     /// The limits, all of which must admit.
     pub fn limits(&self) -> &[Limit] {
-        &self.limits
+        &self.body.limits
     }
 
     /// The limits the soft mode enforces (the raised ones), those an
     /// elastic rule enforces at the health in force (the plain ones when
     /// the health is unknown or gone); `limits()` otherwise.
     pub fn enforced_limits(&self) -> &[Limit] {
-        if !self.soft_limits.is_empty() {
-            return &self.soft_limits;
+        let Some(extra) = &self.body.extra else {
+            return &self.body.limits;
+        };
+        if !extra.soft_limits.is_empty() {
+            return &extra.soft_limits;
         }
         if let Some(g) = &self.health {
             let level = g.level();
             if level > 0
-                && let Some(l) = self.elastic_limits.get(level - 1)
+                && let Some(l) = extra.elastic_limits.get(level - 1)
             {
                 return l;
             }
         }
-        &self.limits
+        &self.body.limits
     }
 
     /// Has an elastic rule read the service's health from `gauge` (other
     /// modes ignore it). Does not change the rule's counters.
     pub fn with_health(mut self, gauge: std::sync::Arc<crate::HealthGauge>) -> Rule {
-        if matches!(self.mode, Mode::Elastic(_)) {
+        if matches!(self.body.mode, Mode::Elastic(_)) {
             self.health = Some(gauge);
         }
         self
@@ -617,7 +717,7 @@ impl Rule {
 
     /// The mode.
     pub fn mode(&self) -> Mode {
-        self.mode
+        self.body.mode
     }
 
     /// This rule with every limit cut to one instance's share of `n`
@@ -629,24 +729,24 @@ impl Rule {
         if n <= 1 {
             return self.clone();
         }
-        let limits = self.limits.iter().map(|l| l.shared(n)).collect();
+        let limits = self.body.limits.iter().map(|l| l.shared(n)).collect();
         match self.with_limits(limits) {
-            Ok(rule) => Rule {
-                blocked: self.blocked,
-                ..rule
-            },
+            Ok(mut rule) => {
+                rule.body_mut().blocked = self.body.blocked;
+                rule
+            }
             Err(_) => self.clone(),
         }
     }
 
     /// The rule's own store-failure policy, if it sets one.
     pub fn fail_policy(&self) -> Option<FailPolicy> {
-        self.on_store_error
+        self.body.on_store_error
     }
 
     /// A stable hash of the name, key and limits (see [`Rule::new`]).
     pub fn fingerprint(&self) -> u64 {
-        self.fingerprint
+        self.body.fingerprint
     }
 
     /// True if the rule applies to a request for `method` and `path`
@@ -659,9 +759,11 @@ impl Rule {
     /// can only be strict about `HEAD` and a trailing `/` here: for the
     /// full effect use [`Rule::applies_to_path`].
     pub fn applies_to(&self, method: Option<&str>, path: Option<&str>) -> bool {
-        match (&self.route, path) {
+        match (&self.body.route, path) {
             (None, _) => true,
-            (Some(r), Some(p)) => r.matches_with(method, p, self.path_matching.unwrap_or_default()),
+            (Some(r), Some(p)) => {
+                r.matches_with(method, p, self.body.path_matching.unwrap_or_default())
+            }
             (Some(_), None) => false,
         }
     }
@@ -683,10 +785,10 @@ impl Rule {
     /// # Ok::<(), spillway_core::Error>(())
     /// ```
     pub fn applies_to_path(&self, method: Option<&str>, path: Option<&RequestPath<'_>>) -> bool {
-        match (&self.route, path) {
+        match (&self.body.route, path) {
             (None, _) => true,
             (Some(r), Some(p)) => {
-                let matching = self.path_matching.unwrap_or(p.matching());
+                let matching = self.body.path_matching.unwrap_or(p.matching());
                 r.matches_with(method, &p.canonical_for(matching), matching)
             }
             (Some(_), None) => false,

@@ -79,6 +79,7 @@ pub fn rules(
     mut each: impl FnMut(&mut Collector<'_>, &Spanned<RawRule>, &Rule),
 ) -> Vec<Rule> {
     let mut rules = Vec::with_capacity(list.len());
+    let mut pool = spillway_core::rule::RuleInterner::default();
     // By name: a million rules checked in linear time, not quadratic.
     let mut names: std::collections::HashMap<&str, &Spanned<String>> =
         std::collections::HashMap::with_capacity(list.len());
@@ -97,6 +98,8 @@ pub fn rules(
             .entry(r.value.name.value.as_str())
             .or_insert(&r.value.name);
         if let Some(rule) = rule(errs, r, ctx) {
+            // Rules of one key or one set of limits share it.
+            let rule = rule.interned(&mut pool);
             each(errs, r, &rule);
             rules.push(rule);
         }

@@ -47,10 +47,24 @@ pub(crate) struct Reloader {
     pub(crate) hup: Option<tokio::signal::unix::Signal>,
 }
 
-/// Every watched file's path and text (`None`: unreadable or gone), an
-/// `--envoy-config` directory's files listed afresh (the directory itself
-/// with `None` when it cannot be listed).
-type Snapshot = Vec<(PathBuf, Option<String>)>;
+/// Every watched file's path and a digest of its text (`None`:
+/// unreadable or gone), an `--envoy-config` directory's files listed
+/// afresh (the directory itself with `None` when it cannot be listed).
+/// A digest, not the text: a million-rule file is 170 MB, which the
+/// watcher would otherwise hold for ever beside the rules.
+type Snapshot = Vec<(PathBuf, Option<Digest>)>;
+
+/// A file's length and a hash of its bytes: an edit that keeps the size
+/// (within the filesystem's timestamp tick) still changes the hash.
+type Digest = (u64, u64);
+
+fn digest(path: &std::path::Path) -> Option<Digest> {
+    use std::hash::Hasher as _;
+    let bytes = std::fs::read(path).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(&bytes);
+    Some((bytes.len() as u64, h.finish()))
+}
 
 fn snapshot(paths: &[PathBuf]) -> Snapshot {
     let mut out = Vec::new();
@@ -58,18 +72,32 @@ fn snapshot(paths: &[PathBuf]) -> Snapshot {
         if p.is_dir() {
             match crate::config::envoy_dir_files(p) {
                 Ok(files) => out.extend(files.into_iter().map(|f| {
-                    let text = std::fs::read_to_string(&f).ok();
-                    (f, text)
+                    let d = digest(&f);
+                    (f, d)
                 })),
                 Err(_) => out.push((p.clone(), None)),
             }
         } else {
-            out.push((p.clone(), std::fs::read_to_string(p).ok()));
+            out.push((p.clone(), digest(p)));
         }
     }
     out
 }
 
+/// [`snapshot`] on a blocking thread: reading and hashing a large file
+/// must not hold a worker that decides requests.
+async fn snapshot_off(paths: &Arc<Vec<PathBuf>>) -> Snapshot {
+    let paths = paths.clone();
+    tokio::task::spawn_blocking(move || snapshot(&paths))
+        .await
+        .unwrap_or_default()
+}
+
+/// Watches the rules files and reloads them. Every read, parse and build
+/// runs on a blocking thread ([`tokio::task::spawn_blocking`]): the new
+/// rule set is built beside the one in force, which decides every request
+/// meanwhile, and is swapped in at once when whole; the old one is freed
+/// there too (see [`Limiter::replace_rules`](spillway_store::Limiter::replace_rules)).
 pub(crate) async fn watch(
     mut state: Reloader,
     opts: ServeOptions,
@@ -79,9 +107,10 @@ pub(crate) async fn watch(
     if let Source::File(p) = &opts.source {
         paths.push(p.clone());
     }
+    let paths = Arc::new(paths);
     // The files as last considered (applied or rejected): a change is
     // measured from them.
-    let mut considered = snapshot(&paths);
+    let mut considered = snapshot_off(&paths).await;
     // A changed text waiting for its quiet period, and when it was first
     // seen as it is.
     let mut pending: Option<(Snapshot, tokio::time::Instant)> = None;
@@ -89,9 +118,21 @@ pub(crate) async fn watch(
     // The files as they were at start, before flags: start-only settings
     // are compared with these (the running settings carry the flags, which
     // a reloaded file does not, and would always look changed).
-    let started =
-        crate::config::load_all(&opts.source, &opts.envoy_files, opts.config.merge_domains)
-            .unwrap_or_else(|_| opts.config.clone());
+    // The rules themselves are not needed here (a reload reads them
+    // again): a million of them would be held twice more for nothing.
+    let mut opts = opts;
+    opts.config.rules = Vec::new();
+    let started = {
+        let o = opts.clone();
+        let mut started = tokio::task::spawn_blocking(move || {
+            crate::config::load_all(&o.source, &o.envoy_files, o.config.merge_domains)
+                .unwrap_or_else(|_| o.config.clone())
+        })
+        .await
+        .unwrap_or_else(|_| opts.config.clone());
+        started.rules = Vec::new();
+        started
+    };
     // The `--envoy-config` paths that are directories: one that goes away
     // later fails the reload rather than dropping its domains.
     let dirs: Vec<PathBuf> = opts
@@ -104,6 +145,7 @@ pub(crate) async fn watch(
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
     let mut hup = state.hup.take();
+    let work = Arc::new((state, opts, started, dirs));
     loop {
         #[cfg(unix)]
         let sighup = async {
@@ -134,7 +176,7 @@ pub(crate) async fn watch(
         if paths.is_empty() {
             continue;
         }
-        let text = snapshot(&paths);
+        let text = snapshot_off(&paths).await;
         if !forced {
             if text == considered {
                 // Changed back (or not at all): nothing to wait for.
@@ -155,7 +197,13 @@ pub(crate) async fn watch(
         }
         pending = None;
         considered = text;
-        if let Some(q) = reload(&state, &opts, &started, &dirs) {
+        let w = work.clone();
+        let applied = tokio::task::spawn_blocking(move || {
+            let (state, opts, started, dirs) = &*w;
+            reload(state, opts, started, dirs)
+        })
+        .await;
+        if let Ok(Some(q)) = applied {
             quiet = q;
         }
     }

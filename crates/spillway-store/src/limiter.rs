@@ -358,8 +358,22 @@ impl<S: Store> Limiter<S> {
 
     /// Replaces the rules. Counters of rules whose name, key and limits are
     /// unchanged carry over (they are keyed by [`Rule::fingerprint`]).
+    ///
+    /// The swap is one pointer store: no decision waits for it. The old
+    /// set is freed by the caller (a reload's blocking thread), not by the
+    /// last decision still holding it: freeing a million rules takes a
+    /// while, and no request should pay for it. A decision holds a set for
+    /// microseconds, so the caller waits (up to a few milliseconds) for
+    /// those in flight to let go.
     pub fn replace_rules(&self, rules: RuleSet) {
-        self.rules.store(Arc::new(rules));
+        let old = self.rules.swap(Arc::new(rules));
+        for _ in 0..1_000 {
+            if Arc::strong_count(&old) == 1 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+        drop(old);
     }
 
     /// Decides `req` against every rule whose route matches it and whose key

@@ -270,10 +270,7 @@ pub(super) async fn rule_get(
     };
     if let Some(r) = state
         .rules_api
-        .file_rules()
-        .rules()
-        .iter()
-        .find(|r| r.name() == name)
+        .file_rule(&state.shared.limiter.rules(), &name)
     {
         return axum::Json(file_view(r)).into_response();
     }
@@ -335,7 +332,14 @@ pub(super) async fn rule_put(
     let redis = state.redis();
     let result = state
         .rules_api
-        .put(redis, &state.assign, &name, json, pre)
+        .put(
+            redis,
+            &state.assign,
+            &state.shared.limiter.rules(),
+            &name,
+            json,
+            pre,
+        )
         .await;
     let status = match &result {
         Ok((_, true)) => StatusCode::CREATED,
@@ -381,7 +385,13 @@ pub(super) async fn rule_delete(
     let redis = state.redis();
     let result = state
         .rules_api
-        .delete(redis, &state.assign, &name, pre)
+        .delete(
+            redis,
+            &state.assign,
+            &state.shared.limiter.rules(),
+            &name,
+            pre,
+        )
         .await;
     let status = match &result {
         Ok(_) => StatusCode::OK,
@@ -414,8 +424,7 @@ pub(super) async fn rules_list(
         Err(r) => return r,
     };
     let set = state.shared.limiter.rules();
-    let file = state.rules_api.file_rules();
-    let file_count = file.rules().len();
+    let file_count = state.rules_api.file_count();
     let (idx, _) = page_of(
         &set,
         &Page {

@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -130,8 +129,13 @@ pub enum Refused {
 pub struct ApiRules {
     held: RwLock<Held>,
     ctx: RwLock<Context>,
-    /// The rules file's rule set, as last loaded, before API rules.
-    file: ArcSwap<RuleSet>,
+    /// How many of the rules in force are the rules file's: they come
+    /// first, the API's after. Only a count: keeping the file's rule set
+    /// beside the one in force would hold every rule twice.
+    file_count: std::sync::atomic::AtomicUsize,
+    /// How many API rules a file rule's name shadows, as of the last
+    /// composition.
+    shadowed: std::sync::atomic::AtomicUsize,
     /// Elastic rules read the service's health from it.
     health: Arc<spillway_core::HealthGauge>,
     /// The held version after every change (for whoever composes rules).
@@ -181,7 +185,8 @@ impl ApiRules {
             changed: watch::Sender::new(held.version),
             held: RwLock::new(held),
             ctx: RwLock::new(ctx),
-            file: ArcSwap::from_pointee(RuleSet::default()),
+            file_count: std::sync::atomic::AtomicUsize::new(0),
+            shadowed: std::sync::atomic::AtomicUsize::new(0),
             health,
             pulled: std::sync::atomic::AtomicBool::new(false),
             applying: Mutex::new(()),
@@ -217,15 +222,9 @@ impl ApiRules {
     /// How many are held, how many of those do not read here, and how
     /// many a file rule's name shadows.
     pub fn counts(&self) -> (usize, usize, usize) {
-        let file = self.file.load();
-        let names: HashSet<&str> = file.rules().iter().map(Rule::name).collect();
         let held = self.held.read();
         let bad = held.rules.values().filter(|e| e.built.is_err()).count();
-        let shadowed = held
-            .rules
-            .keys()
-            .filter(|n| names.contains(n.as_str()))
-            .count();
+        let shadowed = self.shadowed.load(std::sync::atomic::Ordering::Relaxed);
         (held.rules.len(), bad, shadowed)
     }
 
@@ -234,14 +233,16 @@ impl ApiRules {
         self.pulled.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// The rules file's rule set, as last loaded.
-    pub fn file_rules(&self) -> Arc<RuleSet> {
-        self.file.load_full()
+    /// How many of the rules in force are the rules file's (the first
+    /// ones).
+    pub fn file_count(&self) -> usize {
+        self.file_count.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Whether the rules file has a rule `name`.
-    pub fn is_file_rule(&self, name: &str) -> bool {
-        self.file.load().rules().iter().any(|r| r.name() == name)
+    /// The rules file's rule `name` in `set` (the rules in force).
+    pub fn file_rule<'s>(&self, set: &'s RuleSet, name: &str) -> Option<&'s Rule> {
+        let n = self.file_count().min(set.rules().len());
+        set.rules()[..n].iter().find(|r| r.name() == name)
     }
 
     /// The names of API rules from `after` on (excluded) that start with
@@ -273,16 +274,18 @@ impl ApiRules {
     ///
     /// # Errors
     /// What [`Refused`] lists.
+    #[allow(clippy::too_many_arguments)]
     pub async fn put(
         &self,
         redis: Option<&RedisStore>,
         assign: &Assignments,
+        in_force: &RuleSet,
         name: &str,
         json: Value,
         pre: Precondition,
     ) -> Result<(Arc<Entry>, bool), Refused> {
         let rule = self.build(&json).map_err(Refused::Invalid)?;
-        if self.is_file_rule(name) {
+        if self.file_rule(in_force, name).is_some() {
             return Err(Refused::FileRule);
         }
         let _w = self.writing.lock().await;
@@ -343,10 +346,11 @@ impl ApiRules {
         &self,
         redis: Option<&RedisStore>,
         assign: &Assignments,
+        in_force: &RuleSet,
         name: &str,
         pre: Precondition,
     ) -> Result<u64, Refused> {
-        if self.is_file_rule(name) {
+        if self.file_rule(in_force, name).is_some() {
             return Err(Refused::FileRule);
         }
         let _w = self.writing.lock().await;
@@ -504,21 +508,31 @@ impl ApiRules {
         *self.ctx.write() = ctx;
     }
 
-    /// The file's rules and the API rules that read, numbered `version`.
-    fn compose(&self, file: &RuleSet, version: u64) -> RuleSet {
-        let names: HashSet<&str> = file.rules().iter().map(Rule::name).collect();
-        let mut rules = file.rules().to_vec();
-        for e in self.held.read().rules.values() {
-            if let Ok(r) = &e.built
-                && !names.contains(r.name())
-            {
-                rules.push(r.clone().with_health(self.health.clone()));
+    /// The rules `file` (the rules file's), then the API rules that
+    /// read under a name the file does not use, numbered `version`; how
+    /// many API rules the file shadows. `None` when there is no API rule:
+    /// the file's set goes in force as it is, nothing copied.
+    fn compose(&self, file: &[Rule], like: &RuleSet, version: u64) -> Option<(RuleSet, usize)> {
+        let held = self.held.read();
+        if held.rules.is_empty() {
+            return None;
+        }
+        let names: HashSet<&str> = file.iter().map(Rule::name).collect();
+        let mut rules = file.to_vec();
+        let mut shadowed = 0;
+        for e in held.rules.values() {
+            if let Ok(r) = &e.built {
+                if names.contains(r.name()) {
+                    shadowed += 1;
+                } else {
+                    rules.push(r.clone().with_health(self.health.clone()));
+                }
             }
         }
-        let mut set = RuleSet::with_path_matching(rules, file.path_matching());
-        set.on_store_error = file.on_store_error;
+        let mut set = RuleSet::with_path_matching(rules, like.path_matching());
+        set.on_store_error = like.on_store_error;
         set.version = version;
-        set
+        Some((set, shadowed))
     }
 }
 
@@ -526,24 +540,42 @@ impl ApiRules {
 /// start and on every reload): the reload path's one call, in place of
 /// swapping `file` in alone.
 pub fn swap_in(admin: &AdminState, file: RuleSet, ctx: Context) {
+    use std::sync::atomic::Ordering;
     let api = &admin.rules_api;
     let _a = api.applying.lock();
     api.set_context(ctx);
-    let set = api.compose(&file, file.version);
-    api.file.store(Arc::new(file));
+    let count = file.rules().len();
+    let (set, shadowed) = match api.compose(file.rules(), &file, file.version) {
+        Some(composed) => composed,
+        None => (file, 0),
+    };
+    api.file_count.store(count, Ordering::Release);
+    api.shadowed.store(shadowed, Ordering::Relaxed);
     admin.shared.events.rules_changed(&set);
     admin.shared.limiter.replace_rules(set);
 }
 
 /// Puts the API rules held in force after they changed (here or in
-/// Redis), with the rules file's rules as last loaded.
+/// Redis), with the rules file's rules now in force.
 pub fn applied(admin: &AdminState) {
+    use std::sync::atomic::Ordering;
     {
         let api = &admin.rules_api;
         let _a = api.applying.lock();
-        let file = api.file.load_full();
-        let version = admin.shared.limiter.rules().version + 1;
-        let set = api.compose(&file, version);
+        let now = admin.shared.limiter.rules();
+        let file = &now.rules()[..api.file_count().min(now.rules().len())];
+        let version = now.version + 1;
+        let (set, shadowed) = match api.compose(file, &now, version) {
+            Some(composed) => composed,
+            None => {
+                let mut set = RuleSet::with_path_matching(file.to_vec(), now.path_matching());
+                set.on_store_error = now.on_store_error;
+                set.version = version;
+                (set, 0)
+            }
+        };
+        api.shadowed.store(shadowed, Ordering::Relaxed);
+        drop(now);
         admin.shared.events.rules_changed(&set);
         admin.shared.limiter.replace_rules(set);
     }

@@ -72,9 +72,16 @@ async fn pages_by_prefix_and_after() {
     let api = ApiRules::open(&assign, ctx(), Arc::new(spillway_core::HealthGauge::new())).unwrap();
     for n in ["a1", "a2", "a3", "b1"] {
         let json = serde_json::json!({"name": n, "limits": [{"gcra": {"rate": "1/s"}}]});
-        api.put(None, &assign, n, json, Precondition::None)
-            .await
-            .unwrap();
+        api.put(
+            None,
+            &assign,
+            &RuleSet::default(),
+            n,
+            json,
+            Precondition::None,
+        )
+        .await
+        .unwrap();
     }
     let names = |v: Vec<(String, Arc<Entry>)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
     assert_eq!(names(api.page("a", "", 2)), ["a1", "a2"]);

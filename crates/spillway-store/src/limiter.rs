@@ -16,7 +16,11 @@ use crate::{Charge, Key, Store};
 pub struct RuleSet {
     rules: Vec<Rule>,
     /// Built for many rules: which rules a path may match.
-    index: Option<RouteIndex>,
+    /// Built on first use ([`RuleSet::prepare`]): a set kept aside and
+    /// never decided with (the file's rules an API-rules composition is
+    /// made from) costs no index. The limiter prepares a set before it
+    /// swaps it in, so no decision builds one.
+    index: std::sync::OnceLock<RouteIndex>,
     /// Which respellings of a path (and `HEAD` for `GET`) count as the
     /// path, for rules that set none of their own: request paths are
     /// canonicalised once with it. Lenient by default ("count when in
@@ -71,32 +75,37 @@ const INDEX_FROM: usize = 16;
 struct RouteIndex {
     /// Node 0 is the root.
     nodes: Vec<IndexNode>,
+    /// The rules of every node, node after node (file order within one):
+    /// a node's are a range of it, not a list of its own.
+    node_rules: Vec<u32>,
     /// Rules without a route (they apply to every request), and rules
     /// whose own path matching differs from the global one in how it
     /// spells paths (tried on every request).
     everywhere: Vec<usize>,
 }
 
+/// A node of the tree, compact: a million routes make a million nodes.
 #[derive(Debug, Clone, Default)]
 struct IndexNode {
-    children: std::collections::HashMap<String, usize>,
-    /// Rules whose literal prefix ends here, in file order.
-    rules: Vec<usize>,
+    /// The children by segment, sorted (found by binary search).
+    children: Box<[(Box<str>, u32)]>,
+    /// This node's rules: `node_rules[rules.0..rules.1]`.
+    rules: (u32, u32),
 }
 
 impl RouteIndex {
     fn new(rules: &[Rule], global: PathMatching) -> RouteIndex {
-        let mut index = RouteIndex {
-            nodes: vec![IndexNode::default()],
-            everywhere: Vec::new(),
-        };
+        // Built with maps, then frozen into sorted slices.
+        let mut children: Vec<std::collections::HashMap<Box<str>, u32>> = vec![Default::default()];
+        let mut at_node: Vec<(u32, u32)> = Vec::with_capacity(rules.len());
+        let mut everywhere = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
             let own_paths = rule.path_matching().is_some_and(|m| !m.same_paths(&global));
             let Some(route) = rule.route().filter(|_| !own_paths) else {
-                index.everywhere.push(i);
+                everywhere.push(i);
                 continue;
             };
-            let mut at = 0;
+            let mut at = 0usize;
             for seg in route.literal_prefix() {
                 // Paths are canonicalised lower-case then: so are the
                 // literals they are looked up by.
@@ -105,19 +114,56 @@ impl RouteIndex {
                 } else {
                     std::borrow::Cow::Borrowed(seg)
                 };
-                at = match index.nodes[at].children.get(seg.as_ref()) {
-                    Some(&next) => next,
+                at = match children[at].get(seg.as_ref()) {
+                    Some(&next) => next as usize,
                     None => {
-                        let next = index.nodes.len();
-                        index.nodes.push(IndexNode::default());
-                        index.nodes[at].children.insert(seg.into_owned(), next);
+                        let next = children.len();
+                        children.push(Default::default());
+                        children[at].insert(seg.into_owned().into_boxed_str(), next as u32);
                         next
                     }
                 };
             }
-            index.nodes[at].rules.push(i);
+            at_node.push((at as u32, i as u32));
         }
-        index
+        // Rules node by node, file order kept within a node (stable sort).
+        at_node.sort_by_key(|&(node, _)| node);
+        let mut nodes: Vec<IndexNode> = children
+            .into_iter()
+            .map(|map| {
+                let mut list: Vec<(Box<str>, u32)> = map.into_iter().collect();
+                list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                IndexNode {
+                    children: list.into_boxed_slice(),
+                    rules: (0, 0),
+                }
+            })
+            .collect();
+        let node_rules: Vec<u32> = at_node.iter().map(|&(_, r)| r).collect();
+        let mut start = 0;
+        while start < at_node.len() {
+            let node = at_node[start].0;
+            let end = start
+                + at_node[start..]
+                    .iter()
+                    .take_while(|(n, _)| *n == node)
+                    .count();
+            nodes[node as usize].rules = (start as u32, end as u32);
+            start = end;
+        }
+        RouteIndex {
+            nodes,
+            node_rules,
+            everywhere,
+        }
+    }
+
+    /// The rules filed at node `at`.
+    fn rules_at(&self, at: usize) -> impl Iterator<Item = usize> + '_ {
+        let (from, to) = self.nodes[at].rules;
+        self.node_rules[from as usize..to as usize]
+            .iter()
+            .map(|&r| r as usize)
     }
 
     /// The rules a request for `path` may match, in file order.
@@ -125,13 +171,14 @@ impl RouteIndex {
         let mut out = self.everywhere.clone();
         if let Some(segs) = path.and_then(spillway_core::Route::segments_of) {
             let mut at = 0;
-            out.extend_from_slice(&self.nodes[at].rules);
+            out.extend(self.rules_at(at));
             for seg in segs {
-                let Some(&next) = self.nodes[at].children.get(seg) else {
+                let node = &self.nodes[at];
+                let Ok(i) = node.children.binary_search_by(|(k, _)| k.as_ref().cmp(seg)) else {
                     break;
                 };
-                at = next;
-                out.extend_from_slice(&self.nodes[at].rules);
+                at = node.children[i].1 as usize;
+                out.extend(self.rules_at(at));
             }
         }
         out.sort_unstable();
@@ -158,7 +205,7 @@ impl RuleSet {
     /// ```
     pub fn with_path_matching(rules: Vec<Rule>, global: PathMatching) -> RuleSet {
         RuleSet {
-            index: (rules.len() >= INDEX_FROM).then(|| RouteIndex::new(&rules, global)),
+            index: std::sync::OnceLock::new(),
             response_costs: rules.iter().any(|r| r.response_cost().is_some()),
             key_headers: key_headers(&rules),
             rules,
@@ -166,6 +213,21 @@ impl RuleSet {
             on_store_error: FailPolicy::Allow,
             version: 1,
         }
+    }
+
+    /// The route index, for many rules (built now if it was not).
+    fn index(&self) -> Option<&RouteIndex> {
+        (self.rules.len() >= INDEX_FROM).then(|| {
+            self.index
+                .get_or_init(|| RouteIndex::new(&self.rules, self.path_matching))
+        })
+    }
+
+    /// Builds what deciding with this set needs (its route index) now,
+    /// rather than on its first decision: [`Limiter::new`] and
+    /// [`Limiter::replace_rules`] call it before the set is in force.
+    pub fn prepare(&self) {
+        let _ = self.index();
     }
 
     /// The path matching of rules that set none.
@@ -289,6 +351,7 @@ pub struct Limiter<S> {
 impl<S: Store> Limiter<S> {
     /// A limiter over `store` with `rules`.
     pub fn new(store: S, rules: RuleSet) -> Limiter<S> {
+        rules.prepare();
         Limiter {
             rules: ArcSwap::from_pointee(rules),
             store,
@@ -366,6 +429,7 @@ impl<S: Store> Limiter<S> {
     /// microseconds, so the caller waits (up to a few milliseconds) for
     /// those in flight to let go.
     pub fn replace_rules(&self, rules: RuleSet) {
+        rules.prepare();
         let old = self.rules.swap(Arc::new(rules));
         for _ in 0..1_000 {
             if Arc::strong_count(&old) == 1 {
@@ -478,7 +542,7 @@ impl<S: Store> Limiter<S> {
             };
             // Every rule in turn, or with many rules those the index offers
             // (the same ones that apply, found without trying each).
-            let indexed = rules.index.as_ref().map(|ix| ix.candidates(canonical));
+            let indexed = rules.index().map(|ix| ix.candidates(canonical));
             let every = indexed.is_none().then(|| 0..rules.rules().len());
             for i in indexed
                 .iter()

@@ -369,12 +369,13 @@ async fn excess_requests_queue_and_leave_at_the_leak_rate_in_order(path: Path) {
         denied.iter().all(|&i| i >= 4),
         "refused early arrivals: {done:?}"
     );
-    for w in ok.windows(2) {
-        let gap = w[1].2.saturating_sub(w[0].2);
-        assert!(
-            gap >= Duration::from_millis(120),
-            "released too fast: {done:?}"
-        );
+    // The k-th release is no sooner than k leak intervals after the first
+    // (less 80 ms of the client's own timing): a busy machine may delay
+    // one answer so the next follows it closely, but never release early.
+    for (k, d) in ok.iter().enumerate() {
+        let since_first = d.2.saturating_sub(ok[0].2);
+        let due = Duration::from_millis(200 * k as u64).saturating_sub(Duration::from_millis(80));
+        assert!(since_first >= due, "released too fast: {done:?}");
     }
     let span = ok.last().unwrap().2 - ok[0].2;
     assert!(

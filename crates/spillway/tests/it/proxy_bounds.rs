@@ -507,9 +507,9 @@ async fn slow_bodies_hold_no_slot_and_no_upstream_connection() {
 /// Issue 28: with `proxy.concurrency: { limit: 64 }` an attacker holding
 /// every slot and queueing more turned every legitimate request into a
 /// 503. Slots are now shared between client addresses while requests
-/// wait: an address that keeps the queue full (here 30 senders of 400 ms
+/// wait: a network that keeps the queue full (here 30 senders of 400 ms
 /// requests on 2 slots, from 127.0.0.1) does not keep another
-/// (127.0.0.2) out; each of the other's requests gets the next freed
+/// (127.0.1.2) out; each of the other's requests gets the next freed
 /// slot, ahead of the flood (first come, first served, it waited behind
 /// 28 requests, 5.6 s, past `max_wait`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -539,8 +539,10 @@ async fn one_address_cannot_hold_every_in_flight_slot() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another network (slots are shared by /24, not by address: 127.0.0.2
+    // would be the flood's own network).
     let other = reqwest::Client::builder()
-        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .local_address(std::net::IpAddr::from([127, 0, 1, 2]))
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();

@@ -467,11 +467,13 @@ async fn serve_with<H: Handler>(
     // SIGHUP's handler, before the line that tells the world we listen.
     #[cfg(unix)]
     let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    // A name may come from `${NAME}`: the log shows the reference.
+    // A name may come from `${NAME}`: the log shows the reference. The
+    // first 100 names: a million would make one 20 MB line.
     let names: Vec<String> = opts
         .config
         .rules
         .iter()
+        .take(100)
         .map(|r| opts.config.secrets.redact(r.name()).into_owned())
         .collect();
     tracing::info!(
@@ -481,7 +483,7 @@ async fn serve_with<H: Handler>(
         rules = ?names,
         "{what} listening on {}://{addr} with {} rules",
         scheme(main_tls.is_some()),
-        names.len()
+        opts.config.rules.len()
     );
     if opts.config.tls.admin.is_some() && admin.is_none() {
         tracing::warn!(

@@ -252,12 +252,14 @@ pub(crate) fn reload(
             r.last_reload_unix_ms = unix_ms();
             r.secrets = config.secrets.clone();
             // A name may come from `${NAME}`: the log shows the reference.
+            // The first 100: a million names would be one 20 MB line.
             let names: Vec<String> = config
                 .rules
                 .iter()
+                .take(100)
                 .map(|r| config.secrets.redact(r.name()).into_owned())
                 .collect();
-            tracing::info!(version, rules = ?names, "rules reloaded");
+            tracing::info!(version, count = config.rules.len(), rules = ?names, "rules reloaded");
             let waiting = started.start_only_changes(&config);
             if !waiting.is_empty() {
                 tracing::warn!(

@@ -23,6 +23,7 @@ mod proxy;
 mod proxy_bounds;
 mod redis;
 mod rules_api;
+mod scale;
 mod secrets;
 mod simulate;
 mod simulate_report;

@@ -36,6 +36,10 @@
 //!   on its client: its connection may be closed to make room like an
 //!   idle one, and the body has `body_timeout` in all (see
 //!   [`RequestBody`](crate::RequestBody)).
+//! - **Answers.** A request on hyper whose handler has answered, and
+//!   whose answer the client has not taken (an HTTP/2 client that opens
+//!   no window), waits on its client too: sheddable, and with every
+//!   request of its connection waiting so, due within the write timeout.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -269,7 +273,8 @@ impl Budget {
     ///
     /// - **Whose.** Clients are weighed by network, by every connection
     ///   they hold whatever its state: while some network holds more than
-    ///   its fair share (the cap divided by the networks), only such a
+    ///   its fair share (the cap divided by the networks, the client
+    ///   waiting to be accepted counted as one more), only such a
     ///   network's connections are closed; of those, the network holding
     ///   the most, and within it the address holding the most (a flood
     ///   makes room out of its own connections, never a lone client's).
@@ -284,9 +289,11 @@ impl Budget {
     ///   connections (requests in flight on a handler) closed too, after
     ///   its waiting ones: busy connections are capped at the share.
     /// - **Served last.** A connection that has been answered is never
-    ///   closed while one that has not could be: a flood that reconnects
-    ///   within the grace waits out the grace rather than take a served
-    ///   keep-alive connection, its only other choice.
+    ///   closed while one that has not could be, unless its network is
+    ///   over its share: a flood that reconnects within the grace waits
+    ///   out the grace rather than take a served keep-alive connection,
+    ///   its only other choice, and a flood whose own requests are
+    ///   answered cannot hide behind its newest connections' grace.
     ///
     /// False if none qualifies, or every one that does was accepted less
     /// than [`GRACE`] ago (or is served, while one that is not is still in
@@ -300,7 +307,11 @@ impl Budget {
             *by_net.entry(e.state.net).or_insert(0) += 1;
             *by_addr.entry(e.state.peer).or_insert(0) += 1;
         }
-        let fair = (self.max_connections() / by_net.len().max(1)).max(1);
+        // Room is made for a client waiting to be accepted, whose address
+        // is not known yet: it counts as one more network. Without it, a
+        // crowd alone in the table had the whole budget for its share and
+        // kept every connection it held, while the newcomer waited.
+        let fair = (self.max_connections() / (by_net.len() + 1)).max(1);
         let crowded = by_net.values().any(|&n| n > fair);
         let over = |s: &ConnState| by_net[&s.net] > fair;
         // Could go, the grace aside.
@@ -310,10 +321,15 @@ impl Budget {
         let unserved = table
             .values()
             .any(|e| !e.state.served.load(Ordering::Relaxed) && could(&e.state));
+        // A served connection waits out the grace of an unserved one,
+        // unless its network holds more than its share: a crowd whose
+        // requests are answered (a refusal is an answer) is not kept by
+        // it, or the crowd's own newcomers in their grace would keep the
+        // whole table from ever making room.
         let fits = |s: &ConnState| {
             now.saturating_sub(s.since) >= GRACE_MS
                 && could(s)
-                && !(unserved && s.served.load(Ordering::Relaxed))
+                && !(unserved && s.served.load(Ordering::Relaxed) && !over(s))
         };
         let pick = table
             .iter()
@@ -440,6 +456,7 @@ impl Budget {
             budget: self.clone(),
             conn: conn.clone(),
             idle,
+            answered: false,
         })
     }
 }
@@ -450,17 +467,35 @@ pub(crate) struct StreamGuard {
     budget: Arc<Budget>,
     conn: Arc<ConnState>,
     idle: Duration,
+    /// Its handler has answered: what is left is for the client to read.
+    answered: bool,
 }
 
 impl StreamGuard {
-    /// Its request was answered: the connection has served its client.
-    pub(crate) fn served(&self) {
+    /// Its handler answered: the connection has served its client, and
+    /// the stream now waits on its client to take the answer (sheddable
+    /// like a body that has not all arrived). When every request in
+    /// flight on the connection waits so, the answer has `write` to be
+    /// taken (bytes moving push the deadline on, as for any write).
+    pub(crate) fn answered(&mut self, write: Duration) {
         self.conn.served.store(true, Ordering::Relaxed);
+        if self.answered {
+            return;
+        }
+        self.answered = true;
+        self.conn.answers.fetch_add(1, Ordering::SeqCst);
+        if self.conn.waits_on_client() && !self.conn.expiring.load(Ordering::Relaxed) {
+            let at = self.budget.clock.after(write);
+            self.conn.deadline.fetch_min(at, Ordering::Relaxed);
+        }
     }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
+        if self.answered {
+            self.conn.answers.fetch_sub(1, Ordering::SeqCst);
+        }
         if let Some(network) = self.conn.peer_streams.get()
             && network.fetch_sub(1, Ordering::Relaxed) == 1
         {
@@ -517,6 +552,11 @@ pub(crate) struct ConnState {
     /// Of `streams`, those whose body has not all arrived: when every
     /// request in flight is one, the connection waits on its client.
     pub(crate) bodies: AtomicUsize,
+    /// Of `streams`, those whose handler has answered and whose answer
+    /// has not all been sent: each waits on its client to read (an
+    /// HTTP/2 client that opens no window, an HTTP/1.1 client that does
+    /// not read), like a body that has not all arrived.
+    pub(crate) answers: AtomicUsize,
     /// The earliest body deadline of those (coarse milliseconds; may be
     /// earlier than any of them, never later), `u64::MAX` with none.
     pub(crate) body_deadline: AtomicU64,
@@ -554,6 +594,7 @@ impl ConnState {
             deadline: AtomicU64::new(u64::MAX),
             streams: AtomicUsize::new(0),
             bodies: AtomicUsize::new(0),
+            answers: AtomicUsize::new(0),
             body_deadline: AtomicU64::new(u64::MAX),
             body_wakers: parking_lot::Mutex::new(Vec::new()),
             since: budget.clock.now(),
@@ -578,7 +619,7 @@ impl ConnState {
                 !self.idle.load(Ordering::SeqCst)
                     && self.deadline.load(Ordering::Relaxed) != u64::MAX
             }
-            n => self.bodies.load(Ordering::SeqCst) >= n,
+            n => self.bodies.load(Ordering::SeqCst) + self.answers.load(Ordering::SeqCst) >= n,
         }
     }
 
@@ -866,9 +907,58 @@ mod tests {
         assert!(!waiting.waits_on_client());
     }
 
-    /// A served connection is never closed while an unserved one could
-    /// be, even one still in its grace: the accept loop waits the grace
-    /// out, then closes the unserved one.
+    /// A request whose handler has answered but whose answer the client
+    /// does not take (an HTTP/2 client that opens no window, an HTTP/1.1
+    /// client that does not read) waits on its client: its connection
+    /// is closed to make room like one waiting for a body, and the answer
+    /// has the write timeout to be taken, where it used to count as busy
+    /// and hold the budget for as long as the client liked.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_not_taken_waits_on_the_client() {
+        let budget = Budget::new(10, 100);
+        let stuck = conn(&budget, [10, 0, 0, 1]);
+        stuck.hyper.store(true, Ordering::Relaxed);
+        let mut held: Vec<_> = (0..3)
+            .map(|_| budget.open_stream(&stuck, IDLE).unwrap())
+            .collect();
+        assert!(!stuck.waits_on_client(), "handlers at work");
+        let write = Duration::from_secs(2);
+        for g in &mut held[..2] {
+            g.answered(write);
+        }
+        assert!(!stuck.waits_on_client(), "one handler still at work");
+        assert_eq!(
+            stuck.deadline.load(Ordering::Relaxed),
+            budget.clock.after(IDLE)
+        );
+        held[2].answered(write);
+        assert!(stuck.waits_on_client());
+        assert_eq!(
+            stuck.deadline.load(Ordering::Relaxed),
+            budget.clock.after(write),
+            "the answers have the write timeout to be taken"
+        );
+        let working = conn(&budget, [10, 0, 1, 1]);
+        let _w = budget.open_stream(&working, IDLE).unwrap();
+        let stuck_id = add(&budget, stuck.clone());
+        let working_id = add(&budget, working);
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        assert!(budget.shed_idle());
+        let table = budget.table.lock();
+        assert!(!table.contains_key(&stuck_id));
+        assert!(table.contains_key(&working_id));
+        drop(table);
+        // Its answers taken: nothing in flight, and nothing left waiting.
+        drop(held);
+        assert_eq!(stuck.answers.load(Ordering::SeqCst), 0);
+        assert!(stuck.is_idle());
+    }
+
+    /// A served connection (of a network within its share) is never
+    /// closed while an unserved one could be, even one still in its
+    /// grace: the accept loop waits the grace out, then closes the
+    /// unserved one.
     #[tokio::test(start_paused = true)]
     async fn a_served_connection_goes_after_every_unserved_one() {
         let budget = Budget::new(2, 10);
@@ -878,7 +968,7 @@ mod tests {
         let kept_id = add(&budget, kept);
         tokio::time::advance(GRACE * 2).await;
         budget.clock.tick();
-        let fresh = conn(&budget, [10, 0, 0, 9]);
+        let fresh = conn(&budget, [10, 0, 1, 9]);
         let fresh_id = add(&budget, fresh);
         assert!(!budget.shed_idle(), "the served connection was closed");
         tokio::time::advance(GRACE * 2).await;
@@ -887,6 +977,35 @@ mod tests {
         let table = budget.table.lock();
         assert!(table.contains_key(&kept_id));
         assert!(!table.contains_key(&fresh_id));
+    }
+
+    /// A crowd whose requests are all answered (served connections, a
+    /// refusal being an answer) and whose new connections keep arriving
+    /// in their grace does not keep the table: the newcomer waiting to be
+    /// accepted counts as a network, the crowd is over its share, and its
+    /// served connections go. It used to be alone in the table, its share
+    /// the whole budget, and every served connection waited for the grace
+    /// of the crowd's newest: nothing was ever shed, and the newcomer
+    /// waited in the backlog (`answer_not_read` on the admin listener,
+    /// `stream_held` on forward-auth).
+    #[tokio::test(start_paused = true)]
+    async fn a_served_crowd_makes_room_while_its_newcomers_are_in_their_grace() {
+        let budget = Budget::new(8, 10);
+        let mut served = Vec::new();
+        for _ in 0..7 {
+            let c = conn(&budget, [10, 0, 0, 66]);
+            c.heard.store(true, Ordering::Relaxed);
+            c.served.store(true, Ordering::Relaxed);
+            served.push(add(&budget, c));
+        }
+        tokio::time::advance(GRACE * 2).await;
+        budget.clock.tick();
+        let newest = add(&budget, conn(&budget, [10, 0, 0, 66]));
+        assert!(budget.full());
+        assert!(budget.shed_idle(), "the served crowd kept the table");
+        let table = budget.table.lock();
+        assert!(table.contains_key(&newest), "the one in its grace went");
+        assert_eq!(table.len(), 7);
     }
 
     /// Shares are by network: 200 addresses of one /24 holding streams

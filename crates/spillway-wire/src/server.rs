@@ -683,6 +683,7 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             conn: self.state.clone(),
             idle: self.limits.idle_timeout,
             body: self.limits.body_timeout,
+            write: self.limits.write_timeout,
         };
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         if self.limits.http2_only {

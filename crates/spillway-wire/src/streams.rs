@@ -195,6 +195,8 @@ pub(crate) struct Counted<S> {
     pub(crate) idle: Duration,
     /// `body_timeout`: each body's time in all.
     pub(crate) body: Duration,
+    /// `write_timeout`: an answer's time to be taken.
+    pub(crate) write: Duration,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
@@ -214,11 +216,13 @@ where
                 CountedFuture {
                     inner: Some(self.inner.call(req)),
                     guard: Some(guard),
+                    write: self.write,
                 }
             }
             None => CountedFuture {
                 inner: None,
                 guard: None,
+                write: self.write,
             },
         }
     }
@@ -229,6 +233,8 @@ pub(crate) struct CountedFuture<F> {
     /// `None`: refused at the stream bound.
     inner: Option<F>,
     guard: Option<StreamGuard>,
+    /// `write_timeout`: an answer's time to be taken.
+    write: Duration,
 }
 
 impl<F, B> Future for CountedFuture<F>
@@ -245,10 +251,11 @@ where
         match Pin::new(inner).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(res)) => {
-                let guard = this.guard.take();
-                if let Some(g) = &guard {
-                    // Answered: a client that has been served.
-                    g.served();
+                let mut guard = this.guard.take();
+                if let Some(g) = &mut guard {
+                    // Answered: a client that has been served, and what
+                    // is left waits on it.
+                    g.answered(this.write);
                 }
                 Poll::Ready(Ok(res.map(|body| CountedBody::Body { body, guard })))
             }

@@ -118,14 +118,15 @@ pub enum Phase {
     /// HTTP/1.1: a chunked body, a one-byte chunk a second, never the
     /// last chunk.
     BodyChunked,
-    /// HTTP/2: 128 streams opened on each connection whose bodies never
-    /// come (HEADERS without END_STREAM, then nothing).
+    /// HTTP/2: [`HELD_STREAMS`] streams opened on each connection whose
+    /// bodies never come (HEADERS without END_STREAM, then nothing).
     StreamHeld,
     /// Requests sent and their answers never read, on a 4 KiB receive
     /// buffer: on HTTP/1.1 16 pipelined (large answers back the server's
     /// writes up; small ones fit the send buffer Linux grows for it, and
-    /// the connection then waits, answers unread); on HTTP/2 128 streams
-    /// with a receive window of 0, whose answers can never be finished.
+    /// the connection then waits, answers unread); on HTTP/2
+    /// [`HELD_STREAMS`] streams with a receive window of 0, whose answers
+    /// can never be finished.
     AnswerNotRead,
     /// HTTP/2 rapid reset: HEADERS then RST_STREAM, as fast as it goes.
     RapidReset,
@@ -449,11 +450,12 @@ async fn stall<W: AsyncWrite + Unpin>(
         }
         (Phase::StreamHeld, Proto::H2) => {
             let mut out = preface();
-            for id in (1..2 * 128u32).step_by(2) {
+            let n = HELD_STREAMS;
+            for id in (1..2 * n).step_by(2) {
                 out.extend(h2(id, &t.upload, &[], false, true));
             }
             wr.write_all(&out).await?;
-            report.sent.fetch_add(128, Ordering::Relaxed);
+            report.sent.fetch_add(u64::from(n), Ordering::Relaxed);
             std::future::pending().await
         }
         (Phase::AnswerNotRead, Proto::H1) => {
@@ -476,7 +478,8 @@ async fn stall<W: AsyncWrite + Unpin>(
             // server may start answers, never finish them.
             let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
             out.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 0]));
-            for id in (1..2 * 128u32).step_by(2) {
+            let n = HELD_STREAMS;
+            for id in (1..2 * n).step_by(2) {
                 let body = !t.ask.body.is_empty();
                 out.extend(h2(id, &t.ask, &[], !body, true));
                 if body {
@@ -484,7 +487,7 @@ async fn stall<W: AsyncWrite + Unpin>(
                 }
             }
             wr.write_all(&out).await?;
-            report.sent.fetch_add(128, Ordering::Relaxed);
+            report.sent.fetch_add(u64::from(n), Ordering::Relaxed);
             std::future::pending().await
         }
         (Phase::RapidReset, Proto::H2) => {
@@ -679,6 +682,17 @@ impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// Streams opened on each connection by [`Phase::StreamHeld`] and, on
+/// HTTP/2, [`Phase::AnswerNotRead`]: 300 connections × 8 hold six times
+/// what any server of the matrix lets be in flight (its stream bound,
+/// twice over with the reserve), so every connection holds streams. It
+/// was 128: the bound was full after two connections, and the other
+/// 38,000 streams were each refused with a 503, a request flood (the
+/// floods are their own phases) that kept a debug server's runtime from
+/// reading the legitimate client's connection for over a second, while
+/// the budget had already made room for it.
+pub const HELD_STREAMS: u32 = 8;
 
 /// Requests pipelined by [`Phase::AnswerNotRead`] on HTTP/1.1.
 const PIPELINED: usize = 16;

@@ -537,7 +537,13 @@ async fn healthz() -> Response {
 /// would turn a Redis outage into an API outage).
 async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     let set = state.shared.limiter.rules();
-    match state.shared.limiter.store().degraded() {
+    let store = state.shared.limiter.store();
+    // With Redis, the rules made over the API are read from it once
+    // after start (within POLL_EVERY of its answering): until then only
+    // the file's are in force.
+    let unread = (store.redis().is_some() && !state.rules_api.pulled())
+        .then_some("the rules made over the admin API are not read from redis yet");
+    match store.degraded().or(unread.map(String::from)) {
         None => axum::Json(json!({"status": "ready", "rules_version": set.version})),
         Some(why) => {
             axum::Json(json!({"status": "degraded", "reason": why, "rules_version": set.version}))

@@ -353,6 +353,15 @@ async fn rules_are_made_changed_and_deleted_over_the_api() {
         assert!(of("rule.put", 201) >= 4, "{j}");
         assert!(of("rule.put", 412) >= 2, "{j}");
         assert!(of("rule.put", 409) >= 1, "{j}");
+        // A refusal says why, as its answer did.
+        assert!(
+            entries.iter().any(|e| e["action"] == "rule.put"
+                && e["status"] == 409
+                && e["refused"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("rules file"))),
+            "{j}"
+        );
         assert!(of("rule.put", 400) >= 6, "{j}");
         assert!(of("rule.put", 401) >= 1 && of("rule.put", 403) >= 1, "{j}");
         assert!(

@@ -230,7 +230,7 @@ impl AdminState {
         (method, uri): (&Method, &Uri),
         action: &str,
         name: &str,
-        reason: Option<String>,
+        refusal: Option<&Response>,
         status: u16,
     ) {
         let at = now_ms();
@@ -243,9 +243,14 @@ impl AdminState {
             action: action.to_string(),
             rule: Some(name.to_string()),
             key: None,
-            reason,
+            reason: None,
             status,
-            refused: (status >= 400).then(|| format!("answered {status}")),
+            refused: refusal.map(|r| {
+                r.extensions().get::<Detail>().map_or_else(
+                    || format!("answered {status}"),
+                    |d| super::super::audit::refusal_reason(&d.0),
+                )
+            }),
         });
     }
 }
@@ -341,17 +346,18 @@ pub(super) async fn rule_put(
             pre,
         )
         .await;
+    let result = result.map_err(|r| refused(&name, r));
     let status = match &result {
         Ok((_, true)) => StatusCode::CREATED,
         Ok((_, false)) => StatusCode::OK,
-        Err(r) => refused(&name, r.clone()).status(),
+        Err(r) => r.status(),
     };
     state.record_rule(
         &who,
         (&method, &uri),
         "rule.put",
         &name,
-        result.as_ref().err().map(|e| format!("{e:?}")),
+        result.as_ref().err(),
         status.as_u16(),
     );
     match result {
@@ -363,7 +369,7 @@ pub(super) async fn rule_put(
             }
             with_etag(resp, &e)
         }
-        Err(r) => refused(&name, r),
+        Err(r) => r,
     }
 }
 
@@ -393,16 +399,17 @@ pub(super) async fn rule_delete(
             pre,
         )
         .await;
+    let result = result.map_err(|r| refused(&name, r));
     let status = match &result {
         Ok(_) => StatusCode::OK,
-        Err(r) => refused(&name, r.clone()).status(),
+        Err(r) => r.status(),
     };
     state.record_rule(
         &who,
         (&method, &uri),
         "rule.delete",
         &name,
-        None,
+        result.as_ref().err(),
         status.as_u16(),
     );
     match result {
@@ -410,7 +417,7 @@ pub(super) async fn rule_delete(
             rules_api::applied(&state);
             axum::Json(json!({ "name": name, "deleted": true, "version": version })).into_response()
         }
-        Err(r) => refused(&name, r),
+        Err(r) => r,
     }
 }
 

@@ -90,3 +90,27 @@ async fn pages_by_prefix_and_after() {
     assert_eq!(names(api.page("b", "", 10)), ["b1"]);
     assert_eq!(api.version(), 4);
 }
+
+/// Hostile bodies are refused with a message, never a panic.
+#[test]
+fn hostile_rules_are_refused() {
+    let deep = format!("{}1{}", "[".repeat(120), "]".repeat(120));
+    let deep: Value = serde_json::from_str(&deep).unwrap();
+    let long = "x".repeat(60_000);
+    for json in [
+        serde_json::json!({"name": "a", "limits": [{"gcra": deep.clone()}]}),
+        serde_json::json!({"name": "a", "limits": [{"gcra": {"rate": deep}}]}),
+        serde_json::json!({"name": long.clone(), "limits": [{"gcra": {"rate": "1/s"}}]}),
+        serde_json::json!({"name": "a\u{0}b", "limits": [{"gcra": {"rate": "1/s"}}]}),
+        serde_json::json!({"name": "a", "api": long, "limits": [{"gcra": {"rate": "1/s"}}]}),
+        serde_json::json!({"name": "a", "limits": [{"gcra": {"rate": "1/s", "burst": -1}}]}),
+        serde_json::json!({"name": "a", "limits": [{"gcra": {"rate": "1/s", "burst": u64::MAX}}]}),
+        serde_json::json!({"name": "a", "limits": []}),
+        serde_json::json!({"name": "a", "limits": [{}]}),
+        serde_json::json!({"name": "a", "api": null, "limits": [{"gcra": {"rate": "1/s"}}]}),
+        serde_json::json!({"name": "a", "limits": [{"gcra": {"rate": "1/s"}}], "by": "*&anchor"}),
+    ] {
+        let e = build(&ctx(), &json).unwrap_err();
+        assert!(!e.is_empty(), "{json}");
+    }
+}

@@ -362,7 +362,9 @@ pub(super) async fn rule_put(
     );
     match result {
         Ok((e, created)) => {
-            rules_api::applied(&state);
+            // Composing copies every rule: off the async workers.
+            let s = state.clone();
+            let _ = tokio::task::spawn_blocking(move || rules_api::applied(&s)).await;
             let mut resp = (status, axum::Json(api_view(&state, &name, &e))).into_response();
             if created && let Ok(h) = axum::http::HeaderValue::from_str(uri.path()) {
                 resp.headers_mut().insert(header::LOCATION, h);
@@ -414,7 +416,9 @@ pub(super) async fn rule_delete(
     );
     match result {
         Ok(version) => {
-            rules_api::applied(&state);
+            // Composing copies every rule: off the async workers.
+            let s = state.clone();
+            let _ = tokio::task::spawn_blocking(move || rules_api::applied(&s)).await;
             axum::Json(json!({ "name": name, "deleted": true, "version": version })).into_response()
         }
         Err(r) => r,

@@ -441,39 +441,47 @@ impl ApiRules {
                 .await
                 .map_err(|e| e.to_string())?;
             let full = list.len() >= PULL_BATCH;
+            // Read off the async workers: a batch is thousands of rules.
+            let ctx2 = ctx.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                list.into_iter()
+                    .map(|c| {
+                        let entry = c.json.as_ref().map(|text| {
+                            let json: Value = serde_json::from_str(text)
+                                .unwrap_or_else(|e| Value::String(format!("unreadable: {e}")));
+                            let built = build(&ctx2, &json);
+                            Arc::new(Entry {
+                                json,
+                                version: c.version,
+                                built,
+                            })
+                        });
+                        (c.name, c.version, entry)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
             let mut held = self.held.write();
-            for c in list {
-                cursor = cursor.max(c.version);
+            for (name, version, entry) in read {
+                cursor = cursor.max(version);
                 // A write made here may be newer than what the log said
                 // when it was read.
-                if held
-                    .rules
-                    .get(&c.name)
-                    .is_some_and(|e| e.version > c.version)
-                {
+                if held.rules.get(&name).is_some_and(|e| e.version > version) {
                     continue;
                 }
                 changed = true;
-                let Some(text) = c.json else {
-                    held.rules.remove(&c.name);
-                    continue;
-                };
-                let json: Value = match serde_json::from_str(&text) {
-                    Ok(v) => v,
-                    Err(e) => Value::String(format!("unreadable: {e}")),
-                };
-                let built = build(&ctx, &json);
-                if let Err(e) = &built {
-                    tracing::warn!(rule = %c.name, "an API rule in redis does not read here: {e}");
+                match entry {
+                    None => {
+                        held.rules.remove(&name);
+                    }
+                    Some(e) => {
+                        if let Err(why) = &e.built {
+                            tracing::warn!(rule = %name, "an API rule in redis does not read here: {why}");
+                        }
+                        held.rules.insert(name, e);
+                    }
                 }
-                held.rules.insert(
-                    c.name,
-                    Arc::new(Entry {
-                        json,
-                        version: c.version,
-                        built,
-                    }),
-                );
             }
             if !full {
                 cursor = cursor.max(now);
@@ -598,7 +606,11 @@ pub async fn follow(admin: Arc<AdminState>, mut stop: watch::Receiver<bool>) {
         }
         let Some(r) = admin.redis() else { return };
         match admin.rules_api.pull(r).await {
-            Ok(true) => applied(&admin),
+            Ok(true) => {
+                // Composing copies every rule: off the async workers.
+                let a = admin.clone();
+                let _ = tokio::task::spawn_blocking(move || applied(&a)).await;
+            }
             Ok(false) => {}
             Err(e) => tracing::debug!("API rules not read from redis: {e}"),
         }

@@ -406,6 +406,18 @@ async fn rules_are_made_changed_and_deleted_over_the_api() {
     )
     .await;
     assert_eq!(st, 404);
+    // check-config reads them back from admin.state_file.
+    let path = dir.0.join("rules.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(["check-config", path.to_str().unwrap(), "--from-store"])
+        .envs(env())
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("API rules in the store: 3"), "{said}");
+    assert!(said.contains("made (version"), "{said}");
 }
 
 /// A state file written before API rules existed still loads.

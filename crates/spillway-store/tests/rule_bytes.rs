@@ -41,7 +41,7 @@ fn live() -> isize {
 /// a route of its own, one of five keys, one or two limits.
 fn rule(i: usize) -> Rule {
     let by = ["ip", "user", "user+ip", "header:X-Api-Key", "route"][i % 5];
-    let method = if i % 3 == 0 { "POST" } else { "GET" };
+    let method = if i.is_multiple_of(3) { "POST" } else { "GET" };
     let route = Route::parse(&format!("{method} /svc{}/v1/res{i}", i % 1000)).unwrap();
     let l = 10 * (1 + i as u64 % 10);
     let first = match i % 3 {

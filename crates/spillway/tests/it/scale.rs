@@ -21,7 +21,7 @@ fn rules_text(from: usize, to: usize) -> String {
     let mut s = String::from("rules:\n");
     for i in from..to {
         let m = i % 1000;
-        let method = if i % 3 == 0 { "POST" } else { "GET" };
+        let method = if i.is_multiple_of(3) { "POST" } else { "GET" };
         s.push_str(&format!(
             "  - name: svc{m}-rule-{i}\n    api: {method} /svc{m}/v1/res{i}\n    by: {}\n",
             by[i % 5]
@@ -56,7 +56,7 @@ fn rules_text(from: usize, to: usize) -> String {
 
 /// The request rule `i` decides (every key part it may use given).
 fn body_of(i: usize) -> serde_json::Value {
-    let method = if i % 3 == 0 { "POST" } else { "GET" };
+    let method = if i.is_multiple_of(3) { "POST" } else { "GET" };
     serde_json::json!({
         "api": format!("{method} /svc{}/v1/res{i}", i % 1000),
         "user": "u1",

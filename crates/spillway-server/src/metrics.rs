@@ -300,10 +300,9 @@ impl Metrics {
         list
     }
 
-    /// Every requested rule's totals so far (see [`Metrics::rule_series`]):
-    /// decisions by outcome
-    /// (allowed, denied, shadow denied, soft exceeded), then near-limit
-    /// admissions.
+    /// Every requested rule's totals so far (and the aggregate of those
+    /// past the cap): decisions by outcome (allowed, denied, shadow
+    /// denied, soft exceeded), then near-limit admissions.
     pub fn rule_totals(&self) -> Vec<(String, [u64; 5])> {
         self.rule_series()
             .iter()

@@ -282,6 +282,16 @@ pub(crate) fn reload(
 /// over the admin API (issue 36's seam: file rules and API rules are
 /// composed in `admin::rules_api`, until the rule set is rebuilt from
 /// every source here).
+///
+/// Called from [`reload`], which [`watch`] runs on a blocking thread: the
+/// composition (a copy of the file's rule handles, 16 bytes each, plus
+/// the API rules) and the new set's route index are built there, beside
+/// the set in force, and swapped in by
+/// [`Limiter::replace_rules`](spillway_store::Limiter::replace_rules),
+/// which also frees the old set there. The file's `set` arrives without
+/// an index (built on first use), so keeping it aside costs its handles
+/// only. A caller on an async worker with many rules should go through
+/// `spawn_blocking` as well.
 fn swap_in_with_api_rules(
     state: &Reloader,
     config: &crate::config::Config,

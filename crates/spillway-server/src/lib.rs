@@ -18,9 +18,9 @@
 pub mod admin;
 pub mod api;
 mod app;
-pub mod decide;
 pub mod config;
 pub mod credentials;
+pub mod decide;
 pub mod events;
 pub mod grpc;
 pub mod health;

@@ -37,7 +37,7 @@ pub mod write;
 pub use budget::Budget;
 pub use headers::{Disagree, HOP_BY_HOP, Headers, Sole};
 pub use server::{ClientConn, Handler, Limits, Message, serve, serve_in, serve_on};
-pub use streams::{BodyError, RequestBody};
 #[cfg(feature = "tls")]
 pub use stream::Tls;
 pub use stream::{Accept, PlainTcp};
+pub use streams::{BodyError, RequestBody};

@@ -520,10 +520,14 @@ impl<H: Handler, A: Accept> Conn<H, A> {
                         self.state
                             .waiting(&self.drain.budget.clock, self.limits.idle_timeout);
                     } else {
-                        // A pipelined request has started.
+                        // A pipelined request has started. The task
+                        // yields before it: answering a whole pipeline in
+                        // one poll kept every other connection (and the
+                        // accept loop) waiting for all of it.
                         waiting_for = Wait::Head;
                         self.state
                             .waiting(&self.drain.budget.clock, self.limits.head_timeout);
+                        tokio::task::yield_now().await;
                     }
                     continue;
                 }

@@ -212,17 +212,25 @@ where
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         match self.budget.open_stream(&self.conn, self.idle) {
             Some(guard) => {
+                // An HTTP/1.1 request yields once before its handler runs:
+                // hyper answers up to 16 pipelined requests in one poll,
+                // and a crowd's pipelines then held the workers while
+                // every other connection waited. (An HTTP/2 stream is a
+                // task of its own.)
+                let yielded = req.version() == http::Version::HTTP_2;
                 let req = req.map(|b| RequestBody::new(b, &self.budget, &self.conn, self.body));
                 CountedFuture {
                     inner: Some(self.inner.call(req)),
                     guard: Some(guard),
                     write: self.write,
+                    yielded,
                 }
             }
             None => CountedFuture {
                 inner: None,
                 guard: None,
                 write: self.write,
+                yielded: true,
             },
         }
     }
@@ -235,6 +243,8 @@ pub(crate) struct CountedFuture<F> {
     guard: Option<StreamGuard>,
     /// `write_timeout`: an answer's time to be taken.
     write: Duration,
+    /// It has let the connection's task go once (see [`Counted::call`]).
+    yielded: bool,
 }
 
 impl<F, B> Future for CountedFuture<F>
@@ -248,6 +258,11 @@ where
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(Ok(refused()));
         };
+        if !this.yielded {
+            this.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         match Pin::new(inner).poll(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(res)) => {

@@ -19,6 +19,18 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Debug)]
 struct Echo;
 
+/// Requests answered so far, on either path, and how many there were when
+/// one asking `?lone` came (the pipelining test reads them).
+static SERVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static LONE_AT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn count(query: Option<&str>) {
+    let n = SERVED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if query == Some("lone") {
+        LONE_AT.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Fallback;
 
@@ -32,6 +44,7 @@ impl hyper::service::Service<http::Request<RequestBody>> for Fallback {
     /// `/read` reads the whole body first: 408 if it timed out, 400 if it
     /// broke.
     fn call(&self, req: http::Request<RequestBody>) -> Self::Future {
+        count(req.uri().query());
         Box::pin(async move {
             if req.uri().path() != "/read" {
                 return Ok(http::Response::new("hyper".to_string()));
@@ -80,6 +93,7 @@ impl Handler for Echo {
             // Busy for ever: its connection is never idle.
             std::future::pending::<()>().await;
         }
+        count(msg.head.query());
         spillway_wire::write::answer(
             out,
             StatusCode::OK,
@@ -163,6 +177,61 @@ async fn plain_tcp_serves_both_paths() {
     both_paths(|| async { TcpStream::connect(addr).await.unwrap() }).await;
     let _ = stop.send(());
     server.await.unwrap().unwrap();
+}
+
+/// Reads from `c` until `n` answers saying `word` have come.
+async fn answers(c: &mut TcpStream, word: &str, n: usize) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&got).matches(word).count() < n {
+        let k = tokio::time::timeout(Duration::from_secs(20), c.read(&mut buf))
+            .await
+            .expect("answers within 20 s")
+            .unwrap();
+        assert!(k > 0, "closed");
+        got.extend_from_slice(&buf[..k]);
+    }
+}
+
+/// A connection's pipelined requests do not keep every other connection
+/// waiting until all of them are answered: its task lets the others run
+/// between two requests, on the direct path and on hyper's. (Matrix,
+/// `answer_not_read` on the admin listener: 300 connections of 16
+/// pipelined `/metrics` each, hyper answering a connection's 16 in one
+/// poll; the kept-alive client's one request waited for the crowd's
+/// 4,800, over 3 s in a debug build.) One thread: a request served
+/// between two of another connection's is one the runtime let in.
+#[tokio::test]
+async fn pipelined_requests_let_other_connections_in() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(spillway_wire::serve(
+        listener,
+        Arc::new(Echo),
+        limits(),
+        std::future::pending(),
+    ));
+    // (path, word in its answer, requests pipelined)
+    for (path, word, n) in [("/direct", "direct", 400), ("/h", "hyper", 16)] {
+        let mut crowd = TcpStream::connect(addr).await.unwrap();
+        let mut lone = TcpStream::connect(addr).await.unwrap();
+        let one = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        for c in [&mut crowd, &mut lone] {
+            c.write_all(one.as_bytes()).await.unwrap();
+            answers(c, word, 1).await;
+        }
+        let before = SERVED.load(std::sync::atomic::Ordering::SeqCst);
+        crowd.write_all(one.repeat(n).as_bytes()).await.unwrap();
+        let asks = format!("GET {path}?lone HTTP/1.1\r\nhost: x\r\n\r\n");
+        lone.write_all(asks.as_bytes()).await.unwrap();
+        answers(&mut lone, word, 1).await;
+        let served = LONE_AT.load(std::sync::atomic::Ordering::SeqCst) - before;
+        assert!(
+            served <= n / 2,
+            "{path}: {served} of the crowd's {n} pipelined requests were answered before the lone one"
+        );
+        answers(&mut crowd, word, n).await;
+    }
 }
 
 /// A body trickled a byte every 300 ms, on `conn` (after `head`), until

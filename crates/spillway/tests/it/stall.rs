@@ -430,12 +430,11 @@ async fn regression_bytes_after_a_goaway_do_not_extend_the_connection() {
             closed = true;
             break;
         }
-        match tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => {
-                closed = true;
-                break;
-            }
-            _ => {}
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await
+        {
+            closed = true;
+            break;
         }
     }
     assert!(

@@ -1,5 +1,5 @@
 //! The legitimate client of the attack matrix: it asks a listener what it
-//! serves while an [`attack`](crate::attack) runs, on a fresh connection
+//! serves while an [`attack`] runs, on a fresh connection
 //! each time or on one connection kept alive from before the attack, and
 //! tallies how many of its requests got a real answer.
 //!

@@ -1,6 +1,6 @@
 //! Clients as the in-flight limit's fair share names them.
 
-/// A client, as [`Concurrency::acquire_for`] names it.
+/// A client, as [`Concurrency::acquire_for`](super::Concurrency::acquire_for) names it.
 pub type Client = u64;
 
 /// The client `ip` stands for in the fair share: its network (IPv4 `/24`,

@@ -505,7 +505,14 @@ async fn serve_with<H: Handler>(
         #[cfg(unix)]
         hup,
     };
-    let reloader = tokio::spawn(reload::watch(reloader, opts.clone(), stop_rx.clone()));
+    // Before any listener serves (below): an edit after it is a change.
+    let considered = reload::at_start(&opts);
+    let reloader = tokio::spawn(reload::watch(
+        reloader,
+        opts.clone(),
+        considered,
+        stop_rx.clone(),
+    ));
     let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx.clone()));
     let keeper = tokio::spawn(admin_housekeeping(parts.admin.clone(), stop_rx));
     let grpc = match grpc_listener {

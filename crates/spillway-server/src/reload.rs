@@ -52,7 +52,7 @@ pub(crate) struct Reloader {
 /// afresh (the directory itself with `None` when it cannot be listed).
 /// A digest, not the text: a million-rule file is 170 MB, which the
 /// watcher would otherwise hold for ever beside the rules.
-type Snapshot = Vec<(PathBuf, Option<Digest>)>;
+pub(crate) type Snapshot = Vec<(PathBuf, Option<Digest>)>;
 
 /// A file's length and a hash of its bytes: an edit that keeps the size
 /// (within the filesystem's timestamp tick) still changes the hash.
@@ -84,6 +84,21 @@ fn snapshot(paths: &[PathBuf]) -> Snapshot {
     out
 }
 
+/// The files [`watch`] watches.
+fn watched(opts: &ServeOptions) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = opts.envoy_files.clone();
+    if let Source::File(p) = &opts.source {
+        paths.push(p.clone());
+    }
+    paths
+}
+
+/// The watched files as they are at start, for [`watch`]: taken before
+/// the service answers, so every later edit is a change.
+pub(crate) fn at_start(opts: &ServeOptions) -> Snapshot {
+    snapshot(&watched(opts))
+}
+
 /// [`snapshot`] on a blocking thread: reading and hashing a large file
 /// must not hold a worker that decides requests.
 async fn snapshot_off(paths: &Arc<Vec<PathBuf>>) -> Snapshot {
@@ -101,16 +116,15 @@ async fn snapshot_off(paths: &Arc<Vec<PathBuf>>) -> Snapshot {
 pub(crate) async fn watch(
     mut state: Reloader,
     opts: ServeOptions,
+    considered: Snapshot,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut paths: Vec<PathBuf> = opts.envoy_files.clone();
-    if let Source::File(p) = &opts.source {
-        paths.push(p.clone());
-    }
-    let paths = Arc::new(paths);
+    let paths = Arc::new(watched(&opts));
     // The files as last considered (applied or rejected): a change is
-    // measured from them.
-    let mut considered = snapshot_off(&paths).await;
+    // measured from them. Taken by the caller before the service answers
+    // ([`at_start`]): taken here, on a busy machine, it could see an edit
+    // made after the start and never consider it.
+    let mut considered = considered;
     // A changed text waiting for its quiet period, and when it was first
     // seen as it is.
     let mut pending: Option<(Snapshot, tokio::time::Instant)> = None;

@@ -596,6 +596,33 @@ impl AdminState {
         reason: Option<String>,
         status: u16,
     ) {
+        self.audit_write(
+            who,
+            (method, uri),
+            action,
+            (
+                t.map(|t| t.rule().name().to_string()),
+                t.map(|t| t.key.clone()),
+            ),
+            reason,
+            status,
+            (status >= 400).then(|| format!("answered {status}")),
+        );
+    }
+
+    /// One entry of the audit trail, as every write call records it: who
+    /// called what, about which rule and key, and how it was answered.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn audit_write(
+        &self,
+        who: &str,
+        (method, uri): (&Method, &Uri),
+        action: &str,
+        (rule, key): (Option<String>, Option<Vec<String>>),
+        reason: Option<String>,
+        status: u16,
+        refused: Option<String>,
+    ) {
         let at = now_ms();
         self.audit.record(Entry {
             at_unix_ms: at,
@@ -604,11 +631,11 @@ impl AdminState {
             method: method.to_string(),
             path: uri.path().to_string(),
             action: action.to_string(),
-            rule: t.map(|t| t.rule().name().to_string()),
-            key: t.map(|t| t.key.clone()),
+            rule,
+            key,
             reason: reason.filter(|r| !r.is_empty()),
             status,
-            refused: (status >= 400).then(|| format!("answered {status}")),
+            refused,
         });
     }
 }

@@ -233,29 +233,23 @@ impl AdminState {
         refusal: Option<&Response>,
         status: u16,
     ) {
-        let at = now_ms();
-        self.audit.record(Entry_ {
-            at_unix_ms: at,
-            at: rfc3339(at),
-            token: who.to_string(),
-            method: method.to_string(),
-            path: uri.path().to_string(),
-            action: action.to_string(),
-            rule: Some(name.to_string()),
-            key: None,
-            reason: None,
-            status,
-            refused: refusal.map(|r| {
-                r.extensions().get::<Detail>().map_or_else(
-                    || format!("answered {status}"),
-                    |d| super::super::audit::refusal_reason(&d.0),
-                )
-            }),
+        let refused = refusal.map(|r| {
+            r.extensions().get::<Detail>().map_or_else(
+                || format!("answered {status}"),
+                |d| super::super::audit::refusal_reason(&d.0),
+            )
         });
+        self.audit_write(
+            who,
+            (method, uri),
+            action,
+            (Some(name.to_string()), None),
+            None,
+            status,
+            refused,
+        );
     }
 }
-
-use super::Entry as Entry_;
 
 fn with_etag(mut resp: Response, e: &Entry) -> Response {
     if let Ok(h) = axum::http::HeaderValue::from_str(&e.etag()) {

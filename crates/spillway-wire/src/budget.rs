@@ -111,7 +111,16 @@ pub(crate) struct Entry {
     /// Which listener accepted it.
     pub(crate) listener: u64,
     pub(crate) state: Arc<ConnState>,
-    pub(crate) task: tokio::task::AbortHandle,
+    /// Its task; `None` for the moment between the insert and the spawn.
+    pub(crate) task: Option<tokio::task::AbortHandle>,
+}
+
+impl Entry {
+    fn abort(&self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
 }
 
 /// How often deadlines are checked: they are kept to within this.
@@ -228,9 +237,11 @@ impl Budget {
         open.saturating_sub(self.shed.load(Ordering::SeqCst)) >= self.max_connections()
     }
 
-    /// Registers a connection, its task spawned by `spawn` under the lock
-    /// the task's exit also takes, so a connection that ends at once is
-    /// still removed after this insert.
+    /// Registers a connection: inserted first, so a connection that ends
+    /// at once is still removed after this insert; its task spawned by
+    /// `spawn` outside the lock (a runtime shutting down cancels a new
+    /// task inside `spawn`, and the cancelled connection's exit takes the
+    /// lock: under it, that was a deadlock), then its handle kept.
     pub(crate) fn register(
         &self,
         id: u64,
@@ -238,17 +249,22 @@ impl Budget {
         state: Arc<ConnState>,
         spawn: impl FnOnce() -> tokio::task::AbortHandle,
     ) {
-        let mut table = self.table.lock();
-        self.open.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut table = self.table.lock();
+            self.open.fetch_add(1, Ordering::SeqCst);
+            table.insert(
+                id,
+                Entry {
+                    listener,
+                    state,
+                    task: None,
+                },
+            );
+        }
         let task = spawn();
-        table.insert(
-            id,
-            Entry {
-                listener,
-                state,
-                task,
-            },
-        );
+        if let Some(e) = self.table.lock().get_mut(&id) {
+            e.task = Some(task);
+        }
     }
 
     /// A connection ended: its socket is closed.
@@ -333,7 +349,8 @@ impl Budget {
         };
         let pick = table
             .iter()
-            .filter(|(_, e)| fits(&e.state))
+            // One whose task is not spawned yet could not be closed.
+            .filter(|(_, e)| e.task.is_some() && fits(&e.state))
             .min_by_key(|(id, e)| {
                 let s = &e.state;
                 let waits = s.is_idle() || s.waits_on_client();
@@ -351,7 +368,7 @@ impl Budget {
         match pick.and_then(|id| table.remove(&id)) {
             Some(e) => {
                 self.shed.fetch_add(1, Ordering::SeqCst);
-                e.task.abort();
+                e.abort();
                 true
             }
             None => false,
@@ -363,7 +380,7 @@ impl Budget {
     pub(crate) fn abort_listener(&self, listener: u64, idle_only: bool) {
         for e in self.table.lock().values() {
             if e.listener == listener && (!idle_only || e.state.is_idle()) {
-                e.task.abort();
+                e.abort();
             }
         }
     }
@@ -405,7 +422,7 @@ impl Budget {
                             .store(now.saturating_add(GOAWAY_MS), Ordering::Relaxed);
                         state.expire.notify_one();
                     } else {
-                        e.task.abort();
+                        e.abort();
                     }
                 }
             }

@@ -400,6 +400,7 @@ pub async fn run_proxy(
         &settings,
         upstream,
         opts.config.health,
+        &opts.config.server,
     ));
     proxy.start_measuring();
     let router = proxy::hyper::HyperProxy::new(proxy.clone()).router();

@@ -52,6 +52,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 mod net;
+mod room;
 pub use net::network;
 
 /// The connection and stream budget shared by a process's listeners.

@@ -6,10 +6,14 @@
 //! decoding it.
 //!
 //! Every connection to the upstream holds one of the upstream's
-//! `max_connections` permits for its life, idle ones in the pool too, and
+//! `max_connections` slots for its life, idle ones in the pool too, and
 //! [`Upstream::connection`] hands connections to another client (the
 //! proxy's hyper transport) under the same bound, so the proxy never
-//! opens more than that many, whatever its clients do.
+//! opens more than that many, whatever its clients do. A request that
+//! waits for a connection waits its group's turn ([`pool`]): a client
+//! that fills the pool cannot make the others wait behind it.
+
+mod pool;
 
 use std::io;
 use std::pin::Pin;
@@ -17,17 +21,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub use pool::Group;
+use pool::{Pool, Slot, Taken};
 
 use crate::framing::{Chunks, Framing, ResponseHead, response_head};
 use crate::headers::{FRAMING, HOP_BY_HOP, connection_tokens, named};
 use crate::server::ClientConn;
 
-/// Idle connections kept for reuse.
-const MAX_IDLE: usize = 256;
 /// Largest response head accepted from the upstream.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Response headers parsed.
@@ -44,18 +47,17 @@ pub struct Upstream {
     /// request's target.
     base: String,
     timeout: Duration,
-    idle: Mutex<Vec<Conn>>,
-    /// One permit per connection open to the upstream.
-    permits: Arc<Semaphore>,
-    /// The bound on connections (the permits at the start).
+    /// The connections, idle and in use.
+    pool: Arc<Pool>,
+    /// The bound on connections.
     max_connections: usize,
 }
 
-/// A connection to the upstream, holding its permit until it closes.
+/// A connection to the upstream, holding its slot until it closes.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    slot: Slot,
 }
 
 impl AsyncRead for Conn {
@@ -159,6 +161,9 @@ pub struct Outgoing<'a> {
     pub body: &'a [u8],
     /// Response header names to leave out (the proxy adds its own).
     pub drop_response: &'a [&'a str],
+    /// Whose turn the request waits for a connection in (the client's
+    /// network): see [`pool`].
+    pub group: Group,
 }
 
 /// A response head from the upstream, ready for the client.
@@ -189,13 +194,12 @@ impl Upstream {
         timeout: Duration,
         max_connections: usize,
     ) -> Upstream {
-        let max_connections = max_connections.clamp(1, Semaphore::MAX_PERMITS);
+        let max_connections = max_connections.max(1);
         Upstream {
             authority,
             base,
             timeout,
-            idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(max_connections)),
+            pool: Pool::new(max_connections),
             max_connections,
         }
     }
@@ -207,23 +211,20 @@ impl Upstream {
 
     /// Connections open to the upstream now (idle ones included).
     pub fn open_connections(&self) -> usize {
-        self.max_connections - self.permits.available_permits()
+        self.pool.open()
     }
 
     /// A connection for another HTTP/1.1 client of the same upstream (the
     /// proxy's hyper transport), under the same bound: an idle one of the
     /// pool, else a new one once fewer than `max_connections` are open,
-    /// waiting at most the timeout. The caller hands it back by dropping
-    /// it (it is not returned to this pool).
+    /// waiting at most the timeout, in `group`'s turn. The caller hands
+    /// it back by dropping it (it is not returned to this pool).
     ///
     /// # Errors
     /// [`Failure::Busy`] after waiting the timeout; [`Failure::Bad`] if
     /// the connection cannot be made.
-    pub async fn connection(&self) -> Result<Conn, Failure> {
-        match self.take_idle() {
-            Some(c) => Ok(c),
-            None => self.connect().await,
-        }
+    pub async fn connection(&self, group: Group) -> Result<Conn, Failure> {
+        self.take(group).await.map(|(c, _)| c)
     }
 
     /// `host:port`.
@@ -243,55 +244,35 @@ impl Upstream {
     /// See [`Failure`].
     pub async fn send(&self, req: &Outgoing<'_>) -> Result<Response, Failure> {
         let head = self.request_head(req);
-        if let Some(conn) = self.take_idle() {
-            match self.exchange(conn, &head, req).await {
-                Err(Exchange::Unanswered(_)) if idempotent(req.method) => {}
-                other => return other.map_err(Exchange::failure),
-            }
+        let (conn, reused) = self.take(req.group).await?;
+        match self.exchange(conn, &head, req).await {
+            Err(Exchange::Unanswered(_)) if reused && idempotent(req.method) => {}
+            other => return other.map_err(Exchange::failure),
         }
-        let conn = self.connect().await?;
+        // Once more: the idle connection was closed as the request went.
+        let (conn, _) = self.take(req.group).await?;
         self.exchange(conn, &head, req)
             .await
             .map_err(Exchange::failure)
     }
 
-    /// An idle connection that still looks open: one with data or an end
-    /// of stream waiting (the upstream closed it, or is misbehaving) is
-    /// dropped.
-    fn take_idle(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock();
-        while let Some(conn) = idle.pop() {
-            let mut probe = [0u8; 1];
-            if let Err(e) = conn.stream.try_read(&mut probe)
-                && e.kind() == io::ErrorKind::WouldBlock
-            {
-                return Some(conn);
-            }
+    /// A connection in `group`'s turn, and whether it was idle (rather
+    /// than opened for this request).
+    async fn take(&self, group: Group) -> Result<(Conn, bool), Failure> {
+        match self.pool.take(group, self.timeout).await {
+            Some(Taken::Idle(stream, slot)) => Ok((Conn { stream, slot }, true)),
+            Some(Taken::Open(slot)) => self.connect(slot).await.map(|c| (c, false)),
+            None => Err(Failure::Busy),
         }
-        None
     }
 
-    /// A new connection, once fewer than `max_connections` are open
-    /// (waiting at most the timeout for one to close).
-    async fn connect(&self) -> Result<Conn, Failure> {
-        let permit = match self.permits.clone().try_acquire_owned() {
-            Ok(p) => p,
-            Err(_) => {
-                let wait = self.permits.clone().acquire_owned();
-                match tokio::time::timeout(self.timeout, wait).await {
-                    Ok(Ok(p)) => p,
-                    _ => return Err(Failure::Busy),
-                }
-            }
-        };
+    /// A new connection in `slot`.
+    async fn connect(&self, slot: Slot) -> Result<Conn, Failure> {
         let connect = TcpStream::connect(self.authority.as_str());
         match tokio::time::timeout(self.timeout.min(Duration::from_secs(10)), connect).await {
             Ok(Ok(c)) => {
                 let _ = c.set_nodelay(true);
-                Ok(Conn {
-                    stream: c,
-                    _permit: permit,
-                })
+                Ok(Conn { stream: c, slot })
             }
             Ok(Err(e)) => Err(Failure::Bad(format!("connect {}: {e}", self.authority))),
             Err(_) => Err(Failure::Bad(format!(
@@ -538,10 +519,8 @@ impl Upstream {
         // holds no upstream connection meanwhile. Writing first let 50 such
         // clients hold the whole pool, and every other request waited.
         if resp.reusable && !leftover {
-            let mut idle = self.idle.lock();
-            if idle.len() < MAX_IDLE {
-                idle.push(resp.conn);
-            }
+            let Conn { stream, slot } = resp.conn;
+            slot.give_back(stream);
         } else {
             drop(resp.conn);
         }
@@ -588,6 +567,7 @@ mod tests {
             add: b"x-forwarded-for: 1.2.3.4\r\n",
             body,
             drop_response: &[],
+            group: 0,
         };
         String::from_utf8(up.request_head(&req)).unwrap()
     }

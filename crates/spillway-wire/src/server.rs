@@ -231,15 +231,10 @@ pub async fn serve_in<A: Accept, H: Handler>(
     let mut accept = AcceptState::default();
     tokio::pin!(shutdown);
     loop {
-        // At the cap: make room by closing the connection that has waited
-        // longest for a request, or wait for one to end.
-        // The descriptor of a connection closed to make room is free
-        // only once its task has ended: wait for that, rather than close
-        // another in its place.
-        while budget.full() {
-            if budget.needs_room() && budget.shed_idle() {
-                accept.note_shed();
-            }
+        // Over the cap (connections closed to make room whose tasks have
+        // not ended yet): wait for them. At the cap, one more is accepted
+        // to learn whose it is.
+        while budget.over_full() {
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
@@ -274,6 +269,32 @@ pub async fn serve_in<A: Accept, H: Handler>(
                 continue;
             }
         };
+        if budget.full() {
+            if budget.refuses(peer.ip()) {
+                // Its network holds its share: closed at once.
+                drop(tcp);
+                accept.note_refused();
+                continue;
+            }
+            // Room is made by closing the connection that has waited
+            // longest for a request, or it waits for one to end. The
+            // descriptor of a connection closed to make room is free only
+            // once its task has ended: wait for that, rather than close
+            // another in its place.
+            while budget.full() {
+                if budget.needs_room() && budget.shed_idle() {
+                    accept.note_shed();
+                }
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => {
+                        return finish(drain, date, limits).await;
+                    }
+                    () = budget.ended.notified() => {}
+                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+            }
+        }
         let _ = tcp.set_nodelay(true);
         let id = budget.next_id();
         let state = Arc::new(ConnState::new(budget, peer.ip()));

@@ -26,8 +26,9 @@
 //! waiting, a free slot is taken at once, whoever asks (the limit stays
 //! work-conserving for one busy client).
 //!
-//! Clients are networks, not addresses: [`client_of`] names an address by
-//! its IPv4 `/24` or IPv6 `/64` (an IPv6 client holds a whole `/64`, and
+//! Clients are networks, not addresses: [`Clients::of`] names an address by
+//! its network as the connection budget groups them (`server.ipv4_prefix`,
+//! `ipv6_prefix`: by default IPv4 `/24`, IPv6 `/64`; an IPv6 client holds a whole `/64`, and
 //! a flood from many addresses usually comes from few networks), so one
 //! client cannot take more than one share by spreading over addresses.
 //!
@@ -189,7 +190,7 @@ fn rank(p: Priority) -> usize {
 }
 
 mod client;
-pub use client::{Client, client_of};
+pub use client::{Client, Clients};
 
 struct State {
     limit: u32,

@@ -355,7 +355,9 @@ impl tower::Service<Uri> for Bounded {
     fn call(&mut self, _: Uri) -> Self::Future {
         let up = self.0.clone();
         Box::pin(async move {
-            match up.connection().await {
+            // hyper's pool queues its requests itself: they reach this
+            // bound in one group.
+            match up.connection(0).await {
                 Ok(c) => Ok(UpstreamConn(TokioIo::new(c))),
                 Err(spillway_wire::client::Failure::Busy) => Err(AtCapacity.into()),
                 Err(spillway_wire::client::Failure::Bad(e)) => Err(e.into()),

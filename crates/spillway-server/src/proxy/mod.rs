@@ -85,8 +85,9 @@ pub struct Proxy {
     connections: Arc<spillway_wire::client::Upstream>,
     /// The in-flight limit to the upstream, if set.
     concurrency: Option<Arc<concurrency::Concurrency>>,
-    /// Names a client address for the in-flight limit's fair share.
-    clients: std::hash::RandomState,
+    /// Names a client's network for the in-flight limit's fair share and
+    /// the upstream connections' turns.
+    clients: concurrency::Clients,
     /// Latency and errors of upstream calls, over `measure.window`.
     stats: upstream_health::UpstreamStats,
     measure: HealthSettings,
@@ -137,12 +138,16 @@ impl From<spillway_wire::client::Failure> for Failure {
 }
 impl Proxy {
     /// The proxy for `settings`, whose upstream is `upstream`, measuring
-    /// its upstream's health as `measure` says.
+    /// its upstream's health as `measure` says, its clients served as
+    /// `limits` (the `server:` section) says: the upstream connections
+    /// default to a quarter of its connection budget, and clients are
+    /// grouped by its networks.
     pub fn new(
         shared: Shared,
         settings: &Settings,
         upstream: UpstreamUrl,
         measure: HealthSettings,
+        limits: &spillway_wire::Limits,
     ) -> Proxy {
         let concurrency = settings
             .concurrency
@@ -151,13 +156,13 @@ impl Proxy {
             upstream.authority().to_string(),
             upstream.base().to_string(),
             settings.timeout,
-            settings.max_connections.unwrap_or_else(|| {
-                default_upstream_connections(spillway_wire::Limits::default().max_connections)
-            }),
+            settings
+                .max_connections
+                .unwrap_or_else(|| default_upstream_connections(limits.max_connections)),
         ));
         Proxy {
             connections,
-            clients: std::hash::RandomState::new(),
+            clients: concurrency::Clients::new(limits.ipv4_prefix, limits.ipv6_prefix),
             measuring: concurrency.is_some()
                 || measure.latency_target.is_some()
                 || measure.errors_max.is_some(),
@@ -279,7 +284,7 @@ impl Proxy {
             None => None,
             Some(c) => {
                 let priority = priority_of(checked);
-                let client = concurrency::client_of(&self.clients, who.ip.as_str());
+                let client = self.clients.of(who.ip.as_str());
                 // Boxed: only a proxy with a limit pays for the wait's state.
                 match Box::pin(c.acquire_for(priority, client)).await {
                     Ok(p) => Some(p),
@@ -301,6 +306,12 @@ impl Proxy {
             permit,
             sent: self.measuring.then(Instant::now),
         })
+    }
+
+    /// The group `who` waits for an upstream connection in: its network,
+    /// as the in-flight limit names it.
+    pub fn group(&self, who: &Who) -> spillway_wire::client::Group {
+        self.clients.of(who.ip.as_str())
     }
 
     /// Phase 5b: the upstream answered (`ok`: not a 5xx) or failed

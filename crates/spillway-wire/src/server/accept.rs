@@ -32,6 +32,8 @@ pub(super) struct AcceptState {
     failures: u32,
     /// Connections shed for room since the last log line.
     shed: u64,
+    /// Connections closed on arrival, their network holding its share.
+    refused: u64,
 }
 
 impl AcceptState {
@@ -52,6 +54,16 @@ impl AcceptState {
             tracing::warn!(
                 shed = self.shed,
                 "connection cap reached: closing connections that wait for a request"
+            );
+        }
+    }
+
+    pub(super) fn note_refused(&mut self) {
+        self.refused += 1;
+        if self.refused.is_power_of_two() {
+            tracing::warn!(
+                refused = self.refused,
+                "connection cap reached: closing new connections from networks holding their share"
             );
         }
     }

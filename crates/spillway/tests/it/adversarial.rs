@@ -263,22 +263,6 @@ fn excluded(row: &Row, phase: Phase, addrs: Addrs) -> Option<&'static str> {
     None
 }
 
-/// Cells known not to hold yet, and why: their failures are printed
-/// with the table as OPEN, and do not fail the test; every other cell's
-/// do. The only place that decides it, so the list is short and each
-/// entry names its finding (docs/SECURITY.md says the same). A cell
-/// leaves this list when its mechanism is fixed.
-fn open_finding(row: &Row, phase: Phase) -> Option<&'static str> {
-    let h1_admin_or_proxy =
-        row.proto == Proto::H1 && matches!(row.listener, Listener::Admin | Listener::Proxy);
-    (phase == Phase::AnswerNotRead && h1_admin_or_proxy).then_some(
-        "300 HTTP/1.1 connections pipelining 16 costly requests (admin /metrics, \
-         a proxied call) and reading none: on a debug build a fresh client is \
-         not always answered within 3 s, and the proxy's pool of 50 upstream \
-         connections is taken first come, first served",
-    )
-}
-
 /// Connections an attack holds at once.
 fn connections(phase: Phase) -> usize {
     if phase.is_flood() {
@@ -627,8 +611,9 @@ async fn cell(row: &Row, setup: &Setup, lane: &Lane, phase: Phase) -> Outcome {
         fail("-", "the server exited".into());
     }
     let shown = |t: &Option<Tally>| {
-        t.as_ref()
-            .map_or("-".into(), |t| format!("{}/{}", t.answered, t.asked))
+        t.as_ref().map_or("-".into(), |t| {
+            format!("{}/{} (≤{}ms)", t.answered, t.asked, t.slowest.as_millis())
+        })
     };
     let line = format!(
         "{coords}: fresh {} kept {} | {opened} attack conns ({} refused, {} sent), ≤{max_fds} fds, {} MiB, {:.1?}{}",
@@ -716,8 +701,6 @@ async fn matrix_row(name: &str) {
         .map(|l| attack::open_descriptors(l.server.pid()).unwrap_or(0))
         .collect();
     let mut failures = Vec::new();
-    // Failures of the cells of an open finding (`open_finding`).
-    let mut open: Vec<Failure> = Vec::new();
     let mut table = Vec::new();
     // `SPILLWAY_MATRIX_PHASES=head,answer_not_read`: only those phases,
     // to look at a few cells while mending them.
@@ -740,16 +723,8 @@ async fn matrix_row(name: &str) {
             }
         }
         for o in futures_util::future::join_all(runs).await {
-            match open_finding(row, phase) {
-                Some(why) if !o.failures.is_empty() => {
-                    table.push(format!("{}  OPEN ({why})", o.line));
-                    open.extend(o.failures);
-                }
-                _ => {
-                    table.push(o.line);
-                    failures.extend(o.failures);
-                }
-            }
+            table.push(o.line);
+            failures.extend(o.failures);
         }
         for (i, lane) in lanes.iter_mut().enumerate() {
             if !alive(lane.server.pid()) {
@@ -773,9 +748,6 @@ async fn matrix_row(name: &str) {
         began.elapsed(),
         table.join("\n  ")
     );
-    for f in &open {
-        eprintln!("OPEN finding, not counted: {}: {}", f.cell, f.what);
-    }
     assert!(
         failures.is_empty(),
         "{} failed cells of {}:\n  {}",

@@ -807,19 +807,19 @@ async fn a_reserve_stays_for_clients_holding_none() {
     drop(alone);
 }
 
-/// Addresses of one network are one client: IPv4 by /24, IPv6 by /64.
+/// Addresses of one network are one client: by default IPv4 by /24,
+/// IPv6 by /64; `server.ipv4_prefix` / `ipv6_prefix` change it.
 #[test]
 fn clients_are_networks() {
-    let h = std::hash::RandomState::new();
-    assert_eq!(client_of(&h, "10.0.0.1"), client_of(&h, "10.0.0.200"));
-    assert_ne!(client_of(&h, "10.0.0.1"), client_of(&h, "10.0.1.1"));
-    assert_eq!(
-        client_of(&h, "2001:db8::1"),
-        client_of(&h, "2001:db8::ffff:1")
-    );
-    assert_ne!(
-        client_of(&h, "2001:db8::1"),
-        client_of(&h, "2001:db8:0:1::1")
-    );
-    assert_eq!(client_of(&h, "not an ip"), client_of(&h, "not an ip"));
+    let c = Clients::new(24, 64);
+    assert_eq!(c.of("10.0.0.1"), c.of("10.0.0.200"));
+    assert_ne!(c.of("10.0.0.1"), c.of("10.0.1.1"));
+    assert_eq!(c.of("2001:db8::1"), c.of("2001:db8::ffff:1"));
+    assert_ne!(c.of("2001:db8::1"), c.of("2001:db8:0:1::1"));
+    assert_eq!(c.of("not an ip"), c.of("not an ip"));
+    // The prefixes set are the ones used.
+    let c = Clients::new(32, 48);
+    assert_ne!(c.of("10.0.0.1"), c.of("10.0.0.200"));
+    assert_eq!(c.of("2001:db8::1"), c.of("2001:db8:0:1::1"));
+    assert_ne!(c.of("2001:db8::1"), c.of("2001:db8:1::1"));
 }

@@ -640,6 +640,23 @@ impl Rule {
         self.body.response_cost.as_ref()
     }
 
+    /// What an answer whose cost header (or trailer) reads `value` cost:
+    /// the whole number it writes (surrounding spaces aside). A value that
+    /// is not one (a word, a fraction, a negative, past `u64`, not text)
+    /// is `Err` with what it is charged instead: the size of the rule's
+    /// largest limit, the most one request can be worth (count when in
+    /// doubt; charging nothing let an answer that could not be read pass
+    /// uncounted). The caller logs it.
+    ///
+    /// # Errors
+    /// The charge for an unreadable value, as above.
+    pub fn answered_cost(&self, value: &[u8]) -> Result<u64, u64> {
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| self.limits().iter().map(Limit::size).max().unwrap_or(0))
+    }
+
     /// Sets this rule's own store-failure policy.
     pub fn with_fail_policy(mut self, policy: FailPolicy) -> Rule {
         self.body_mut().on_store_error = Some(policy);

@@ -235,6 +235,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         reload: Arc::new(Mutex::new(ReloadStatus {
             last_error: None,
             last_reload_unix_ms: unix_ms(),
+            restart_pending: Vec::new(),
             secrets: opts.config.secrets.clone(),
         })),
         source_name,

@@ -275,6 +275,8 @@ pub(crate) fn reload(
                 .collect();
             tracing::info!(version, count = config.rules.len(), rules = ?names, "rules reloaded");
             let waiting = started.start_only_changes(&config);
+            r.restart_pending.clone_from(&waiting);
+            drop(r);
             if !waiting.is_empty() {
                 tracing::warn!(
                     settings = ?waiting,

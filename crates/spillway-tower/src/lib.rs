@@ -125,6 +125,19 @@ pub struct RateLimitInfo(pub Arc<Checked>);
 pub trait Deny<ResBody>: Send + Sync + 'static {
     /// The response for `checked` (denied).
     fn deny(&self, checked: &Checked) -> Response<ResBody>;
+
+    /// The response for a request refused before it was decided, because
+    /// a header a rule in force is keyed by cannot be read as one value:
+    /// it is not UTF-8, or it was sent twice with different values (which
+    /// one the service reads is not known: counting either would let the
+    /// other pass). `refused` is a denial no rule decided; `detail` says
+    /// why. By default the denial of `refused`; [`ProblemJson`] answers
+    /// 400 with `detail`. Never skipped: a value that cannot be read is
+    /// refused, not passed over.
+    fn refuse(&self, refused: &Checked, detail: &str) -> Response<ResBody> {
+        let _ = detail;
+        self.deny(refused)
+    }
 }
 
 /// 429 with an RFC 9457 `application/problem+json` body and the rate limit
@@ -166,6 +179,17 @@ pub async fn admit<S: Store>(
 }
 
 impl<B: From<String>> Deny<B> for ProblemJson {
+    fn refuse(&self, _: &Checked, detail: &str) -> Response<B> {
+        let body = problem::Problem::new(StatusCode::BAD_REQUEST, detail.to_string()).to_json();
+        let mut resp = Response::new(B::from(body));
+        *resp.status_mut() = StatusCode::BAD_REQUEST;
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(PROBLEM_JSON),
+        );
+        resp
+    }
+
     fn deny(&self, checked: &Checked) -> Response<B> {
         let mut resp = Response::new(B::from(problem_body(checked)));
         *resp.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -314,6 +338,16 @@ impl Attributes for Attrs<'_> {
     }
 }
 
+/// Whether `name` is absent from `headers` or reads as one text value:
+/// UTF-8, every copy the same.
+fn one_text_value(headers: &HeaderMap, name: &str) -> bool {
+    let mut values = headers.get_all(name).iter();
+    match values.next() {
+        None => true,
+        Some(first) => std::str::from_utf8(first.as_bytes()).is_ok() && values.all(|v| v == first),
+    }
+}
+
 /// The boxed future of [`RateLimit`].
 pub type ResponseFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
@@ -342,6 +376,24 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         Box::pin(async move {
+            let unreadable = layer
+                .limiter
+                .unreadable_key_header(|name| one_text_value(req.headers(), name));
+            if let Some(name) = unreadable {
+                let refused = Checked {
+                    decision: spillway_core::Decision {
+                        allowed: false,
+                        ..spillway_core::Decision::unlimited()
+                    },
+                    rules: layer.limiter.rules(),
+                    skipped: Vec::new(),
+                    store_error: None,
+                };
+                let detail = format!(
+                    "header {name} is not one UTF-8 value (not text, or sent twice with different values): a rule is keyed by it"
+                );
+                return Ok(layer.deny.refuse(&refused, &detail));
+            }
             let id = layer.identify.identify(&req);
             let admission = {
                 let attrs = Attrs {
@@ -417,7 +469,16 @@ where
                 let answer = resp.headers();
                 let cost_of = |rule: &spillway_core::Rule| -> Option<u64> {
                     let name = &rule.response_cost()?.header;
-                    answer.get(name)?.to_str().ok()?.trim().parse().ok()
+                    let mut values = answer.get_all(name).iter();
+                    let first = values.next()?;
+                    // Two copies that disagree say nothing readable.
+                    let value = if values.all(|v| v == first) {
+                        first.as_bytes()
+                    } else {
+                        b"(disagreeing copies)"
+                    };
+                    // Not a whole number: the rule's largest limit.
+                    Some(rule.answered_cost(value).unwrap_or_else(|most| most))
                 };
                 layer.limiter.settle(&request, &cost_of).await;
             }

@@ -387,6 +387,68 @@ async fn a_cost_the_service_reports_is_charged_after_the_answer() {
     assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
+/// An answer whose cost cannot be read (a word, a fraction, a negative,
+/// past u64, two copies that disagree, none) is charged the rule's
+/// largest limit: it charged nothing, and such answers passed uncounted.
+#[tokio::test]
+async fn an_unreadable_answered_cost_charges_the_largest_limit() {
+    let bad: [&[&str]; 6] = [
+        &["many"],
+        &["1.5"],
+        &["-5"],
+        &["99999999999999999999999"],
+        &["3", "900"],
+        &[""],
+    ];
+    for values in bad {
+        let rule = Rule::new(
+            "tokens",
+            None,
+            KeySpec::parse("user").unwrap(),
+            vec![Limit::FixedWindow(
+                FixedWindow::new(1000, Nanos::from_secs(3600)).unwrap(),
+            )],
+            Mode::Hard,
+        )
+        .unwrap()
+        .with_response_cost(spillway_core::ResponseCost {
+            header: "x-tokens-used".into(),
+            estimate: 0,
+        });
+        let limiter = Arc::new(Limiter::new(
+            MemoryStore::new(SystemClock::new(), Default::default()),
+            RuleSet::new(vec![rule]),
+        ));
+        let owned: Vec<String> = values.iter().map(|v| (*v).to_string()).collect();
+        let app = Router::new()
+            .route(
+                "/",
+                get(move || {
+                    let owned = owned.clone();
+                    async move {
+                        let mut r = axum::response::Response::new(Body::from("answer"));
+                        for v in owned {
+                            r.headers_mut().append("x-tokens-used", v.parse().unwrap());
+                        }
+                        r
+                    }
+                }),
+            )
+            .layer(RateLimitLayer::new(limiter, user_header::<Body>));
+        let url = serve(app).await;
+        let c = reqwest::Client::new();
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            let r = c.get(&url).header("x-user", "u").send().await.unwrap();
+            statuses.push(r.status().as_u16());
+        }
+        // The first answer used the whole budget (the key is at its
+        // limit, owing nothing: checked at cost 0, the next passes); the
+        // second puts it in debt.
+        assert_eq!(statuses, [200, 200, 429], "{values:?}");
+    }
+}
+
 /// A `by: header:` key past ASCII (`é`) is read as the text it is: it
 /// used to read as missing, which skipped the rule.
 #[tokio::test]
@@ -420,4 +482,69 @@ async fn a_header_key_past_ascii_is_counted() {
         seen.push(r.status().as_u16());
     }
     assert_eq!(seen, [200, 429]);
+}
+
+/// A header a rule is keyed by that cannot be read as one value (not
+/// UTF-8; two copies that disagree, the first used to win) is refused
+/// (400 with `ProblemJson`), never passed over or half-read; two equal
+/// copies are one value, and a request without it is not keyed.
+#[tokio::test]
+async fn a_key_header_not_one_text_value_is_refused() {
+    let rule = Rule::new(
+        "per-key",
+        None,
+        KeySpec::parse("header:x-key").unwrap(),
+        vec![Limit::FixedWindow(
+            FixedWindow::new(5, Nanos::from_secs(3600)).unwrap(),
+        )],
+        Mode::Hard,
+    )
+    .unwrap();
+    let limiter = Arc::new(Limiter::new(
+        MemoryStore::new(SystemClock::new(), Default::default()),
+        RuleSet::new(vec![rule]),
+    ));
+    let layer = RateLimitLayer::new(limiter, |_: &http::Request<Body>| Identity::default());
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = served.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { "ok" }
+            }),
+        )
+        .layer(layer);
+    let url = serve(app).await;
+    let c = reqwest::Client::new();
+    let send = |values: Vec<&'static [u8]>| {
+        let mut req = c.get(&url);
+        for v in values {
+            req = req.header(
+                "x-key",
+                reqwest::header::HeaderValue::from_bytes(v).unwrap(),
+            );
+        }
+        async move { req.send().await.unwrap() }
+    };
+    for values in [vec![&b"caf\xff"[..]], vec![b"victim", b"mine"]] {
+        let r = send(values.clone()).await;
+        assert_eq!(r.status(), 400, "{values:?}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/problem+json",
+            "{values:?}"
+        );
+        assert!(r.text().await.unwrap().contains("x-key"));
+    }
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), 0);
+    // Two equal copies: one value, counted.
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(send(vec![b"same", b"same"]).await.status().as_u16());
+    }
+    assert_eq!(seen, [200, 200, 200, 200, 200, 429]);
+    // Without it: no key, not limited by this rule.
+    assert_eq!(send(Vec::new()).await.status(), 200);
 }

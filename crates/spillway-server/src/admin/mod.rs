@@ -215,6 +215,9 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
     /// When rules were last (re)loaded.
     pub last_reload_unix_ms: u64,
+    /// Sections the file in force changes that apply only at start
+    /// (`config::SECTIONS`): they wait for a restart.
+    pub restart_pending: Vec<&'static str>,
     /// The values the file in force took from the environment
     /// (`${NAME}`): `/v1/status` shows their references instead.
     pub secrets: spillway_rules::env::Secrets,
@@ -432,6 +435,7 @@ async fn status(
         "source": state.source_name,
         "last_reload_error": reload.last_error,
         "last_reload_unix_ms": reload.last_reload_unix_ms,
+        "restart_pending": reload.restart_pending,
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
         "tls": (state.tls_status.0)(),

@@ -88,6 +88,24 @@ impl tower::Service<http::Request<tonic::body::Body>> for RateLimitService {
                 Ok(Status::unimplemented(format!("no method {path}")).into_http())
             });
         }
+        // `api.tokens` close this way in as they close the decision
+        // routes: a call charges counters, so an open gRPC port let any
+        // caller spend another key's budget. The token comes as
+        // `authorization: Bearer TOKEN` metadata (Envoy's
+        // `grpc_service.initial_metadata`).
+        if let Err(r) = self.state.shared.api_tokens.admit(
+            req.headers()
+                .get(http::header::AUTHORIZATION)
+                .map(http::HeaderValue::as_bytes),
+            false,
+        ) {
+            let status = if r.status == http::StatusCode::FORBIDDEN {
+                Status::permission_denied(r.detail)
+            } else {
+                Status::unauthenticated(r.detail)
+            };
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
         let method = ShouldRateLimit(self.state.clone());
         Box::pin(async move {
             let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())

@@ -443,7 +443,8 @@ impl Proxy {
     /// Phase 5, for rules that take their cost from the answer: charges
     /// what `read` finds in the answer (a header or trailer's value, by
     /// lower-case name) to those rules, after the fact. A value that is
-    /// not a whole number charges nothing and is logged. Returns whether
+    /// not a whole number charges the rule's largest limit and is logged
+    /// ([`spillway_core::Rule::answered_cost`]). Returns whether
     /// anything was charged.
     pub async fn settle<H: Headers + Sync + ?Sized>(
         &self,
@@ -463,14 +464,14 @@ impl Proxy {
         let cost_of = |rule: &spillway_core::Rule| -> Option<u64> {
             let name = &rule.response_cost()?.header;
             let value = read(name)?;
-            match value.trim().parse::<u64>() {
+            match rule.answered_cost(value.as_bytes()) {
                 Ok(n) => Some(n),
-                Err(_) => {
+                Err(most) => {
                     self.failures.warn(format_args!(
-                        "rule {:?}: the answer's {name} {value:?} is not a whole number; nothing charged",
+                        "rule {:?}: the answer's {name} {value:?} is not a whole number; charged {most}, the rule's largest limit",
                         rule.name()
                     ));
-                    None
+                    Some(most)
                 }
             }
         };

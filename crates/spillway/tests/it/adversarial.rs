@@ -376,28 +376,17 @@ fn start(row: &Row, setup: &Setup, addrs: Addrs) -> (Server, SocketAddr, TempDir
 /// A `ShouldRateLimit` call for `user` in domain `edge`, framed for gRPC.
 fn grpc_call(user: &str) -> Req {
     use prost::Message;
-    use spillway_server::grpc::proto::{
-        Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT,
-    };
-    let msg = RateLimitRequest {
-        domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".into(),
-                value: user.into(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
-    .encode_to_vec();
+    let msg = crate::util::edge_request(user).encode_to_vec();
     let mut body = vec![0];
     body.extend_from_slice(&u32::try_from(msg.len()).unwrap().to_be_bytes());
     body.extend(msg);
-    Req::send("POST", SHOULD_RATE_LIMIT, body)
-        .with("content-type", "application/grpc")
-        .with("te", "trailers")
+    Req::send(
+        "POST",
+        spillway_server::grpc::proto::SHOULD_RATE_LIMIT,
+        body,
+    )
+    .with("content-type", "application/grpc")
+    .with("te", "trailers")
 }
 
 /// What the row's legitimate client asks and takes for an answer; what

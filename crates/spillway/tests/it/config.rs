@@ -335,6 +335,52 @@ async fn a_reload_does_not_mistake_flags_for_file_changes() {
     );
 }
 
+/// A reload that changes a start-only section says so where an operator
+/// looks, `/v1/status`'s `restart_pending`, not only in the log; a
+/// reload back clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_only_change_is_pending_in_the_status() {
+    let dir = TempDir::new("reload-pending");
+    let text = |n: u32, fa: &str| {
+        format!(
+            "reload: {{ quiet: 200ms }}\n{fa}rules:\n  - name: r\n    by: ip\n    limits: [ {{ fixed_window: {{ limit: {n}, window: 1h }} }} ]\n"
+        )
+    };
+    let file = dir.write("rules.yaml", &text(5, ""));
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = crate::util::client();
+    let status = || {
+        let c = c.clone();
+        let url = format!("http://{}/v1/status", s.addr);
+        async move { crate::util::json(c.get(url)).await }
+    };
+    assert_eq!(status().await["restart_pending"], serde_json::json!([]));
+    // Written until a reload takes it (the watcher starts beside the
+    // listeners: no deadline decides the outcome).
+    let fa = "forward_auth: { trusted_proxies: [127.0.0.1/32] }\n";
+    let mut n = 6;
+    crate::util::eventually("the forward_auth change is pending", || {
+        n += 1;
+        dir.write("rules.yaml", &text(n, fa));
+        let st = status();
+        async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            st.await["restart_pending"] == serde_json::json!(["forward_auth"])
+        }
+    })
+    .await;
+    crate::util::eventually("back as started, nothing is pending", || {
+        n += 1;
+        dir.write("rules.yaml", &text(n, ""));
+        let st = status();
+        async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            st.await["restart_pending"] == serde_json::json!([])
+        }
+    })
+    .await;
+}
+
 /// Runs the binary with `args`, `stdin` piped into it; (exit code,
 /// stdout, stderr).
 fn spillway_piped(args: &[&str], stdin: &str) -> (Option<i32>, String, String) {

@@ -7,7 +7,7 @@
 use reqwest::Method;
 use serde_json::json;
 
-use crate::util::{Server, TempDir, client};
+use crate::util::{Server, TempDir, client, should_rate_limit_as};
 
 const SVC: &str = "svc-token-0123456789abcdef";
 const BILLING: &str = "billing-token-0123456789abcdef";
@@ -27,6 +27,11 @@ const RULES: &str = "rules:
   - name: users
     by: user
     limits: [ { fixed_window: { limit: 100, window: 1h } } ]
+domains:
+  - domain: edge
+    descriptors:
+      - key: user
+        rate_limit: { unit: hour, requests_per_unit: 100 }
 ";
 
 /// Each decision route: method, path, body.
@@ -225,5 +230,43 @@ async fn api_tokens_follow_a_reload() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         assert_eq!(status(Some(SVC)).await, 200);
+    }
+}
+
+/// `api.tokens` close the gRPC listener too: a call charges counters, so
+/// an open port let any caller spend another key's budget. No token or an
+/// unknown one is UNAUTHENTICATED; a read or write token is served.
+#[tokio::test]
+async fn api_tokens_close_the_grpc_listener() {
+    let dir = TempDir::new("api-tokens-grpc");
+    let text = format!(
+        "api:\n  tokens: [ {{ name: svc, scope: read, env: T_SVC }}, {{ name: billing, scope: write, env: T_BILLING }} ]\n{RULES}"
+    );
+    let path = dir.write("rules.yaml", &text);
+    let s = Server::start_env(
+        &[
+            "--config",
+            path.to_str().unwrap(),
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ],
+        &env(),
+    );
+    let at = format!("http://{}", s.listener("gRPC"));
+    let endpoint = || tonic::transport::Endpoint::from_shared(at.clone()).unwrap();
+    for token in [None, Some("nope-0123456789abcdef"), Some(OPS)] {
+        let err = should_rate_limit_as(endpoint(), "alice", token)
+            .await
+            .expect_err("refused");
+        let status = err
+            .downcast_ref::<tonic::Status>()
+            .unwrap_or_else(|| panic!("{token:?}: not a gRPC status: {err}"));
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{token:?}");
+    }
+    for token in [SVC, BILLING] {
+        let r = should_rate_limit_as(endpoint(), "alice", Some(token))
+            .await
+            .unwrap_or_else(|e| panic!("{token}: {e}"));
+        assert_eq!(r.overall_code, 1, "OK");
     }
 }

@@ -297,19 +297,11 @@ where
     }
 }
 
-/// One `ShouldRateLimit` call for `user` in domain `edge` on `endpoint`
-/// (plain or TLS), on a new connection.
-pub async fn should_rate_limit(
-    endpoint: tonic::transport::Endpoint,
-    user: &str,
-) -> Result<spillway_server::grpc::proto::RateLimitResponse, Box<dyn std::error::Error>> {
-    use spillway_server::grpc::proto::{
-        Entry, RateLimitDescriptor, RateLimitRequest, SHOULD_RATE_LIMIT,
-    };
-    let ch = endpoint.connect().await?;
-    let mut grpc = tonic::client::Grpc::new(ch);
-    grpc.ready().await?;
-    let req = RateLimitRequest {
+/// A `ShouldRateLimit` request for `user` in domain `edge`: one
+/// descriptor, `user` = `user`.
+pub fn edge_request(user: &str) -> spillway_server::grpc::proto::RateLimitRequest {
+    use spillway_server::grpc::proto::{Entry, RateLimitDescriptor, RateLimitRequest};
+    RateLimitRequest {
         domain: "edge".into(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
@@ -320,14 +312,37 @@ pub async fn should_rate_limit(
             hits_addend: None,
         }],
         hits_addend: 0,
-    };
-    let path = http::uri::PathAndQuery::from_static(SHOULD_RATE_LIMIT);
+    }
+}
+
+/// One `ShouldRateLimit` call for `user` in domain `edge` on `endpoint`
+/// (plain or TLS), on a new connection.
+pub async fn should_rate_limit(
+    endpoint: tonic::transport::Endpoint,
+    user: &str,
+) -> Result<spillway_server::grpc::proto::RateLimitResponse, Box<dyn std::error::Error>> {
+    should_rate_limit_as(endpoint, user, None).await
+}
+
+/// [`should_rate_limit`], with `authorization: Bearer TOKEN` metadata
+/// when `token` is given.
+pub async fn should_rate_limit_as(
+    endpoint: tonic::transport::Endpoint,
+    user: &str,
+    token: Option<&str>,
+) -> Result<spillway_server::grpc::proto::RateLimitResponse, Box<dyn std::error::Error>> {
+    let ch = endpoint.connect().await?;
+    let mut grpc = tonic::client::Grpc::new(ch);
+    grpc.ready().await?;
+    let mut req = tonic::Request::new(edge_request(user));
+    if let Some(t) = token {
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse()?);
+    }
+    let path =
+        http::uri::PathAndQuery::from_static(spillway_server::grpc::proto::SHOULD_RATE_LIMIT);
     let r = grpc
-        .unary(
-            tonic::Request::new(req),
-            path,
-            tonic_prost::ProstCodec::default(),
-        )
+        .unary(req, path, tonic_prost::ProstCodec::default())
         .await?;
     Ok(r.into_inner())
 }

@@ -10,7 +10,7 @@
 //! [`Upstream::connection`] hands connections to another client (the
 //! proxy's hyper transport) under the same bound, so the proxy never
 //! opens more than that many, whatever its clients do. A request that
-//! waits for a connection waits its group's turn ([`pool`]): a client
+//! waits for a connection waits its group's turn (see `client/pool.rs`): a client
 //! that fills the pool cannot make the others wait behind it.
 
 mod pool;
@@ -162,7 +162,7 @@ pub struct Outgoing<'a> {
     /// Response header names to leave out (the proxy adds its own).
     pub drop_response: &'a [&'a str],
     /// Whose turn the request waits for a connection in (the client's
-    /// network): see [`pool`].
+    /// network): connections are handed out in turn by group.
     pub group: Group,
 }
 

@@ -107,6 +107,63 @@ pub fn rules(
     rules
 }
 
+/// [`rules`] over `list`, or, when the file's rules were cut into
+/// `chunks` (see [`crate::chunks`]), over each chunk in turn: one chunk's
+/// raw rules are alive at a time. With chunks, any error (a chunk that
+/// does not parse, a rule that does not build, a name used twice) is
+/// reported without its place: the caller reads the file whole for that.
+pub fn rules_in(
+    errs: &mut Collector<'_>,
+    list: &[Spanned<RawRule>],
+    chunks: Option<&crate::chunks::Chunks>,
+    ctx: &RuleContext<'_>,
+    mut each: impl FnMut(&mut Collector<'_>, &Spanned<RawRule>, &Rule),
+) -> Vec<Rule> {
+    let Some(chunks) = chunks else {
+        return rules(errs, list, ctx, each);
+    };
+    let mut out = Vec::with_capacity(chunks.items());
+    let mut pool = spillway_core::rule::RuleInterner::default();
+    let file = errs.file;
+    // Built on every core; taken (interned, handed to `each`) here, in
+    // file order.
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let built = chunks.build(
+        threads,
+        |r| {
+            let mut mine = Collector::new(file);
+            match rule(&mut mine, r, ctx) {
+                Some(rule) if mine.list.is_empty() => Ok(rule),
+                _ => Err(mine
+                    .list
+                    .first()
+                    .map_or_else(|| "a rule does not build".into(), |e| e.message.clone())),
+            }
+        },
+        |r, rule| {
+            let rule = rule.interned(&mut pool);
+            each(errs, r, &rule);
+            out.push(rule);
+        },
+    );
+    let mut problem = built.err();
+    if problem.is_none() {
+        let mut seen = std::collections::HashSet::with_capacity(out.len());
+        if !out.iter().all(|r| seen.insert(r.name())) {
+            problem = Some("a rule name is used twice".into());
+        }
+    }
+    if let Some(message) = problem {
+        errs.list.push(crate::Error {
+            file: errs.file.to_string(),
+            line: 0,
+            column: 0,
+            message,
+        });
+    }
+    out
+}
+
 /// The file's `descriptors:` list: names that are not built in, each once.
 pub fn descriptor_names(errs: &mut Collector<'_>, list: &[Spanned<String>]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();

@@ -44,6 +44,7 @@
 mod error;
 
 pub mod build;
+pub mod chunks;
 pub mod env;
 pub mod raw;
 pub mod recover;
@@ -162,7 +163,7 @@ pub const SECTIONS: [&str; 21] = [
 pub fn parse_with<T: recover::Sections, V>(
     file: &str,
     text: &str,
-    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+    validate: impl Fn(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<V, Errors> {
     read_with(file, text, None, validate).map(|(v, _)| v)
 }
@@ -176,7 +177,7 @@ pub fn parse_with<T: recover::Sections, V>(
 pub fn parse_with_secrets<T: recover::Sections, V>(
     file: &str,
     text: &str,
-    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+    validate: impl Fn(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<(V, env::Secrets), Errors> {
     read_with(file, text, None, validate)
 }
@@ -196,13 +197,23 @@ fn read_with<T: recover::Sections, V>(
     file: &str,
     text: &str,
     only: Option<&[&str]>,
-    validate: impl FnOnce(&str, T, bool) -> Result<V, Errors>,
+    validate: impl Fn(&str, T, bool) -> Result<V, Errors>,
 ) -> Result<(V, env::Secrets), Errors> {
     recover::check_size(file, text)?;
     // `${NAME}` inside scalar values, before serde sees them; errors hide
     // the values put in again.
     let env = env::substitute_in(file, text, &env::process_env, only)?;
-    match recover::read(file, &env.text, validate) {
+    // A large rules list is read a chunk at a time (see [`chunks`]); any
+    // error there, and the file is read whole for every error's place.
+    if let Some((rest, chunks)) = chunks::Chunks::split(&env.text)
+        && let Ok(mut raw) = recover::from_str::<T>(&rest)
+    {
+        raw.set_rule_chunks(chunks);
+        if let Ok(v) = validate(file, raw, false) {
+            return Ok((v, env.secrets));
+        }
+    }
+    match recover::read(file, &env.text, &validate) {
         Ok(v) => Ok((v, env.secrets)),
         Err(e) => Err(env.secrets.redact_errors(e)),
     }
@@ -231,9 +242,16 @@ struct RawRuleFile {
     path_matching: Option<Spanned<raw::RawPathMatching>>,
     #[serde(default)]
     rules: Option<Vec<Spanned<raw::RawRule>>>,
+    /// The rules, when read a chunk at a time (see [`chunks`]).
+    #[serde(skip)]
+    rule_chunks: Option<chunks::Chunks>,
 }
 
 impl recover::Sections for RawRuleFile {
+    fn set_rule_chunks(&mut self, chunks: chunks::Chunks) {
+        self.rule_chunks = Some(chunks);
+    }
+
     fn merge(&mut self, part: RawRuleFile) {
         let RawRuleFile {
             on_store_error,
@@ -241,6 +259,7 @@ impl recover::Sections for RawRuleFile {
             descriptors,
             path_matching,
             rules,
+            rule_chunks: _,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {
@@ -285,9 +304,10 @@ fn validate(file: &str, raw: RawRuleFile, any_descriptor: bool) -> Result<RuleFi
         path_matching,
         plans: raws,
     };
-    let rules = build::rules(
+    let rules = build::rules_in(
         &mut errs,
         raw.rules.as_deref().unwrap_or_default(),
+        raw.rule_chunks.as_ref(),
         &ctx,
         |_, _, _| {},
     );

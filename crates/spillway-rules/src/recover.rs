@@ -24,6 +24,11 @@ pub trait Sections: Default + serde::de::DeserializeOwned {
     /// Takes every section `part` has and `self` lacks; rules are
     /// appended.
     fn merge(&mut self, part: Self);
+
+    /// The file's rules, to be read a chunk at a time (the raw struct was
+    /// read from the rest of the file, its `rules:` empty): kept for
+    /// validation, which builds them with [`build::rules_in`](crate::build::rules_in).
+    fn set_rule_chunks(&mut self, chunks: crate::chunks::Chunks);
 }
 
 /// `text` (named `file` in errors) read into `T` and handed to

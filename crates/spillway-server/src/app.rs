@@ -131,6 +131,11 @@ pub struct ServeOptions {
     pub poll_interval: Duration,
     /// envoyproxy/ratelimit configuration files and directories.
     pub envoy_files: Vec<std::path::PathBuf>,
+    /// The configuration as the files gave it, before flags, without its
+    /// rules: what a reload compares start-only settings with. `None`:
+    /// the reloader reads the files again for it (a second parse of a
+    /// million rules beside the first, at start).
+    pub as_read: Option<Arc<Config>>,
 }
 
 impl ServeOptions {

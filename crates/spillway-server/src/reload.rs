@@ -136,7 +136,11 @@ pub(crate) async fn watch(
     // again): a million of them would be held twice more for nothing.
     let mut opts = opts;
     opts.config.rules = Vec::new();
-    let started = {
+    let started = if let Some(read) = &opts.as_read {
+        let mut c = crate::config::Config::clone(read);
+        c.rules = Vec::new();
+        c
+    } else {
         let o = opts.clone();
         let mut started = tokio::task::spawn_blocking(move || {
             crate::config::load_all(&o.source, &o.envoy_files, o.config.merge_domains)
@@ -147,6 +151,7 @@ pub(crate) async fn watch(
         started.rules = Vec::new();
         started
     };
+    opts.as_read = None;
     // The `--envoy-config` paths that are directories: one that goes away
     // later fails the reload rather than dropping its domains.
     let dirs: Vec<PathBuf> = opts

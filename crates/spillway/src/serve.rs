@@ -102,6 +102,14 @@ pub(crate) fn serve(flags: Flags) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The file as read, for the reloader's start-only comparison (flags
+    // are not file changes); the rules are not needed there.
+    let as_read = {
+        let rules = std::mem::take(&mut cfg.rules);
+        let read = std::sync::Arc::new(cfg.clone());
+        cfg.rules = rules;
+        read
+    };
     if let Err(e) = apply_flags(&mut cfg, &flags) {
         let what = if flags.proxy.is_some() {
             "spillway proxy"
@@ -146,6 +154,7 @@ pub(crate) fn serve(flags: Flags) -> ExitCode {
         config: cfg,
         poll_interval: Duration::from_millis(500),
         envoy_files: flags.envoy_files,
+        as_read: Some(as_read),
     };
     let proxy = flags.proxy.is_some();
     let result = runtime.block_on(async move {

@@ -542,7 +542,8 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
     let leased =
         matches!(&store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease);
     let list = raw.rules.as_deref().unwrap_or_default();
-    let rules = spillway_rules::build::rules(&mut errs, list, &ctx, |errs, r, rule| {
+    let chunks = raw.rule_chunks.as_ref();
+    let rules = spillway_rules::build::rules_in(&mut errs, list, chunks, &ctx, |errs, r, rule| {
         let max_wait = rule.limits().iter().find_map(|l| match l {
             spillway_core::Limit::Shaper(s) => Some(s.max_wait()),
             _ => None,

@@ -65,10 +65,18 @@ pub(crate) struct RawConfig {
     /// `None` when the file has no `rules:` key (a reload refuses it).
     #[serde(default)]
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
+    /// The rules, when a large file's are read a chunk at a time (see
+    /// `spillway_rules::chunks`).
+    #[serde(skip)]
+    pub(crate) rule_chunks: Option<spillway_rules::chunks::Chunks>,
 }
 
 /// For a file read section by section (see `spillway_rules::recover`).
 impl spillway_rules::recover::Sections for RawConfig {
+    fn set_rule_chunks(&mut self, chunks: spillway_rules::chunks::Chunks) {
+        self.rule_chunks = Some(chunks);
+    }
+
     fn merge(&mut self, part: RawConfig) {
         // Destructured, so a new field cannot be forgotten here.
         let RawConfig {
@@ -93,6 +101,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             reload,
             health,
             rules,
+            rule_chunks: _,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {

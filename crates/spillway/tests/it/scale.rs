@@ -4,12 +4,13 @@
 //! decides exactly by a rule in the middle, decides about as fast as one
 //! rule, and reloads whole while a client decides without a pause.
 //!
-//! Tests run the debug binary on 2 busy cores: 10,000 rules here, where
-//! the figures of before were already plain (7-9 KB a rule, a reload
-//! pausing a client for 1.1 s); a million are measured on the release
-//! binary by scripts/bench-rules.sh (docs/BENCHMARKS.md). The bounds are
-//! generous for the machine but each fails by a wide margin on the
-//! behaviour of before.
+//! Tests run the debug binary on 2 busy cores (the YAML reader and
+//! spillway-rules are optimised in it: Cargo.toml's dev profile):
+//! 100,000 rules here, as issue 36 asks of CI; a million are measured on
+//! the release binary by scripts/bench-rules.sh (docs/BENCHMARKS.md). The
+//! bounds are generous for the machine but each fails by a wide margin on
+//! the behaviour of before (a file stopped at ~14,000 rules; 7-9 KB a
+//! rule; a reload paused a client for 1.1 s at 10,000).
 
 use std::time::{Duration, Instant};
 
@@ -89,9 +90,13 @@ async fn p50(http: &reqwest::Client, url: &str, body: &serde_json::Value, n: usi
     took[n / 2]
 }
 
+/// The scale tests one at a time: each loads both cores, and measures.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_rules_load_decide_and_reload_without_a_pause() {
-    const N: usize = 10_000;
+    const N: usize = 100_000;
+    let _one = SERIAL.lock().await;
     let dir = TempDir::new("scale");
     let one = dir.write("one.yaml", &rules_text(0, 1));
     let many = dir.write("many.yaml", &rules_text(0, N));
@@ -101,9 +106,9 @@ async fn many_rules_load_decide_and_reload_without_a_pause() {
     let t = Instant::now();
     let big = Server::start(&["--config", many.to_str().unwrap()]);
     let load = t.elapsed();
-    // Load: before, ~80 µs a rule in release; the debug binary is slower.
+    // Load: before, ~80 µs a rule in release (8 s here); 2-3 s now.
     assert!(
-        load < Duration::from_secs(20),
+        load < Duration::from_secs(30),
         "{N} rules ready in {load:?}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -111,11 +116,11 @@ async fn many_rules_load_decide_and_reload_without_a_pause() {
     // Memory: RSS over the one-rule server (7-9 KB a rule before).
     let per_rule = (rss_kb(big.pid()).saturating_sub(rss_kb(small.pid()))) * 1024 / N as u64;
     eprintln!("{N} rules: ready in {load:?}, {per_rule} B a rule (RSS)");
-    assert!(per_rule < 5000, "{per_rule} B a rule");
+    assert!(per_rule < 2500, "{per_rule} B a rule");
 
-    // An exact decision by a rule in the middle: rule 5001, a fixed
+    // An exact decision by a rule in the middle: rule 50001, a fixed
     // window of 20 an hour (and 3,000 a day).
-    let mid = 5001;
+    let mid = 50_001;
     assert_eq!(mid % 6, 3);
     let limit = 10 * (1 + mid % 10) as u64;
     let url = big.url("/v1/check");
@@ -130,7 +135,7 @@ async fn many_rules_load_decide_and_reload_without_a_pause() {
             .json()
             .await
             .unwrap();
-        assert_eq!(r["rule"], format!("svc1-rule-{mid}"), "{r}");
+        assert_eq!(r["rule"], format!("svc{}-rule-{mid}", mid % 1000), "{r}");
         assert_eq!(r["allowed"], k < limit, "request {k}: {r}");
     }
 
@@ -187,6 +192,67 @@ async fn many_rules_load_decide_and_reload_without_a_pause() {
         longest < Duration::from_millis(500),
         "a decision waited {longest:?} during a reload of {reload:?}"
     );
+}
+
+/// A rule PUT over the admin API on one of two instances sharing a real
+/// Redis, each holding 100,000 file rules, applies on the other within a
+/// second (each applies a change by building the set beside the one in
+/// force), and both still have it after both restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
+    const N: usize = 100_000;
+    let _one = SERIAL.lock().await;
+    const OPS: &str = "scale-ops-token-0123456789abcdef";
+    let redis = spillway_testkit::RedisServer::start();
+    let dir = TempDir::new("scale-redis");
+    let head = format!(
+        "store:\n  redis:\n    url: {}/0\n    timeout: 10s\n    prefix: \"scale:\"\nadmin:\n  tokens: [ {{ name: ops, scope: write, env: SCALE_OPS }} ]\n",
+        redis.url()
+    );
+    let path = dir.write("rules.yaml", &format!("{head}{}", rules_text(0, N)));
+    let start = || Server::start_env(&["--config", path.to_str().unwrap()], &[("SCALE_OPS", OPS)]);
+    let http = client();
+    let decided_by_made = |s: &Server| {
+        let (http, url) = (http.clone(), s.url("/v1/check"));
+        async move {
+            let r: serde_json::Value = http
+                .post(&url)
+                .json(&serde_json::json!({"api": "GET /made", "user": "eve"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["rule"] == "made"
+        }
+    };
+    let (a, b) = (start(), start());
+    assert!(!decided_by_made(&b).await);
+    let put = http
+        .put(a.url("/admin/v1/rules/made"))
+        .bearer_auth(OPS)
+        .json(&serde_json::json!({"api": "GET /made", "by": "user", "limits": [{"fixed_window": {"limit": 3, "window": "1h"}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201, "{:?}", put.text().await);
+    let t = Instant::now();
+    while !decided_by_made(&b).await {
+        assert!(t.elapsed() < Duration::from_secs(10), "never applied");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = t.elapsed();
+    eprintln!("a PUT with {N} file rules applied on the other instance in {took:?}");
+    assert!(took < Duration::from_secs(1), "applied after {took:?}");
+    drop((a, b));
+    let (a, b) = (start(), start());
+    for s in [&a, &b] {
+        crate::util::eventually("the rule made over the API, after a restart", || {
+            decided_by_made(s)
+        })
+        .await;
+    }
 }
 
 /// `--max-file-bytes` replaces the fixed 16 MiB: a file past it is

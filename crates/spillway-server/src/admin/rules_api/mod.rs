@@ -47,7 +47,7 @@ pub use json::build;
 pub const MAX_RULES: usize = 1_000_000;
 
 /// How often an instance asks Redis whether the API rules changed.
-pub const POLL_EVERY: Duration = Duration::from_millis(250);
+pub const POLL_EVERY: Duration = Duration::from_millis(100);
 
 /// The most changes read from Redis in one call.
 const PULL_BATCH: usize = 5_000;

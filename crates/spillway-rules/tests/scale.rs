@@ -97,3 +97,30 @@ fn a_huge_scalar_is_an_error_about_the_value() {
     assert_eq!(e.0[0].line, 4, "{e}");
     assert!(e.to_string().len() < 4096, "the value is not echoed whole");
 }
+
+/// In a large file (read a chunk of rules at a time), a bomb inside the
+/// rules is refused as in a small one, at its place.
+#[test]
+fn an_alias_bomb_among_many_rules_is_refused_at_its_place() {
+    let mut text = rules(16_000);
+    let mut bomb = String::from(
+        "  - name: bomb\n    limits: [ { gcra: { rate: 1/s } } ]\n    x0: &a0 [x, x, x, x, x, x, x, x, x, x]\n",
+    );
+    for i in 1..7 {
+        let list = vec![format!("*a{}", i - 1); 20].join(", ");
+        bomb.push_str(&format!("    x{i}: &a{i} [{list}]\n"));
+    }
+    let at = text.find("  - name: r9000\n").unwrap();
+    text.insert_str(at, &bomb);
+    let line = text[..at].lines().count() + 3;
+    let t = std::time::Instant::now();
+    let e = parse("bomb.yaml", &text).unwrap_err();
+    // Refused at once, at its place (the first thing wrong there is the
+    // field it is under), never expanded.
+    assert!(t.elapsed() < std::time::Duration::from_secs(30));
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!("bomb.yaml:{line}:")),
+        "{line}: {shown}"
+    );
+}

@@ -65,6 +65,9 @@ pub(crate) struct RawConfig {
     /// `None` when the file has no `rules:` key (a reload refuses it).
     #[serde(default)]
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
+    /// A directory of files of more rules (`config::parts`).
+    #[serde(default)]
+    pub(crate) rules_dir: Option<Spanned<String>>,
 }
 
 /// For a file read section by section (see `spillway_rules::recover`).
@@ -93,6 +96,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             reload,
             health,
             rules,
+            rules_dir,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {
@@ -119,6 +123,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.log, log);
         take(&mut self.reload, reload);
         take(&mut self.health, health);
+        take(&mut self.rules_dir, rules_dir);
         if let Some(rules) = rules {
             self.rules.get_or_insert_with(Vec::new).extend(rules);
         }

@@ -185,7 +185,7 @@ impl RuleFiles {
         let mut errors = Vec::new();
         if let Layout::Main { main, .. } = &self.layout {
             let main = main.clone();
-            self.update(vec![main.clone()], &|_| false, pre);
+            self.update(vec![main.clone()], &|_| false, pre, None);
             let dir = self.slots[0]
                 .good
                 .as_ref()
@@ -198,7 +198,8 @@ impl RuleFiles {
             match self.list() {
                 Ok(list) => {
                     self.slots.extend(list.iter().cloned().map(Slot::new));
-                    self.update(list, &|_| false, pre);
+                    let key = self.key();
+                    self.update(list, &|_| false, pre, key);
                 }
                 Err(problem) => errors.push(read::whole(
                     self.dir().unwrap_or_else(|| Path::new("")),
@@ -273,6 +274,7 @@ impl RuleFiles {
         pending: &dyn Fn(&Path) -> bool,
     ) -> Refreshed {
         let before = self.settings();
+        let built_with = self.key();
         let mut todo: Vec<PathBuf> = Vec::new();
         let mut removed = false;
         if let Some(main) = self.main()
@@ -315,7 +317,7 @@ impl RuleFiles {
                 }
             }
         }
-        let changed = self.update(todo, pending, &Preread::default());
+        let changed = self.update(todo, pending, &Preread::default(), built_with);
         let after = self.settings();
         let settings_changed = match (&before, &after) {
             (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
@@ -339,13 +341,15 @@ impl RuleFiles {
     /// force: a file that may give the settings first, then the others
     /// against the settings in force, then (when the settings changed)
     /// every other file again. Whether a version in force changed.
+    /// `key_before`: what the files in force were built against (before
+    /// a settings file was removed, say).
     fn update(
         &mut self,
         todo: Vec<PathBuf>,
         pending: &dyn Fn(&Path) -> bool,
         pre: &Preread,
+        key_before: Option<u64>,
     ) -> bool {
-        let key_before = self.key();
         let (first, rest): (Vec<PathBuf>, Vec<PathBuf>) = todo
             .into_iter()
             .partition(|p| self.may_give_settings(p, pre));

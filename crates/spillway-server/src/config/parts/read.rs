@@ -43,14 +43,16 @@ impl Settings {
         let rule_plans = std::mem::take(&mut config.plans.rules);
         let key = {
             use std::hash::{Hash as _, Hasher as _};
-            // Debug of the plans as written holds their lines too: a plan
-            // moved down a line rebuilds every file, which is only slower.
+            // The plans' limits as built, not as written: an edit above
+            // them (their lines move) rebuilds no other file.
+            let built = spillway_rules::build::plans(&mut Collector::new(""), plans.as_ref());
             let mut h = std::collections::hash_map::DefaultHasher::new();
             format!(
-                "{:?}|{any_descriptor}|{:?}|{}|{plans:?}",
+                "{:?}|{any_descriptor}|{:?}|{}|{:?}",
                 config.descriptors,
                 config.path_matching,
-                leased(&config)
+                leased(&config),
+                built.limits
             )
             .hash(&mut h);
             h.finish()

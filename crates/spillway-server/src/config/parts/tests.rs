@@ -379,3 +379,61 @@ fn two_new_settings_versions_one_wins() {
     assert_eq!(out.refused[1].1, 1);
     assert_eq!(out.refused[1].0[0].name, None);
 }
+
+/// A settings file removed gives every section its default, and every
+/// other file is built again against them.
+#[test]
+fn a_settings_file_removed_builds_the_others_against_the_defaults() {
+    let d = Dir::new("unset");
+    let s = d.write(
+        "00-settings.yaml",
+        "descriptors: [tenant]\nreload: { quiet: 1s }\n",
+    );
+    d.write(
+        "a.yaml",
+        "rules:\n  - name: t\n    by: tenant\n    limits: [ { gcra: { rate: 5/s } } ]\n",
+    );
+    d.write("b.yaml", &rules(&["b1"]));
+    let (mut files, errors) = open(&Source::Dir(d.0.clone()));
+    assert!(errors.is_empty(), "{errors:?}");
+    std::fs::remove_file(&s).unwrap();
+    let r = files.refresh(Some(&[s]), NONE);
+    assert!(r.changed && r.settings_changed);
+    let c = files.config().unwrap();
+    assert_eq!(c.reload_quiet, crate::config::DEFAULT_RELOAD_QUIET);
+    // `tenant` is no longer declared: a keeps its last good version.
+    assert_eq!(names(&files), ["t", "b1"]);
+    assert_eq!(bad(&files), ["a.yaml"]);
+}
+
+/// An edit of the settings file that leaves what rules are built against
+/// as it was (its own rules, a setting, plans moved down a line) reads no
+/// other file: one broken on disk meanwhile is not read.
+#[test]
+fn a_settings_edit_that_changes_no_rule_reads_no_other_file() {
+    let d = Dir::new("same");
+    let plans = "plans:\n  free: { limits: [ { gcra: { rate: 1/s } } ] }\n";
+    let s = d.write("00-settings.yaml", &format!("{plans}rules: []\n"));
+    d.write(
+        "a.yaml",
+        "rules:\n  - name: p\n    by: user\n    plan: { default: free }\n",
+    );
+    let (mut files, errors) = open(&Source::Dir(d.0.clone()));
+    assert!(errors.is_empty(), "{errors:?}");
+    d.write("a.yaml", "rules: [ broken");
+    d.write(
+        "00-settings.yaml",
+        &format!("reload: {{ quiet: 1s }}\n\n{plans}{}", rules(&["s1"])),
+    );
+    let r = files.refresh(Some(std::slice::from_ref(&s)), NONE);
+    assert!(r.changed && r.settings_changed);
+    assert_eq!(names(&files), ["s1", "p"]);
+    assert!(bad(&files).is_empty(), "a was read again");
+    // A plan's limit changed: every file again.
+    d.write(
+        "00-settings.yaml",
+        "plans:\n  free: { limits: [ { gcra: { rate: 2/s } } ] }\nrules: []\n",
+    );
+    files.refresh(Some(&[s]), NONE);
+    assert_eq!(bad(&files), ["a.yaml"]);
+}

@@ -3,8 +3,10 @@
 //! by a rename, as editors and config management do), poll them as a
 //! fallback (read each tick and compare: a rules file is small, and size and
 //! mtime alone miss an edit that keeps the size within the filesystem's
-//! timestamp tick), and reload at once on SIGHUP. A file that fails
-//! validation is rejected whole; the last good rules stay in force.
+//! timestamp tick; a directory's many files are read again only when they
+//! may have changed, see [`snap`]), and reload at once on SIGHUP. A file
+//! that fails validation is rejected whole; the last good rules stay in
+//! force.
 //!
 //! A changed file applies only once it has stayed unchanged for the quiet
 //! period (`reload.quiet`, 2 s by default): a writer that truncates the
@@ -26,6 +28,7 @@
 //! [`files`]).
 
 mod files;
+mod snap;
 mod track;
 
 use std::sync::Arc;
@@ -56,42 +59,9 @@ pub(crate) struct Reloader {
     pub(crate) hup: Option<tokio::signal::unix::Signal>,
 }
 
-/// Every watched file's path and a digest of its text (`None`:
-/// unreadable or gone), an `--envoy-config` directory's files listed
-/// afresh (the directory itself with `None` when it cannot be listed).
-/// A digest, not the text: a million-rule file is 170 MB, which the
-/// watcher would otherwise hold for ever beside the rules.
-pub(crate) type Snapshot = Vec<(PathBuf, Option<Digest>)>;
-
+pub(crate) use snap::Snapshot;
+use snap::{Digest, Hashed};
 pub(crate) use track::Tracker;
-
-/// A file's length and a hash of its bytes: an edit that keeps the size
-/// (within the filesystem's timestamp tick) still changes the hash.
-type Digest = (u64, u64);
-
-fn digest(path: &std::path::Path) -> Option<Digest> {
-    std::fs::read(path)
-        .ok()
-        .map(|bytes| crate::config::digest(&bytes))
-}
-
-fn snapshot(paths: &[PathBuf]) -> Snapshot {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            match crate::config::envoy_dir_files(p) {
-                Ok(files) => out.extend(files.into_iter().map(|f| {
-                    let d = digest(&f);
-                    (f, d)
-                })),
-                Err(_) => out.push((p.clone(), None)),
-            }
-        } else {
-            out.push((p.clone(), digest(p)));
-        }
-    }
-    out
-}
 
 /// The files [`watch`] watches: a directory stands for its files.
 fn watched(opts: &ServeOptions) -> Vec<PathBuf> {
@@ -113,7 +83,7 @@ fn watched(opts: &ServeOptions) -> Vec<PathBuf> {
 /// configuration in parts are as they were read: an edit made since (a
 /// file added, changed or removed while spillway started) is a change.
 pub(crate) fn at_start(opts: &ServeOptions) -> Snapshot {
-    let mut snap = snapshot(&watched(opts));
+    let mut snap = Hashed::default().snapshot(&watched(opts));
     if let Some(parts) = &opts.parts {
         let parts = parts.lock();
         snap.retain(|(p, _)| !parts.holds(p));
@@ -122,11 +92,11 @@ pub(crate) fn at_start(opts: &ServeOptions) -> Snapshot {
     snap
 }
 
-/// [`snapshot`] on a blocking thread: reading and hashing a large file
-/// must not hold a worker that decides requests.
-async fn snapshot_off(paths: &Arc<Vec<PathBuf>>) -> Snapshot {
-    let paths = paths.clone();
-    tokio::task::spawn_blocking(move || snapshot(&paths))
+/// [`Hashed::snapshot`] on a blocking thread: reading and hashing a
+/// large file must not hold a worker that decides requests.
+async fn snapshot_off(paths: &Arc<Vec<PathBuf>>, hashed: &Arc<Mutex<Hashed>>) -> Snapshot {
+    let (paths, hashed) = (paths.clone(), hashed.clone());
+    tokio::task::spawn_blocking(move || hashed.lock().snapshot(&paths))
         .await
         .unwrap_or_default()
 }
@@ -179,6 +149,7 @@ pub(crate) async fn watch(
         .cloned()
         .collect();
     let mut watcher = Watcher::new(&paths);
+    let hashed = Arc::new(Mutex::new(Hashed::default()));
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
     let mut hup = state.hup.take();
@@ -214,7 +185,7 @@ pub(crate) async fn watch(
         if paths.is_empty() {
             continue;
         }
-        let text = snapshot_off(&paths).await;
+        let text = snapshot_off(&paths, &hashed).await;
         let batch = if forced {
             tracker.consider_all(&text);
             files::Batch::all()

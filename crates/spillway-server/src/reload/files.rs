@@ -46,9 +46,10 @@ impl Batch {
         }
     }
 
-    /// Whether the file `path` was read by this reload.
-    fn read(&self, path: &str) -> bool {
-        self.all || self.parts.iter().any(|p| p.display().to_string() == path)
+    /// The files this reload reads, as the status names them (`None`:
+    /// every file).
+    fn read(&self) -> Option<std::collections::HashSet<String>> {
+        (!self.all).then(|| self.parts.iter().map(|p| p.display().to_string()).collect())
     }
 }
 
@@ -112,7 +113,12 @@ pub(super) fn reload(
     let refreshed = files.refresh(changed, &|p: &Path| batch.waiting.iter().any(|w| w == p));
     let st = files.status();
     let mut failed = false;
-    for b in st.bad.iter().filter(|b| batch.read(&b.file)) {
+    let read = batch.read();
+    for b in st
+        .bad
+        .iter()
+        .filter(|b| read.as_ref().is_none_or(|r| r.contains(&b.file)))
+    {
         failed = true;
         let keeps = if b.last_good_in_force {
             "keeping its last good version"
@@ -160,16 +166,18 @@ pub(super) fn reload(
         }
     }
     if refreshed.changed || batch.all || batch.rest {
-        let read: Vec<String> = if batch.all {
-            vec!["(all)".into()]
+        // The first 20: a SIGHUP of a thousand files is one line.
+        let shown: Vec<String> = if batch.all {
+            vec!["(every file)".into()]
         } else {
             batch
                 .parts
                 .iter()
+                .take(20)
                 .map(|p| p.display().to_string())
                 .collect()
         };
-        tracing::info!(files = ?read, "rules files read");
+        tracing::info!(files = ?shown, count = batch.parts.len(), "rules files read");
         apply(state, &config, started);
     }
     let mut r = state.status.lock();

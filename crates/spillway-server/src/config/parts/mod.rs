@@ -21,14 +21,18 @@
 
 mod names;
 mod read;
+mod status;
 #[cfg(test)]
 mod tests;
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub(in crate::config) use read::build_rules;
 use read::{Role, Settings, Version};
+use status::clash_errors;
+pub use status::{BadFile, FilesStatus};
 
 use super::{Config, ConfigError, ConfigErrors, Preread, Source, envoy_dir_files};
 
@@ -80,33 +84,6 @@ pub struct Refreshed {
     /// The settings in force changed.
     pub settings_changed: bool,
 }
-
-/// The files' state, for `/v1/status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilesStatus {
-    /// Files read (a main file included).
-    pub count: usize,
-    /// The files whose text is not in force, in name order.
-    pub bad: Vec<BadFile>,
-    /// Why the directory was not read at the last reload (every file's
-    /// version in force is kept).
-    pub dir_problem: Option<String>,
-}
-
-/// A file whose text is not in force.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadFile {
-    /// Its path.
-    pub file: String,
-    /// Its errors, `file:line:column: message` each (the first
-    /// [`SHOWN_ERRORS`], then how many more).
-    pub error: String,
-    /// Its last good version is in force (else it gives nothing).
-    pub last_good_in_force: bool,
-}
-
-/// The errors of one file shown in the status; the rest are counted.
-pub const SHOWN_ERRORS: usize = 10;
 
 /// Whether the main file `text` is read as [`RuleFiles`]: it names
 /// `rules_dir` (a mention in a comment costs a slower reading only).
@@ -299,20 +276,37 @@ impl RuleFiles {
                     if changed.is_none() {
                         consider.extend(list.iter().cloned());
                     }
-                    for p in consider {
-                        let known = self.slots.iter().position(|s| s.path == p);
-                        if list.contains(&p) {
-                            if known.is_none() {
-                                self.insert(p.clone());
-                            }
-                            if !todo.contains(&p) {
-                                todo.push(p);
-                            }
-                        } else if let Some(i) = known
-                            && self.main() != Some(p.as_path())
-                        {
-                            removed |= self.slots.remove(i).good.is_some();
+                    // Sets, not scans: a directory may hold thousands.
+                    let listed: HashSet<&PathBuf> = list.iter().collect();
+                    let known: HashSet<PathBuf> =
+                        self.slots.iter().map(|s| s.path.clone()).collect();
+                    let main = self.main().map(Path::to_path_buf);
+                    let (there, gone): (Vec<PathBuf>, Vec<PathBuf>) =
+                        consider.into_iter().partition(|p| listed.contains(p));
+                    let gone: HashSet<PathBuf> = gone
+                        .into_iter()
+                        .filter(|p| known.contains(p) && main.as_ref() != Some(p))
+                        .collect();
+                    removed = self
+                        .slots
+                        .iter()
+                        .any(|s| gone.contains(&s.path) && s.good.is_some());
+                    self.slots.retain(|s| !gone.contains(&s.path));
+                    let mut seen: HashSet<PathBuf> = todo.iter().cloned().collect();
+                    let mut added = false;
+                    for p in there {
+                        if !known.contains(&p) && seen.insert(p.clone()) {
+                            self.slots.push(Slot::new(p.clone()));
+                            added = true;
+                            todo.push(p);
+                        } else if seen.insert(p.clone()) {
+                            todo.push(p);
                         }
+                    }
+                    if added {
+                        // In name order, after a main file.
+                        let from = usize::from(self.main().is_some());
+                        self.slots[from..].sort_by(|a, b| a.path.cmp(&b.path));
                     }
                 }
             }
@@ -328,13 +322,6 @@ impl RuleFiles {
             changed: changed || removed || settings_changed,
             settings_changed,
         }
-    }
-
-    /// A slot for `path`, in name order (after a main file).
-    fn insert(&mut self, path: PathBuf) {
-        let from = usize::from(self.main().is_some());
-        let at = self.slots[from..].partition_point(|s| s.path < path) + from;
-        self.slots.insert(at, Slot::new(path));
     }
 
     /// Reads the files of `todo` and settles which versions are in
@@ -384,12 +371,14 @@ impl RuleFiles {
             Role::RulesOnly => return false,
             Role::Member => {}
         }
-        let gives = |v: &Option<Version>| v.as_ref().is_some_and(|v| v.settings.is_some());
-        if self
-            .slots
-            .iter()
-            .any(|s| s.path == path && (gives(&s.good) || gives(&s.new)))
-        {
+        // The file giving them now, if any (only one can).
+        let giver = self.slots.iter().find(|s| {
+            [&s.good, &s.new]
+                .into_iter()
+                .flatten()
+                .any(|v| v.settings.is_some())
+        });
+        if giver.is_some_and(|s| s.path == path) {
             return true;
         }
         pre.read(path)
@@ -400,6 +389,7 @@ impl RuleFiles {
     /// those giving them and those in `skip`), not being written.
     fn rules_only(&self, pending: &dyn Fn(&Path) -> bool, skip: &[PathBuf]) -> Vec<PathBuf> {
         let gives = |v: &Option<Version>| v.as_ref().is_some_and(|v| v.settings.is_some());
+        let skip: HashSet<&PathBuf> = skip.iter().collect();
         self.slots
             .iter()
             .filter(|s| !(gives(&s.good) || gives(&s.new) || self.main() == Some(s.path.as_path())))
@@ -411,9 +401,15 @@ impl RuleFiles {
     /// Reads `paths` against the settings in force, then settles.
     fn read_round(&mut self, paths: &[PathBuf], pre: &Preread) -> bool {
         let ctx = self.settings().or_else(|| self.defaults.clone());
+        let at: HashMap<PathBuf, usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.path.clone(), i))
+            .collect();
         for p in paths {
             let role = self.role(p);
-            let Some(slot) = self.slots.iter_mut().find(|s| &s.path == p) else {
+            let Some(slot) = at.get(p).map(|&i| &mut self.slots[i]) else {
                 continue;
             };
             let (digest, read) = read::read(p, pre, role, ctx.as_deref());
@@ -515,53 +511,6 @@ impl RuleFiles {
         }
         Some(c)
     }
-
-    /// What `/v1/status` says of the files.
-    pub fn status(&self) -> FilesStatus {
-        FilesStatus {
-            count: self.slots.len(),
-            bad: self
-                .slots
-                .iter()
-                .filter_map(|s| {
-                    let e = s.error.as_ref()?;
-                    let mut text: Vec<String> =
-                        e.0.iter()
-                            .take(SHOWN_ERRORS)
-                            .map(ToString::to_string)
-                            .collect();
-                    if e.0.len() > SHOWN_ERRORS {
-                        text.push(format!("... and {} more errors", e.0.len() - SHOWN_ERRORS));
-                    }
-                    Some(BadFile {
-                        file: s.path.display().to_string(),
-                        error: text.join("\n"),
-                        last_good_in_force: s.good.is_some(),
-                    })
-                })
-                .collect(),
-            dir_problem: self
-                .dir_problem
-                .as_ref()
-                .map(|p| format!("{}: {p}", self.dir().unwrap_or(Path::new("")).display())),
-        }
-    }
-
-    /// Each file and the digest of its text as last read, for a watcher.
-    pub fn digests(&self) -> Vec<(PathBuf, Option<(u64, u64)>)> {
-        self.slots
-            .iter()
-            .map(|s| (s.path.clone(), s.digest))
-            .collect()
-    }
-
-    /// Each file and the rules of its version in force, for a report.
-    pub fn files(&self) -> Vec<(PathBuf, usize)> {
-        self.slots
-            .iter()
-            .map(|s| (s.path.clone(), s.good.as_ref().map_or(0, |v| v.rules.len())))
-            .collect()
-    }
 }
 
 impl Slot {
@@ -582,46 +531,4 @@ fn base(main: &Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
-}
-
-/// The errors of the file `paths[i]` whose new version clashes: each
-/// place, with the other file's.
-fn clash_errors(
-    paths: &[String],
-    i: usize,
-    clashes: &[names::Clash],
-    count: usize,
-) -> ConfigErrors {
-    let mut list: Vec<ConfigError> = clashes
-        .iter()
-        .map(|c| {
-            let other = format!("{}:{}:{}", paths[c.other], c.other_at.0, c.other_at.1);
-            let message = match &c.name {
-                Some(name) => format!(
-                    "rule name {name:?} is used by {other} too: a name is unique across the files of the rule set; rename one of them"
-                ),
-                None => format!(
-                    "this file gives settings (sections besides `rules:`), and so does {other}: one file of a --config directory gives every section but `rules:`; move them into one file"
-                ),
-            };
-            ConfigError::new(
-                paths[i].clone(),
-                u64::from(c.at.0),
-                u64::from(c.at.1),
-                message,
-            )
-        })
-        .collect();
-    if count > clashes.len() {
-        list.push(ConfigError::new(
-            paths[i].clone(),
-            0,
-            0,
-            format!(
-                "... and {} more rule names used by other files too",
-                count - clashes.len()
-            ),
-        ));
-    }
-    ConfigErrors(list)
 }

@@ -63,8 +63,10 @@ fn claims(v: &Version) -> impl Iterator<Item = (Claim<'_>, (u32, u32))> {
 }
 
 /// Decides which new versions are accepted (see the module's
-/// documentation). Linear in the claims of every version, times the
-/// rounds (two, unless accepting one file frees names for another).
+/// documentation). Only the claims a new version makes are contested: the
+/// versions in force are scanned once for those (a lookup in a map of the
+/// new claims, not a map of a million names built at every reload), and
+/// the rounds run over the contested claims alone.
 pub(crate) fn resolve(files: &[Versions<'_>]) -> Outcome {
     let mut out = Outcome {
         accepted: vec![false; files.len()],
@@ -73,16 +75,18 @@ pub(crate) fn resolve(files: &[Versions<'_>]) -> Outcome {
     if files.iter().all(|f| f.new.is_none()) {
         return out;
     }
-    // Every claim in force, and who holds it where.
-    let total: usize = files
+    let contested: std::collections::HashSet<Claim<'_>> = files
         .iter()
-        .filter_map(|f| f.good)
-        .map(|v| v.rules.len() + 1)
-        .sum();
-    let mut held: HashMap<Claim<'_>, (usize, (u32, u32))> = HashMap::with_capacity(total);
+        .filter_map(|f| f.new)
+        .flat_map(|v| claims(v).map(|(c, _)| c))
+        .collect();
+    // Who holds each contested claim in force, and where.
+    let mut held: HashMap<Claim<'_>, (usize, (u32, u32))> = HashMap::new();
     for (i, f) in files.iter().enumerate() {
         for (c, at) in f.good.into_iter().flat_map(claims) {
-            held.insert(c, (i, at));
+            if contested.contains(&c) {
+                held.insert(c, (i, at));
+            }
         }
     }
     loop {
@@ -115,6 +119,7 @@ pub(crate) fn resolve(files: &[Versions<'_>]) -> Outcome {
                 out.refused[i] = (clashes, count);
                 continue;
             }
+            // Its version in force lets its contested claims go.
             for (c, _) in f.good.into_iter().flat_map(claims) {
                 if held.get(&c).is_some_and(|(owner, _)| *owner == i) {
                     held.remove(&c);

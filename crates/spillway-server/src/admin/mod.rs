@@ -223,7 +223,32 @@ pub struct ReloadStatus {
     pub secrets: spillway_rules::env::Secrets,
     /// A configuration in parts (`--config DIR`, `rules_dir:`): its files,
     /// and those whose text is not in force.
-    pub rules_files: Option<crate::config::FilesStatus>,
+    pub rules_files: Option<FilesStatus>,
+}
+
+/// The files of a configuration in parts, as `/v1/status` shows them
+/// (filled by `config::RuleFiles`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilesStatus {
+    /// Files read (a main file included).
+    pub count: usize,
+    /// The files whose text is not in force, in name order.
+    pub bad: Vec<BadFile>,
+    /// Why the directory was not read at the last reload (every file's
+    /// version in force is kept).
+    pub dir_problem: Option<String>,
+}
+
+/// A file whose text is not in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadFile {
+    /// Its path.
+    pub file: String,
+    /// Its errors, `file:line:column: message` each, one a line (the
+    /// first ten, then how many more).
+    pub error: String,
+    /// Its last good version is in force (else it gives nothing).
+    pub last_good_in_force: bool,
 }
 
 /// Health alone (`/healthz`, `/readyz`), for the decision port when the
@@ -454,7 +479,7 @@ async fn status(
 pub const STATUS_BAD_FILES: usize = 100;
 
 /// A configuration in parts, as `/v1/status` shows it.
-fn files_json(st: &crate::config::FilesStatus) -> serde_json::Value {
+fn files_json(st: &FilesStatus) -> serde_json::Value {
     json!({
         "count": st.count,
         "bad_count": st.bad.len(),

@@ -4,34 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+pub use crate::admin::{BadFile, FilesStatus};
+
 use super::{ConfigError, ConfigErrors, RuleFiles, names};
 
-/// The files' state, for `/v1/status`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilesStatus {
-    /// Files read (a main file included).
-    pub count: usize,
-    /// The files whose text is not in force, in name order.
-    pub bad: Vec<BadFile>,
-    /// Why the directory was not read at the last reload (every file's
-    /// version in force is kept).
-    pub dir_problem: Option<String>,
-}
-
-/// A file whose text is not in force.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadFile {
-    /// Its path.
-    pub file: String,
-    /// Its errors, `file:line:column: message` each (the first
-    /// [`SHOWN_ERRORS`], then how many more).
-    pub error: String,
-    /// Its last good version is in force (else it gives nothing).
-    pub last_good_in_force: bool,
-}
-
 /// The errors of one file shown in the status; the rest are counted.
-pub const SHOWN_ERRORS: usize = 10;
+const SHOWN_ERRORS: usize = 10;
 
 impl RuleFiles {
     /// What `/v1/status` says of the files.

@@ -409,3 +409,27 @@ async fn a_one_file_change_applies_after_the_default_quiet_period() {
         "applied before the quiet period: {took:?}"
     );
 }
+
+/// A quiet period of an hour: SIGHUP reads every file at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_every_file_at_once() {
+    let dir = TempDir::new("dir-hup");
+    dir.write("00-settings.yaml", "reload: { quiet: 1h }\n");
+    dir.write("a.yaml", &rules(&[("a", "/a")]));
+    dir.write("b.yaml", &rules(&[("b", "/b")]));
+    let s = Server::start(&["--config", arg(&dir.0)]);
+    dir.write("a.yaml", &rules(&[("a", "/a"), ("a2", "/a2")]));
+    std::fs::remove_file(dir.0.join("b.yaml")).unwrap();
+    dir.write("c.yaml", &rules(&[("c", "/c")]));
+    s.signal("HUP");
+    let st = status_until(&s, "SIGHUP did not read every file", |st| {
+        st["version"] == 2
+    })
+    .await;
+    assert_eq!(st["rules"], 3, "{st}");
+    assert_eq!(st["rules_files"]["count"], 3, "{st}");
+    assert!(limited(&s, "/a2", "u").await);
+    assert!(limited(&s, "/c", "u").await);
+    assert_eq!(decide(&s, "/b", "u").await, 200);
+    assert_eq!(decide(&s, "/b", "u").await, 200);
+}

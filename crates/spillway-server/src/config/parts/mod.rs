@@ -206,15 +206,6 @@ impl RuleFiles {
         }
     }
 
-    /// The paths to watch: the main file, and the directory.
-    pub fn watched(&self) -> Vec<PathBuf> {
-        self.main()
-            .into_iter()
-            .chain(self.dir())
-            .map(Path::to_path_buf)
-            .collect()
-    }
-
     /// Whether `path` is one of these files (or would be, once there):
     /// the main file, or a file of the directory.
     pub fn holds(&self, path: &Path) -> bool {

@@ -99,7 +99,18 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
     // open, `path_maching:` would count other paths than written.
     let mut errs = Vec::new();
     for (key, line, column) in recover::top_level_keys(text).unwrap_or_default() {
-        if !SECTIONS.contains(&key.as_str()) {
+        if key == "rules_dir" {
+            // Skipped, its rules would be missing: fewer limits than the
+            // server enforces.
+            errs.push(Error {
+                file: file.to_string(),
+                line: line as u64,
+                column: column as u64,
+                message: "`rules_dir:` names more rules files, which this reader does not follow: \
+                          read the main file without it and each file of the directory on its own"
+                    .into(),
+            });
+        } else if !SECTIONS.contains(&key.as_str()) {
             let hint = build::suggest(&key, &SECTIONS.map(String::from))
                 .map_or_else(String::new, |s| format!(" (did you mean `{s}`?)"));
             errs.push(Error {
@@ -129,7 +140,7 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
 /// Every top-level section of a spillway rules file: those this crate
 /// reads, and the server's, which it skips. spillway-server checks that
 /// this list is its own.
-pub const SECTIONS: [&str; 21] = [
+pub const SECTIONS: [&str; 22] = [
     "store",
     "on_store_error",
     "listen",
@@ -151,6 +162,7 @@ pub const SECTIONS: [&str; 21] = [
     "reload",
     "health",
     "rules",
+    "rules_dir",
 ];
 
 /// `text` as [`parse`] reads it (its size checked, `${NAME}` substituted

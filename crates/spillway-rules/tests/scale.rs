@@ -124,3 +124,12 @@ fn an_alias_bomb_among_many_rules_is_refused_at_its_place() {
         "{line}: {shown}"
     );
 }
+
+/// A server's main file with `rules_dir:` is refused, not read without
+/// the directory's rules (fewer limits than the server enforces).
+#[test]
+fn a_rules_dir_is_refused_not_skipped() {
+    let e = parse("main.yaml", "rules_dir: teams\nrules: []\n").unwrap_err();
+    assert!(e.to_string().starts_with("main.yaml:1:"), "{e}");
+    assert!(e.to_string().contains("rules_dir"), "{e}");
+}

@@ -136,6 +136,11 @@ pub struct ServeOptions {
     /// the reloader reads the files again for it (a second parse of a
     /// million rules beside the first, at start).
     pub as_read: Option<Arc<Config>>,
+    /// A configuration in parts as `config` was read from it (see
+    /// [`config::load_all_parts`]): the watcher keeps it, reads only the
+    /// files that change, and sees every change made since they were
+    /// read. `None`: a single file (or the watcher reads the parts again).
+    pub parts: Option<Arc<Mutex<config::RuleFiles>>>,
 }
 
 impl ServeOptions {
@@ -201,7 +206,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     };
     shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {
-        Source::File(p) => p.display().to_string(),
+        Source::File(p) | Source::Dir(p) => p.display().to_string(),
         Source::Example => "<built-in examples/rules.yaml>".to_string(),
     };
     let settings = &opts.config.admin;
@@ -242,6 +247,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
             last_reload_unix_ms: unix_ms(),
             restart_pending: Vec::new(),
             secrets: opts.config.secrets.clone(),
+            rules_files: None,
         })),
         source_name,
         settings: arc_swap::ArcSwap::from_pointee(settings.clone()),

@@ -3,8 +3,10 @@
 //! by a rename, as editors and config management do), poll them as a
 //! fallback (read each tick and compare: a rules file is small, and size and
 //! mtime alone miss an edit that keeps the size within the filesystem's
-//! timestamp tick), and reload at once on SIGHUP. A file that fails
-//! validation is rejected whole; the last good rules stay in force.
+//! timestamp tick; a directory's many files are read again only when they
+//! may have changed, see [`snap`]), and reload at once on SIGHUP. A file
+//! that fails validation is rejected whole; the last good rules stay in
+//! force.
 //!
 //! A changed file applies only once it has stayed unchanged for the quiet
 //! period (`reload.quiet`, 2 s by default): a writer that truncates the
@@ -18,6 +20,16 @@
 //! envoyproxy/ratelimit's runtime directory does), and so does an
 //! `--envoy-config` file that is gone; a directory that is gone keeps the
 //! last good configuration.
+//!
+//! A configuration in parts (`--config DIR`, `rules_dir:`) is read file by
+//! file ([`RuleFiles`](crate::config::RuleFiles)): each changed file waits
+//! for its own quiet period and is then read alone, and a file that fails
+//! keeps its last good version while the others apply (see
+//! [`files`]).
+
+mod files;
+mod snap;
+mod track;
 
 use std::sync::Arc;
 
@@ -47,63 +59,44 @@ pub(crate) struct Reloader {
     pub(crate) hup: Option<tokio::signal::unix::Signal>,
 }
 
-/// Every watched file's path and a digest of its text (`None`:
-/// unreadable or gone), an `--envoy-config` directory's files listed
-/// afresh (the directory itself with `None` when it cannot be listed).
-/// A digest, not the text: a million-rule file is 170 MB, which the
-/// watcher would otherwise hold for ever beside the rules.
-pub(crate) type Snapshot = Vec<(PathBuf, Option<Digest>)>;
+pub(crate) use snap::Snapshot;
+use snap::{Digest, Hashed};
+pub(crate) use track::Tracker;
 
-/// A file's length and a hash of its bytes: an edit that keeps the size
-/// (within the filesystem's timestamp tick) still changes the hash.
-type Digest = (u64, u64);
-
-fn digest(path: &std::path::Path) -> Option<Digest> {
-    use std::hash::Hasher as _;
-    let bytes = std::fs::read(path).ok()?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(&bytes);
-    Some((bytes.len() as u64, h.finish()))
-}
-
-fn snapshot(paths: &[PathBuf]) -> Snapshot {
-    let mut out = Vec::new();
-    for p in paths {
-        if p.is_dir() {
-            match crate::config::envoy_dir_files(p) {
-                Ok(files) => out.extend(files.into_iter().map(|f| {
-                    let d = digest(&f);
-                    (f, d)
-                })),
-                Err(_) => out.push((p.clone(), None)),
-            }
-        } else {
-            out.push((p.clone(), digest(p)));
-        }
-    }
-    out
-}
-
-/// The files [`watch`] watches.
+/// The files [`watch`] watches: a directory stands for its files.
 fn watched(opts: &ServeOptions) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = opts.envoy_files.clone();
-    if let Source::File(p) = &opts.source {
-        paths.push(p.clone());
+    match &opts.source {
+        Source::File(p) => {
+            paths.push(p.clone());
+            // Resolved by the loader; a change to it waits for a restart.
+            paths.extend(opts.config.rules_dir.clone());
+        }
+        Source::Dir(d) => paths.push(d.clone()),
+        Source::Example => {}
     }
     paths
 }
 
 /// The watched files as they are at start, for [`watch`]: taken before
-/// the service answers, so every later edit is a change.
+/// the service answers, so every later edit is a change. The files of a
+/// configuration in parts are as they were read: an edit made since (a
+/// file added, changed or removed while spillway started) is a change.
 pub(crate) fn at_start(opts: &ServeOptions) -> Snapshot {
-    snapshot(&watched(opts))
+    let mut snap = Hashed::default().snapshot(&watched(opts));
+    if let Some(parts) = &opts.parts {
+        let parts = parts.lock();
+        snap.retain(|(p, _)| !parts.holds(p));
+        snap.extend(parts.digests());
+    }
+    snap
 }
 
-/// [`snapshot`] on a blocking thread: reading and hashing a large file
-/// must not hold a worker that decides requests.
-async fn snapshot_off(paths: &Arc<Vec<PathBuf>>) -> Snapshot {
-    let paths = paths.clone();
-    tokio::task::spawn_blocking(move || snapshot(&paths))
+/// [`Hashed::snapshot`] on a blocking thread: reading and hashing a
+/// large file must not hold a worker that decides requests.
+async fn snapshot_off(paths: &Arc<Vec<PathBuf>>, hashed: &Arc<Mutex<Hashed>>) -> Snapshot {
+    let (paths, hashed) = (paths.clone(), hashed.clone());
+    tokio::task::spawn_blocking(move || hashed.lock().snapshot(&paths))
         .await
         .unwrap_or_default()
 }
@@ -120,38 +113,34 @@ pub(crate) async fn watch(
     mut stop: watch::Receiver<bool>,
 ) {
     let paths = Arc::new(watched(&opts));
-    // The files as last considered (applied or rejected): a change is
-    // measured from them. Taken by the caller before the service answers
-    // ([`at_start`]): taken here, on a busy machine, it could see an edit
-    // made after the start and never consider it.
-    let mut considered = considered;
-    // A changed text waiting for its quiet period, and when it was first
-    // seen as it is.
-    let mut pending: Option<(Snapshot, tokio::time::Instant)> = None;
+    // The files as last considered (applied or rejected), and the changes
+    // waiting for their quiet period. Taken by the caller before the
+    // service answers ([`at_start`]): taken here, on a busy machine, it
+    // could see an edit made after the start and never consider it.
+    let mut tracker = Tracker::new(&considered);
     let mut quiet = opts.config.reload_quiet;
     // The files as they were at start, before flags: start-only settings
     // are compared with these (the running settings carry the flags, which
     // a reloaded file does not, and would always look changed).
     // The rules themselves are not needed here (a reload reads them
     // again): a million of them would be held twice more for nothing.
+    // A configuration in parts is read here file by file, and kept so.
     let mut opts = opts;
     opts.config.rules = Vec::new();
-    let started = if let Some(read) = &opts.as_read {
-        let mut c = crate::config::Config::clone(read);
-        c.rules = Vec::new();
-        c
-    } else {
+    let (started, parts) = {
         let o = opts.clone();
-        let mut started = tokio::task::spawn_blocking(move || {
-            crate::config::load_all(&o.source, &o.envoy_files, o.config.merge_domains)
-                .unwrap_or_else(|_| o.config.clone())
-        })
-        .await
-        .unwrap_or_else(|_| opts.config.clone());
+        let fallback = opts.config.clone();
+        let (mut started, parts) = tokio::task::spawn_blocking(move || files::open(&o))
+            .await
+            .unwrap_or_else(|_| (fallback, None));
         started.rules = Vec::new();
-        started
+        (started, parts)
     };
     opts.as_read = None;
+    opts.parts = None;
+    if let Some(p) = &parts {
+        files::show(&state, &p.lock());
+    }
     // The `--envoy-config` paths that are directories: one that goes away
     // later fails the reload rather than dropping its domains.
     let dirs: Vec<PathBuf> = opts
@@ -161,10 +150,11 @@ pub(crate) async fn watch(
         .cloned()
         .collect();
     let mut watcher = Watcher::new(&paths);
+    let hashed = Arc::new(Mutex::new(Hashed::default()));
     let mut tick = tokio::time::interval(opts.poll_interval);
     #[cfg(unix)]
     let mut hup = state.hup.take();
-    let work = Arc::new((state, opts, started, dirs));
+    let work = Arc::new((state, opts, started, dirs, parts));
     loop {
         #[cfg(unix)]
         let sighup = async {
@@ -177,11 +167,12 @@ pub(crate) async fn watch(
         };
         #[cfg(not(unix))]
         let sighup = std::future::pending::<()>();
-        // Wakes when the pending text has been quiet long enough (then it
-        // is read once more: it applies only if still the same).
+        // Wakes when a change waiting has been quiet long enough (then the
+        // file is read once more: it applies only if still the same).
+        let wake = tracker.wake_at(quiet);
         let settled = async {
-            match &pending {
-                Some((_, since)) => tokio::time::sleep_until(*since + quiet).await,
+            match wake {
+                Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending::<()>().await,
             }
         };
@@ -195,31 +186,27 @@ pub(crate) async fn watch(
         if paths.is_empty() {
             continue;
         }
-        let text = snapshot_off(&paths).await;
-        if !forced {
-            if text == considered {
-                // Changed back (or not at all): nothing to wait for.
-                pending = None;
+        let text = snapshot_off(&paths, &hashed).await;
+        let batch = if forced {
+            tracker.consider_all(&text);
+            files::Batch::all()
+        } else {
+            let w = work.clone();
+            let is_part =
+                move |p: &std::path::Path| w.4.as_ref().is_some_and(|f| f.lock().holds(p));
+            let due = tracker.observe(&text, tokio::time::Instant::now(), quiet, &is_part);
+            if due.is_empty() {
                 continue;
             }
-            match &pending {
-                Some((waiting, since)) if *waiting == text => {
-                    if since.elapsed() < quiet {
-                        continue;
-                    }
-                }
-                _ => {
-                    pending = Some((text, tokio::time::Instant::now()));
-                    continue;
-                }
-            }
-        }
-        pending = None;
-        considered = text;
+            files::Batch::of(due, tracker.waiting_parts())
+        };
         let w = work.clone();
         let applied = tokio::task::spawn_blocking(move || {
-            let (state, opts, started, dirs) = &*w;
-            reload(state, opts, started, dirs)
+            let (state, opts, started, dirs, parts) = &*w;
+            match parts {
+                Some(p) => files::reload(state, opts, started, dirs, &mut p.lock(), &batch),
+                None => reload(state, opts, started, dirs),
+            }
         })
         .await;
         if let Ok(Some(q)) = applied {
@@ -248,46 +235,9 @@ pub(crate) fn reload(
             for f in &gone {
                 tracing::warn!(file = %f.display(), "envoy config file is gone: its domain is dropped");
             }
-            let domains = Domains::new(config.domains.clone());
-            let before = state.domains.load();
-            let (old, new) = (before.names(), domains.names());
-            if old != new {
-                let dropped: Vec<&str> = old.iter().filter(|d| !new.contains(d)).copied().collect();
-                let added: Vec<&str> = new.iter().filter(|d| !old.contains(d)).copied().collect();
-                tracing::info!(?added, ?dropped, "gRPC domains changed");
-            }
-            drop(before);
-            state.domains.store(Arc::new(domains));
-            let version = state.shared.limiter.rules().version + 1;
-            let set = rule_set(&config, version, &state.shared.health);
-            swap_in_with_api_rules(state, &config, set);
-            state
-                .admin
-                .reloaded(&config.admin, &config.plans, &config.health);
-            state.shared.api_tokens.set(config.api.tokens.clone());
-            state.shared.events.reloaded();
-            let mut r = state.status.lock();
-            r.last_error = None;
-            r.last_reload_unix_ms = unix_ms();
-            r.secrets = config.secrets.clone();
-            // A name may come from `${NAME}`: the log shows the reference.
-            // The first 100: a million names would be one 20 MB line.
-            let names: Vec<String> = config
-                .rules
-                .iter()
-                .take(100)
-                .map(|r| config.secrets.redact(r.name()).into_owned())
-                .collect();
-            tracing::info!(version, count = config.rules.len(), rules = ?names, "rules reloaded");
-            let waiting = started.start_only_changes(&config);
-            r.restart_pending.clone_from(&waiting);
-            drop(r);
-            if !waiting.is_empty() {
-                tracing::warn!(
-                    settings = ?waiting,
-                    "the rules file changes settings that apply only at start; restart spillway to apply them (the rules are in force)"
-                );
-            }
+            store_domains(state, &config);
+            apply(state, &config, started);
+            state.status.lock().last_error = None;
             Some(config.reload_quiet)
         }
         Err(e) => {
@@ -296,6 +246,54 @@ pub(crate) fn reload(
             tracing::error!("rules file rejected, keeping the last good rules:\n{e}");
             None
         }
+    }
+}
+
+/// Puts `config`'s gRPC domains in force.
+fn store_domains(state: &Reloader, config: &crate::config::Config) {
+    let domains = Domains::new(config.domains.clone());
+    let before = state.domains.load();
+    let (old, new) = (before.names(), domains.names());
+    if old != new {
+        let dropped: Vec<&str> = old.iter().filter(|d| !new.contains(d)).copied().collect();
+        let added: Vec<&str> = new.iter().filter(|d| !old.contains(d)).copied().collect();
+        tracing::info!(?added, ?dropped, "gRPC domains changed");
+    }
+    drop(before);
+    state.domains.store(Arc::new(domains));
+}
+
+/// Puts `config`'s rules and reloadable settings in force, and says so
+/// (the log, `/v1/status`); `started` tells what waits for a restart.
+fn apply(state: &Reloader, config: &crate::config::Config, started: &crate::config::Config) {
+    let version = state.shared.limiter.rules().version + 1;
+    let set = rule_set(config, version, &state.shared.health);
+    swap_in_with_api_rules(state, config, set);
+    state
+        .admin
+        .reloaded(&config.admin, &config.plans, &config.health);
+    state.shared.api_tokens.set(config.api.tokens.clone());
+    state.shared.events.reloaded();
+    let mut r = state.status.lock();
+    r.last_reload_unix_ms = unix_ms();
+    r.secrets = config.secrets.clone();
+    // A name may come from `${NAME}`: the log shows the reference.
+    // The first 100: a million names would be one 20 MB line.
+    let names: Vec<String> = config
+        .rules
+        .iter()
+        .take(100)
+        .map(|r| config.secrets.redact(r.name()).into_owned())
+        .collect();
+    tracing::info!(version, count = config.rules.len(), rules = ?names, "rules reloaded");
+    let waiting = started.start_only_changes(config);
+    r.restart_pending.clone_from(&waiting);
+    drop(r);
+    if !waiting.is_empty() {
+        tracing::warn!(
+            settings = ?waiting,
+            "the rules file changes settings that apply only at start; restart spillway to apply them (the rules are in force)"
+        );
     }
 }
 

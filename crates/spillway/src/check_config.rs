@@ -40,10 +40,16 @@ const LIST_AT_MOST: usize = 100;
 const SHOW_ERRORS: usize = 50;
 
 /// Checks `paths` (a rules file, envoyproxy/ratelimit files and
-/// directories) and prints the report; exit code 2 when they are invalid.
-/// Rules are listed one by one when `verbose` or when there are at most
-/// [`LIST_AT_MOST`]; a larger file is summarised.
-pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool) -> ExitCode {
+/// directories) and `config` (`--config`: the rules file, or a directory
+/// of files, as `serve` reads it) and prints the report; exit code 2 when
+/// they are invalid. Rules are listed one by one when `verbose` or when
+/// there are at most [`LIST_AT_MOST`]; a larger file is summarised.
+pub(crate) fn check_config(
+    paths: &[PathBuf],
+    config: Option<&std::path::Path>,
+    merge_domains: bool,
+    verbose: bool,
+) -> ExitCode {
     // A directory, or a file with a top-level `domain:`, is
     // envoyproxy/ratelimit's; anything else is a rules file. Each file is
     // read once, here: a pipe, `/dev/stdin` or `<(...)` gives its text
@@ -55,8 +61,9 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool
                 .text(p)
                 .is_some_and(|t| t.lines().any(|l| l.starts_with("domain:")))
     });
-    let file = match rules.as_slice() {
-        [] => {
+    let source = match (rules.as_slice(), config) {
+        ([], Some(c)) => config::Source::of_path(c.to_path_buf()),
+        ([], None) => {
             return match config::load_envoy_all_read(&envoy, merge_domains, &pre) {
                 Ok(domains) => {
                     let names: Vec<&str> = domains.iter().map(|d| d.name.as_str()).collect();
@@ -77,31 +84,27 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool
                 }
             };
         }
-        [one] => {
+        ([one], None) => {
             if let Some(text) = pre.text(one) {
                 let _ = SECRETS.set(config::Secrets::of(text));
             }
-            one
+            config::Source::File(one.clone())
         }
-        more => {
+        (more, _) => {
+            let mut all: Vec<String> = more.iter().map(|p| p.display().to_string()).collect();
+            all.extend(config.map(|c| c.display().to_string()));
             eprintln!(
-                "spillway check-config: one rules file at most, not {} ({})",
-                more.len(),
-                more.iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "spillway check-config: one rules file (or --config) at most, not {} ({})",
+                all.len(),
+                all.join(", ")
             );
             return ExitCode::from(2);
         }
     };
-    match config::load_all_read(
-        &config::Source::File(file.clone()),
-        &envoy,
-        merge_domains,
-        &pre,
-    ) {
-        Ok(cfg) => {
+    match config::load_all_listed(&source, &envoy, merge_domains, &pre) {
+        Ok((cfg, files)) => {
+            // Every file's `${NAME}` values, when in parts.
+            let _ = SECRETS.set(cfg.secrets.clone());
             // The certificate and key files, read as `serve` reads them.
             let tls = match cfg.tls.describe() {
                 Ok(lines) => lines,
@@ -111,7 +114,17 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool
                     return ExitCode::from(2);
                 }
             };
-            outln!("{}: ok, {} rules", file.display(), cfg.rules.len());
+            if files.is_empty() {
+                outln!("{}: ok, {} rules", source.name(), cfg.rules.len());
+            } else {
+                outln!(
+                    "{}: ok, {} rules from {} files",
+                    source.name(),
+                    cfg.rules.len(),
+                    files.len()
+                );
+                print_files(&files, verbose);
+            }
             match &cfg.store {
                 config::StoreConfig::Memory { max_keys } => {
                     outln!("store: memory (max_keys {max_keys})");
@@ -279,20 +292,40 @@ pub(crate) fn check_config(paths: &[PathBuf], merge_domains: bool, verbose: bool
     }
 }
 
-/// The first [`SHOW_ERRORS`] errors, each with file:line:column, and how
-/// many more there are.
+/// Each file's first [`SHOW_ERRORS`] errors, each with
+/// file:line:column, and how many more there are: one file's many errors
+/// do not hide another's.
 fn print_errors(e: &config::ConfigErrors) {
-    if e.0.len() <= SHOW_ERRORS {
-        eprintln!("{e}");
-        return;
+    let mut i = 0;
+    while i < e.0.len() {
+        let file = &e.0[i].file;
+        let n = e.0[i..].iter().take_while(|x| &x.file == file).count();
+        let shown = n.min(SHOW_ERRORS);
+        eprintln!("{}", config::ConfigErrors(e.0[i..i + shown].to_vec()));
+        if n > shown {
+            eprintln!("... and {} more errors in {file} ({n} in all)", n - shown);
+        }
+        i += n;
     }
-    let first = config::ConfigErrors(e.0[..SHOW_ERRORS].to_vec());
-    eprintln!("{first}");
-    eprintln!(
-        "... and {} more errors ({} in all)",
-        e.0.len() - SHOW_ERRORS,
-        e.0.len()
-    );
+}
+
+/// The files of a configuration in parts, and the rules each gives
+/// (the first [`LIST_AT_MOST`] unless `verbose`).
+fn print_files(files: &[(PathBuf, usize)], verbose: bool) {
+    let shown = if verbose {
+        files.len()
+    } else {
+        files.len().min(LIST_AT_MOST)
+    };
+    for (path, rules) in &files[..shown] {
+        outln!("  {}: {rules} rules", path.display());
+    }
+    if shown < files.len() {
+        outln!(
+            "  ... and {} more files; --verbose lists them",
+            files.len() - shown
+        );
+    }
 }
 
 /// A large rule set in a few lines: how many rules use each algorithm,

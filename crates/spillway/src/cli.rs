@@ -59,8 +59,10 @@ fn parse_log_format(s: &str) -> Result<LogFormat, String> {
 pub(crate) enum Command {
     /// Serve the HTTP decision API (and, with --grpc-listen, the Envoy rate limit gRPC API).
     Serve {
-        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
-        #[arg(long, value_name = "FILE")]
+        /// Rules file (YAML), or a directory whose *.yaml and *.yml files
+        /// are one configuration (each file reloaded alone when it
+        /// changes). Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE|DIR")]
         config: Option<PathBuf>,
         /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
         #[arg(long, value_name = "ADDR")]
@@ -95,8 +97,9 @@ pub(crate) enum Command {
         /// The upstream API, e.g. http://127.0.0.1:9000 [default: the file's proxy.upstream].
         #[arg(long, value_name = "URL")]
         upstream: Option<String>,
-        /// Rules file (YAML). Without it, the built-in examples/rules.yaml is used.
-        #[arg(long, value_name = "FILE")]
+        /// Rules file (YAML), or a directory of them (as `serve --config`).
+        /// Without it, the built-in examples/rules.yaml is used.
+        #[arg(long, value_name = "FILE|DIR")]
         config: Option<PathBuf>,
         /// Address to listen on [default: the file's `proxy.listen`, else its
         /// `listen`, else 127.0.0.1:8080].
@@ -122,8 +125,12 @@ pub(crate) enum Command {
     CheckConfig {
         /// A rules file, and envoyproxy/ratelimit files (a top-level
         /// `domain:`) or directories of them.
-        #[arg(required = true, value_name = "FILE|DIR")]
+        #[arg(required_unless_present = "config", value_name = "FILE|DIR")]
         files: Vec<PathBuf>,
+        /// The rules file or directory, as `serve --config` reads it
+        /// (every file's errors, each with file:line).
+        #[arg(long, value_name = "FILE|DIR")]
+        config: Option<PathBuf>,
         /// As `serve --merge-domains`.
         #[arg(long)]
         merge_domains: bool,

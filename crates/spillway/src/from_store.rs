@@ -137,7 +137,17 @@ fn from_file(cfg: &Config, ctx: &Context) -> Result<Listed, String> {
 
 /// `check-config FILE... --from-store` after the files checked: the rules
 /// file among `paths` loaded again for its store, then [`print`].
-pub(crate) fn run(paths: &[std::path::PathBuf]) -> ExitCode {
+pub(crate) fn run(paths: &[std::path::PathBuf], config: Option<&std::path::Path>) -> ExitCode {
+    if let Some(c) = config {
+        let source = spillway_server::config::Source::of_path(c.to_path_buf());
+        return match spillway_server::config::load_all(&source, &[], false) {
+            Ok(cfg) => print(&cfg),
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let rules: Vec<&std::path::PathBuf> = paths
         .iter()
         .filter(|p| {

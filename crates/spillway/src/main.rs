@@ -78,6 +78,7 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig {
             files,
+            config,
             merge_domains,
             verbose,
             from_store,
@@ -85,11 +86,12 @@ fn main() -> ExitCode {
             init_logging(log_format.unwrap_or_default());
             let code = check_config::check_config(
                 &files,
+                config.as_deref(),
                 merge_domains || merge_domain_config_env(),
                 verbose,
             );
             if from_store && code == ExitCode::SUCCESS {
-                from_store::run(&files)
+                from_store::run(&files, config.as_deref())
             } else {
                 code
             }

@@ -86,16 +86,23 @@ fn apply_flags(cfg: &mut Config, flags: &Flags) -> Result<(), String> {
 pub(crate) fn serve(flags: Flags) -> ExitCode {
     // Before the file is read: the default connection cap follows it.
     spillway_server::raise_descriptor_limit();
-    let source = flags.config.clone().map_or(Source::Example, Source::File);
-    let loaded =
-        spillway_server::config::load_all(&source, &flags.envoy_files, flags.merge_domains);
+    let source = flags
+        .config
+        .clone()
+        .map_or(Source::Example, Source::of_path);
+    let loaded = spillway_server::config::load_all_parts(
+        &source,
+        &flags.envoy_files,
+        flags.merge_domains,
+        &spillway_server::config::Preread::default(),
+    );
     // Logging starts once the file has said how; nothing logs before.
     let format = flags
         .log_format
-        .or_else(|| loaded.as_ref().ok().and_then(|c| c.log_format))
+        .or_else(|| loaded.as_ref().ok().and_then(|(c, _)| c.log_format))
         .unwrap_or_default();
     init_logging(format);
-    let mut cfg = match loaded {
+    let (mut cfg, parts) = match loaded {
         Ok(c) => c,
         Err(e) => {
             fatal(format, &e.to_string());
@@ -155,6 +162,7 @@ pub(crate) fn serve(flags: Flags) -> ExitCode {
         poll_interval: Duration::from_millis(500),
         envoy_files: flags.envoy_files,
         as_read: Some(as_read),
+        parts: parts.map(|p| std::sync::Arc::new(parking_lot::Mutex::new(p))),
     };
     let proxy = flags.proxy.is_some();
     let result = runtime.block_on(async move {

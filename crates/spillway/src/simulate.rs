@@ -13,7 +13,7 @@ use crate::cli::SimulateArgs;
 /// Reads and validates a rules file (the shipped examples without one) as
 /// `serve` does, into the rules the replay runs.
 fn load(path: Option<&Path>) -> Result<RulesFile, String> {
-    let source = path.map_or(Source::Example, |p| Source::File(p.to_path_buf()));
+    let source = path.map_or(Source::Example, |p| Source::of_path(p.to_path_buf()));
     let name = path.map_or_else(
         || "<examples/rules.yaml>".to_string(),
         |p| p.display().to_string(),

@@ -221,6 +221,34 @@ pub struct ReloadStatus {
     /// The values the file in force took from the environment
     /// (`${NAME}`): `/v1/status` shows their references instead.
     pub secrets: spillway_rules::env::Secrets,
+    /// A configuration in parts (`--config DIR`, `rules_dir:`): its files,
+    /// and those whose text is not in force.
+    pub rules_files: Option<FilesStatus>,
+}
+
+/// The files of a configuration in parts, as `/v1/status` shows them
+/// (filled by `config::RuleFiles`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilesStatus {
+    /// Files read (a main file included).
+    pub count: usize,
+    /// The files whose text is not in force, in name order.
+    pub bad: Vec<BadFile>,
+    /// Why the directory was not read at the last reload (every file's
+    /// version in force is kept).
+    pub dir_problem: Option<String>,
+}
+
+/// A file whose text is not in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadFile {
+    /// Its path.
+    pub file: String,
+    /// Its errors, `file:line:column: message` each, one a line (the
+    /// first ten, then how many more).
+    pub error: String,
+    /// Its last good version is in force (else it gives nothing).
+    pub last_good_in_force: bool,
 }
 
 /// Health alone (`/healthz`, `/readyz`), for the decision port when the
@@ -436,6 +464,7 @@ async fn status(
         "last_reload_error": reload.last_error,
         "last_reload_unix_ms": reload.last_reload_unix_ms,
         "restart_pending": reload.restart_pending,
+        "rules_files": reload.rules_files.as_ref().map(files_json),
         "keys": spillway_store::Store::keys(state.shared.limiter.store()),
         "sync": state.shared.limiter.store().sync_status().map(|st| sync_json(&st)),
         "tls": (state.tls_status.0)(),
@@ -444,6 +473,23 @@ async fn status(
     // (a store's address, a reload error, a certificate's path).
     redact_json(&reload.secrets, &mut body);
     axum::Json(body).into_response()
+}
+
+/// The bad files listed in `/v1/status`; `bad_count` counts them all.
+pub const STATUS_BAD_FILES: usize = 100;
+
+/// A configuration in parts, as `/v1/status` shows it.
+fn files_json(st: &FilesStatus) -> serde_json::Value {
+    json!({
+        "count": st.count,
+        "bad_count": st.bad.len(),
+        "bad": st.bad.iter().take(STATUS_BAD_FILES).map(|b| json!({
+            "file": b.file,
+            "error": b.error,
+            "last_good_in_force": b.last_good_in_force,
+        })).collect::<Vec<_>>(),
+        "directory_error": st.dir_problem,
+    })
 }
 
 /// `value` with every `${NAME}` value (and every part of one) replaced by

@@ -13,16 +13,38 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     parse(&name, &text)
 }
 
-/// The configuration source: a file, or the built-in example.
+/// The configuration source: a file, a directory, or the built-in
+/// example.
 #[derive(Debug, Clone)]
 pub enum Source {
-    /// The rules file at this path.
+    /// The rules file at this path (with `rules_dir:`, its files too;
+    /// see [`RuleFiles`]).
     File(PathBuf),
+    /// Every `*.yaml` and `*.yml` file of this directory, as one
+    /// configuration (`--config DIR`; see [`RuleFiles`]).
+    Dir(PathBuf),
     /// The built-in `examples/rules.yaml`.
     Example,
 }
 
 impl Source {
+    /// `--config PATH`: a directory of files, or a file.
+    pub fn of_path(path: PathBuf) -> Source {
+        if path.is_dir() {
+            Source::Dir(path)
+        } else {
+            Source::File(path)
+        }
+    }
+
+    /// How errors and the status name it.
+    pub fn name(&self) -> String {
+        match self {
+            Source::File(p) | Source::Dir(p) => p.display().to_string(),
+            Source::Example => "<examples/rules.yaml>".to_string(),
+        }
+    }
+
     /// Loads and validates.
     ///
     /// # Errors
@@ -37,8 +59,12 @@ impl Source {
         match self {
             Source::File(p) => {
                 let (name, text) = pre.read(p)?;
+                if super::parts::wants(&text) {
+                    return super::parts::load(self, pre);
+                }
                 parse(&name, &text)
             }
+            Source::Dir(_) => super::parts::load(self, pre),
             Source::Example => parse("<examples/rules.yaml>", EXAMPLE_RULES),
         }
     }
@@ -71,7 +97,7 @@ impl Preread {
     }
 
     /// `path`'s name and text: as read before, else read now.
-    fn read(&self, path: &Path) -> Result<(String, String), ConfigErrors> {
+    pub(super) fn read(&self, path: &Path) -> Result<(String, String), ConfigErrors> {
         match self.files.iter().find(|(p, _)| p == path) {
             None => spillway_rules::recover::read_file(path),
             Some((_, Ok(text))) => Ok((path.display().to_string(), text.clone())),
@@ -88,6 +114,11 @@ impl Preread {
 /// Why a file without a `rules:` key is refused.
 pub const NO_RULES: &str = "no `rules:` key (an empty or cut-short file?): it would limit \
      nothing; write `rules: []` for a file of no rules";
+
+/// Why a `--config` directory without a `rules:` key in any file is
+/// refused.
+pub const NO_RULES_DIR: &str = "no file of the directory has a `rules:` key: it would limit \
+     nothing; write `rules: []` in one for no rules";
 
 /// The files an `--envoy-config` directory gives: its `*.yaml` and `*.yml`
 /// files (following links; hidden ones left out, as editors' and
@@ -165,6 +196,43 @@ pub fn reload_all(
     )
 }
 
+/// `config`'s own domains (`domains:`, of the source `name`) and every
+/// `--envoy-config` path's, composed as [`reload_all`] composes them: for
+/// a reload of a configuration in parts ([`RuleFiles`]), whose files are
+/// read apart. Returns the `--envoy-config` files found gone.
+///
+/// # Errors
+/// As [`reload_all`], for the domains.
+pub fn with_envoy(
+    config: &mut Config,
+    name: &str,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    dirs: &[PathBuf],
+) -> Result<Vec<PathBuf>, ConfigErrors> {
+    let mut errors = Vec::new();
+    let start = config
+        .domains
+        .iter()
+        .cloned()
+        .map(|d| (d, name.to_string()))
+        .collect();
+    let (domains, gone) = envoy_domains(
+        start,
+        envoy,
+        merge_domains,
+        Some(dirs),
+        &Preread::default(),
+        &mut errors,
+    );
+    if errors.is_empty() {
+        config.domains = domains;
+        Ok(gone)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
 /// `reload`: a file gone is dropped, unless it is one of these directories.
 pub(super) fn load_with(
     source: &Source,
@@ -173,20 +241,89 @@ pub(super) fn load_with(
     reload: Option<&[PathBuf]>,
     pre: &Preread,
 ) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
-    let mut errors = Vec::new();
-    let source_name = match source {
-        Source::File(p) => p.display().to_string(),
-        Source::Example => "<examples/rules.yaml>".to_string(),
+    compose(
+        source,
+        source.load_from(pre),
+        envoy,
+        merge_domains,
+        reload,
+        pre,
+    )
+}
+
+/// As [`load_all_read`], with each file of a configuration in parts
+/// ([`RuleFiles`]) and the rules it gives (none for a single file), for
+/// `check-config`'s report.
+///
+/// # Errors
+/// As [`load_all`].
+pub fn load_all_listed(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<(Config, Vec<(PathBuf, usize)>), ConfigErrors> {
+    load_all_parts(source, envoy, merge_domains, pre)
+        .map(|(c, files)| (c, files.map(|f| f.files()).unwrap_or_default()))
+}
+
+/// As [`load_all_read`], with a configuration in parts' files as read
+/// (`None` for a single file): `serve` hands them to the watcher, which
+/// then reads only the files that change.
+///
+/// # Errors
+/// As [`load_all`].
+pub fn load_all_parts(
+    source: &Source,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    pre: &Preread,
+) -> Result<(Config, Option<RuleFiles>), ConfigErrors> {
+    let Some((files, errors)) = RuleFiles::open(source, pre) else {
+        return load_all_read(source, envoy, merge_domains, pre).map(|c| (c, None));
     };
-    let mut config = match source.load_from(pre) {
+    let loaded = match files.config() {
+        Some(c) if errors.is_empty() => Ok(c),
+        _ => Err(ConfigErrors(errors)),
+    };
+    compose(source, loaded, envoy, merge_domains, None, pre).map(|(c, _)| (c, Some(files)))
+}
+
+/// A file's length and a hash of its bytes: how a reload tells a changed
+/// file (an edit that keeps the size within the filesystem's timestamp
+/// tick still changes the hash).
+pub fn digest(bytes: &[u8]) -> (u64, u64) {
+    use std::hash::Hasher as _;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(bytes);
+    (bytes.len() as u64, h.finish())
+}
+
+/// `loaded` (the source's configuration) with every `--envoy-config`
+/// path's domains (see [`load_with`]).
+fn compose(
+    source: &Source,
+    loaded: Result<Config, ConfigErrors>,
+    envoy: &[PathBuf],
+    merge_domains: bool,
+    reload: Option<&[PathBuf]>,
+    pre: &Preread,
+) -> Result<(Config, Vec<PathBuf>), ConfigErrors> {
+    let mut errors = Vec::new();
+    let source_name = source.name();
+    let mut config = match loaded {
         // Start, check and reload refuse alike a file without `rules:`:
         // an empty or cut-short file is not a request to limit nothing.
         Ok(c) if !c.has_rules => {
+            let message = match source {
+                Source::Dir(_) => NO_RULES_DIR,
+                _ => NO_RULES,
+            };
             errors.push(ConfigError::new(
                 source_name.clone(),
                 0,
                 0,
-                NO_RULES.to_string(),
+                message.to_string(),
             ));
             None
         }

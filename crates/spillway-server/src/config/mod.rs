@@ -10,6 +10,7 @@ mod envoy;
 mod envoy_settings;
 mod forward_auth;
 mod load;
+mod parts;
 mod raw;
 #[cfg(test)]
 mod recover;
@@ -30,6 +31,7 @@ pub use crate::tls::{TlsFiles, TlsSettings};
 pub use admin::limits_from_json;
 pub use envoy::{load_envoy, parse_envoy};
 pub use load::*;
+pub use parts::{BadFile, FilesStatus, RuleFiles};
 pub use server::default_max_connections;
 use server::{address, server_limits};
 pub use spillway_rules::env::Secrets;
@@ -133,6 +135,9 @@ pub struct Config {
     /// The values the file took from the environment (`${NAME}`), to hide
     /// wherever configuration is shown: errors, the log, `/v1/status`.
     pub secrets: Secrets,
+    /// `rules_dir:`, a directory whose files add their rules (see
+    /// [`RuleFiles`]); relative to the file's directory once loaded.
+    pub rules_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -256,6 +261,8 @@ pub const SECTIONS: &[Section] = &[
     Section::on_reload("path_matching"),
     Section::on_reload("reload"),
     Section::on_reload("rules"),
+    // The directory is watched from the start; its files' changes apply.
+    Section::at_start("rules_dir", |a, b| a.rules_dir != b.rules_dir),
 ];
 
 /// Which store to use.
@@ -316,14 +323,16 @@ impl std::str::FromStr for LogFormat {
 /// file's raw struct.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigErrors> {
     let (mut config, secrets) =
-        spillway_rules::parse_with_secrets::<RawConfig, _>(file, text, validate)?;
+        spillway_rules::parse_with_secrets::<RawConfig, _>(file, text, |f, raw, any| {
+            validate(f, &raw, any)
+        })?;
     config.secrets = secrets;
     Ok(config)
 }
 
 /// `raw` checked and built; `any_descriptor` accepts every bare name in
 /// `by:` (when the `descriptors:` list could not be read).
-fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, ConfigErrors> {
+fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config, ConfigErrors> {
     let mut errs = Collector::new(file);
     let store = match &raw.store {
         None => StoreConfig::Memory {
@@ -538,39 +547,20 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
         path_matching: global_matching,
         plans: &plan_raws,
     };
-    let mut rule_plans = std::collections::BTreeMap::new();
     let leased =
         matches!(&store, StoreConfig::Sync(s) if s.sync.mode == spillway_sync::SyncMode::Lease);
     let list = raw.rules.as_deref().unwrap_or_default();
     let chunks = raw.rule_chunks.as_ref();
-    let rules = spillway_rules::build::rules_in(&mut errs, list, chunks, &ctx, |errs, r, rule| {
-        let max_wait = rule.limits().iter().find_map(|l| match l {
-            spillway_core::Limit::Shaper(s) => Some(s.max_wait()),
-            _ => None,
-        });
-        let default = r.value.plan.as_ref().map(|p| p.value.default.value.clone());
-        let plans = admin::rule_plans(&plan_raws, default, max_wait);
-        // A rule with no plan, no plan limits and no queue has nothing
-        // here (every reader takes a missing entry as that): a million
-        // empty entries cost 300 bytes a rule, twice.
-        if plans.default.is_some() || plans.max_wait.is_some() || !plans.limits.is_empty() {
-            rule_plans.insert(rule.name().to_string(), plans);
-        }
-        if leased
-            && rule
-                .limits()
-                .iter()
-                .any(|l| matches!(l, spillway_core::Limit::Shaper(_)))
-        {
-            // A slice admits at once; a shaper's answer is a wait.
+    let (rules, rule_plans) = parts::build_rules(&mut errs, list, chunks, &ctx, leased, |_, _| {});
+    let rules_dir = raw.rules_dir.as_ref().and_then(|d| {
+        if d.value.trim().is_empty() {
             errs.at(
-                    &r.value.name,
-                    format!(
-                        "rule {:?}: a leaky_bucket with a queue (a shaper) cannot be leased: use redis.sync.mode eventual",
-                        rule.name()
-                    ),
-                );
+                d,
+                "rules_dir: a directory path (relative to this file's directory)",
+            );
+            return None;
         }
+        Some(PathBuf::from(&d.value))
     });
     if errs.list.is_empty() {
         Ok(Config {
@@ -598,6 +588,7 @@ fn validate(file: &str, raw: RawConfig, any_descriptor: bool) -> Result<Config, 
             has_rules: raw.rules.is_some(),
             forward_auth,
             secrets: Secrets::default(),
+            rules_dir,
         })
     } else {
         Err(ConfigErrors(errs.list))

@@ -69,6 +69,9 @@ pub(crate) struct RawConfig {
     /// `spillway_rules::chunks`).
     #[serde(skip)]
     pub(crate) rule_chunks: Option<spillway_rules::chunks::Chunks>,
+    /// A directory of files of more rules (`config::parts`).
+    #[serde(default)]
+    pub(crate) rules_dir: Option<Spanned<String>>,
 }
 
 /// For a file read section by section (see `spillway_rules::recover`).
@@ -102,6 +105,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             health,
             rules,
             rule_chunks: _,
+            rules_dir,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {
@@ -128,6 +132,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.log, log);
         take(&mut self.reload, reload);
         take(&mut self.health, health);
+        take(&mut self.rules_dir, rules_dir);
         if let Some(rules) = rules {
             self.rules.get_or_insert_with(Vec::new).extend(rules);
         }

@@ -23,6 +23,7 @@ mod proxy;
 mod proxy_bounds;
 mod redis;
 mod rules_api;
+mod rules_dir;
 mod scale;
 mod secrets;
 mod simulate;

@@ -144,7 +144,6 @@ fn idempotent(method: &str) -> bool {
 }
 
 /// The parts of a client request the upstream request is built from.
-#[derive(Debug)]
 pub struct Outgoing<'a> {
     /// Method, as the client sent it.
     pub method: &'a str,
@@ -162,8 +161,19 @@ pub struct Outgoing<'a> {
     /// Response header names to leave out (the proxy adds its own).
     pub drop_response: &'a [&'a str],
     /// Whose turn the request waits for a connection in (the client's
-    /// network): connections are handed out in turn by group.
-    pub group: Group,
+    /// network): connections are handed out in turn by group. Asked only
+    /// when the request has to wait (naming a network costs a hash).
+    pub group: &'a (dyn Fn() -> Group + Sync),
+}
+
+impl std::fmt::Debug for Outgoing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("method", &self.method)
+            .field("target", &self.target)
+            .field("body", &self.body.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A response head from the upstream, ready for the client.
@@ -224,7 +234,7 @@ impl Upstream {
     /// [`Failure::Busy`] after waiting the timeout; [`Failure::Bad`] if
     /// the connection cannot be made.
     pub async fn connection(&self, group: Group) -> Result<Conn, Failure> {
-        self.take(group).await.map(|(c, _)| c)
+        self.take(&|| group).await.map(|(c, _)| c)
     }
 
     /// `host:port`.
@@ -258,7 +268,7 @@ impl Upstream {
 
     /// A connection in `group`'s turn, and whether it was idle (rather
     /// than opened for this request).
-    async fn take(&self, group: Group) -> Result<(Conn, bool), Failure> {
+    async fn take(&self, group: &(dyn Fn() -> Group + Sync)) -> Result<(Conn, bool), Failure> {
         match self.pool.take(group, self.timeout).await {
             Some(Taken::Idle(stream, slot)) => Ok((Conn { stream, slot }, true)),
             Some(Taken::Open(slot)) => self.connect(slot).await.map(|c| (c, false)),
@@ -567,7 +577,7 @@ mod tests {
             add: b"x-forwarded-for: 1.2.3.4\r\n",
             body,
             drop_response: &[],
-            group: 0,
+            group: &|| 0,
         };
         String::from_utf8(up.request_head(&req)).unwrap()
     }

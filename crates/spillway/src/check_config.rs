@@ -75,7 +75,7 @@ pub(crate) fn check_config(
                             .collect::<Vec<_>>()
                             .join(", "),
                     );
-                    print_domains(&domains);
+                    print_domains(&domains, verbose);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -282,7 +282,7 @@ pub(crate) fn check_config(
                     outln!("    {}", l.describe());
                 }
             }
-            print_domains(&cfg.domains);
+            print_domains(&cfg.domains, verbose);
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -444,8 +444,9 @@ fn print_proxy(p: &spillway_server::proxy::Settings) {
 
 /// Prints gRPC descriptor trees, one line per node: what it matches, what
 /// applies there (the limit's internal name, its name as written), and its
-/// switches.
-fn print_domains(domains: &[spillway_server::grpc::Domain]) {
+/// switches. Past [`LIST_AT_MOST`] descriptors in all (and without
+/// `verbose`), each domain's count instead: a million lines say nothing.
+fn print_domains(domains: &[spillway_server::grpc::Domain], verbose: bool) {
     use spillway_server::grpc::{Action, Node};
     fn walk(nodes: &[Node], depth: usize) {
         for n in nodes {
@@ -503,6 +504,20 @@ fn print_domains(domains: &[spillway_server::grpc::Domain]) {
             );
             walk(&n.children, depth + 1);
         }
+    }
+    fn count(nodes: &[Node]) -> usize {
+        nodes.iter().map(|n| 1 + count(&n.children)).sum()
+    }
+    let total: usize = domains.iter().map(|d| count(&d.nodes)).sum();
+    if !verbose && total > LIST_AT_MOST {
+        for d in domains {
+            outln!("domain {} (gRPC): {} descriptors", d.name, count(&d.nodes));
+        }
+        outln!(
+            "summary: {total} descriptors in {} domains; --verbose lists every one",
+            domains.len()
+        );
+        return;
     }
     for d in domains {
         outln!("domain {} (gRPC):", d.name);

@@ -132,7 +132,7 @@ impl DirectProxy {
                 } else {
                     &[]
                 },
-                group: self.proxy.group(&who),
+                group: &|| self.proxy.group(&who),
             };
             let _due = spillway_store::due::Awaiting::new();
             let sent = self.client.send(&outgoing).await;

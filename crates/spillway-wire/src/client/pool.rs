@@ -146,12 +146,18 @@ impl Pool {
         None
     }
 
-    /// [`Pool::try_take`], else waits (at most `timeout`) for `group`'s
-    /// turn. `None`: every slot stayed taken for the timeout.
-    pub(super) async fn take(self: &Arc<Self>, group: Group, timeout: Duration) -> Option<Taken> {
+    /// [`Pool::try_take`], else waits (at most `timeout`) for the turn of
+    /// the group `group` names (asked only then). `None`: every slot
+    /// stayed taken for the timeout.
+    pub(super) async fn take(
+        self: &Arc<Self>,
+        group: &(dyn Fn() -> Group + Sync),
+        timeout: Duration,
+    ) -> Option<Taken> {
         if let Some(t) = self.try_take() {
             return Some(t);
         }
+        let group = group();
         let rx = {
             let mut st = self.state.lock();
             // Taken again under the lock: a slot may have been freed since.
@@ -260,7 +266,7 @@ mod tests {
         let held = slot(pool.try_take());
         assert!(pool.try_take().is_none(), "one slot");
         let p = pool.clone();
-        let waiter = tokio::spawn(async move { p.take(7, LONG).await });
+        let waiter = tokio::spawn(async move { p.take(&|| 7, LONG).await });
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(20)).await;
         held.give_back(socket().await);
@@ -284,7 +290,7 @@ mod tests {
         let mut wait = |group: Group, name: &'static str| {
             let (p, order) = (pool.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let s = slot(p.take(group, LONG).await);
+                let s = slot(p.take(&move || group, LONG).await);
                 order.lock().push(name);
                 // Held until the test frees it.
                 s
@@ -321,7 +327,7 @@ mod tests {
         let a = slot(pool.try_take());
         let b = slot(pool.try_take());
         for _ in 0..3 {
-            assert!(pool.take(1, Duration::from_millis(5)).await.is_none());
+            assert!(pool.take(&|| 1, Duration::from_millis(5)).await.is_none());
         }
         drop(a);
         b.give_back(socket().await);

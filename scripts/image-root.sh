@@ -32,6 +32,11 @@ fi
 mkdir -p "$root/bin" "$root/etc/ssl/certs" "$root/etc/spillway" "$root/tmp"
 chmod 1777 "$root/tmp"
 install -m 0755 "$bin" "$root/bin/spillway"
+# Debug info out (the release profile keeps line tables; a debug build
+# carries far more), symbols kept for backtraces.
+if command -v strip >/dev/null 2>&1; then
+  strip --strip-debug "$root/bin/spillway"
+fi
 ln -sf spillway "$root/bin/ratelimit"
 install -m 0644 "$certs" "$root/etc/ssl/certs/ca-certificates.crt"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' \

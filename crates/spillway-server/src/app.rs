@@ -136,6 +136,11 @@ pub struct ServeOptions {
     /// the reloader reads the files again for it (a second parse of a
     /// million rules beside the first, at start).
     pub as_read: Option<Arc<Config>>,
+    /// How long the listeners go on serving once `shutdown` completes,
+    /// readiness already failing, before they stop accepting and drain:
+    /// the time an orchestrator takes to stop sending new connections
+    /// (Kubernetes' endpoint updates). Zero: stop accepting at once.
+    pub shutdown_delay: Duration,
 }
 
 impl ServeOptions {
@@ -310,6 +315,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let parts = build(&opts).map_err(std::io::Error::other)?;
+    let (stopping, shutdown) = stopping(shutdown, opts.shutdown_delay);
     let admin_at = opts.config.admin_listen;
     // `api.tokens` close the decision routes (health stays open); the
     // direct path asks the same tokens itself.
@@ -335,12 +341,21 @@ pub async fn run(
         .layer(axum::middleware::from_fn_with_state(
             forward_auth.clone(),
             api::forward_auth::ahead,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            stopping.clone(),
+            unready_when_stopping,
         ));
     let admin = match admin_at {
         None => None,
         Some(at) => {
             let l = bind(at, "the admin API").await?;
-            let r = admin::router(parts.admin.clone()).fallback(api::not_found);
+            let r = admin::router(parts.admin.clone())
+                .fallback(api::not_found)
+                .layer(axum::middleware::from_fn_with_state(
+                    stopping,
+                    unready_when_stopping,
+                ));
             Some((l, r))
         }
     };
@@ -422,6 +437,55 @@ pub async fn run_proxy(
         upstream_connections,
     )
     .await
+}
+
+/// The flag set once `shutdown` completes, and `shutdown` setting it,
+/// then waiting `delay`: from the signal on, the listeners answer health
+/// probes as unready while they go on serving (requests arriving or half
+/// received meanwhile are answered); after `delay` they stop accepting
+/// and drain.
+fn stopping(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    delay: Duration,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    impl Future<Output = ()> + Send + 'static,
+) {
+    let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    let shutdown = async move {
+        shutdown.await;
+        set.store(true, std::sync::atomic::Ordering::SeqCst);
+        if !delay.is_zero() {
+            tracing::info!("unready; serving {delay:?} more (--shutdown-delay), then draining");
+            tokio::time::sleep(delay).await;
+        }
+    };
+    (flag, shutdown)
+}
+
+/// Once shutdown has begun, `/readyz` answers 503 and envoyproxy/ratelimit's
+/// `/healthcheck` 500 at once, so an orchestrator takes the instance out of
+/// its endpoints while in-flight requests finish. `/healthz` (liveness)
+/// stays 200: a draining instance is not a dead one.
+async fn unready_when_stopping(
+    axum::extract::State(stopping): axum::extract::State<Arc<std::sync::atomic::AtomicBool>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+        return next.run(req).await;
+    }
+    match req.uri().path() {
+        "/readyz" => (
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "stopping"})),
+        )
+            .into_response(),
+        "/healthcheck" => http::StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        _ => next.run(req).await,
+    }
 }
 
 /// Descriptors set aside for each Redis store (home and other regions):

@@ -47,10 +47,10 @@ install -m 0644 "$here/examples/rules.yaml" "$root/etc/spillway/rules.yaml"
 printf '# The rules `ratelimit` (/bin/ratelimit) serves beside its Envoy\n# domains: none (SPILLWAY_CONFIG names another file).\nrules: []\n' \
   >"$root/etc/spillway/ratelimit.yaml"
 
-# A dynamic binary: each library ldd resolves, and the loader, at its path.
-if ldd "$bin" >/dev/null 2>&1; then
-  ldd "$bin" | grep -o '/[^ ]*' | sort -u | while read -r lib; do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -L "$lib" "$root$lib"
-  done
-fi
+# A dynamic binary: each library ldd resolves, and the loader, at its
+# path. A static one: ldd names none ("statically linked", or an error).
+libs="$(ldd "$bin" 2>/dev/null | grep -o '/[^ ]*' | sort -u || true)"
+for lib in $libs; do
+  mkdir -p "$root$(dirname "$lib")"
+  cp -L "$lib" "$root$lib"
+done

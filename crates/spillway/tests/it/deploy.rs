@@ -356,6 +356,28 @@ async fn single_overlay_probes_decides_reloads_and_drains() {
         uid.split_whitespace().skip(1).all(|u| u == "65532"),
         "{uid}"
     );
+    let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/"))
+        .unwrap();
+    assert!(
+        root.split(' ')
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "ro"),
+        "{root}"
+    );
+
+    // Worker threads follow the CPU limit: TOKIO_WORKER_THREADS, which
+    // the runtime reads, from the Downward API's limits.cpu.
+    let limit = pod.spec["resources"]["limits"]["cpu"].as_str().unwrap();
+    let env = pod.inspect("{{json .Config.Env}}");
+    assert!(
+        env.contains(&format!("TOKIO_WORKER_THREADS={limit}")),
+        "{env}"
+    );
 
     // Every probe answers 200 on the path and port the manifest names.
     let c = crate::util::client();

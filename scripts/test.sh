@@ -14,6 +14,7 @@ scripts/check-openapi.sh
 scripts/check-layers.sh --self-test
 scripts/check-layers.sh
 scripts/check-deps.sh
+scripts/check-deploy.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked

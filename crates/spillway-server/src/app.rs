@@ -23,6 +23,7 @@ use crate::config::{self, Config, Source, StoreConfig};
 use crate::grpc::GrpcState;
 use crate::metrics::Metrics;
 use crate::os::unix_ms;
+use crate::stopping::{stopping, unready_when_stopping};
 use crate::store::ServerStore;
 use crate::{admin, api, credentials, grpc, proxy, reload, tls};
 
@@ -141,6 +142,11 @@ pub struct ServeOptions {
     /// files that change, and sees every change made since they were
     /// read. `None`: a single file (or the watcher reads the parts again).
     pub parts: Option<Arc<Mutex<config::RuleFiles>>>,
+    /// How long the listeners go on serving once `shutdown` completes,
+    /// readiness already failing, before they stop accepting and drain:
+    /// the time an orchestrator takes to stop sending new connections
+    /// (Kubernetes' endpoint updates). Zero: stop accepting at once.
+    pub shutdown_delay: Duration,
 }
 
 impl ServeOptions {
@@ -316,6 +322,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let parts = build(&opts).map_err(std::io::Error::other)?;
+    let (stopping, shutdown) = stopping(shutdown, opts.shutdown_delay);
     let admin_at = opts.config.admin_listen;
     // `api.tokens` close the decision routes (health stays open); the
     // direct path asks the same tokens itself.
@@ -341,12 +348,21 @@ pub async fn run(
         .layer(axum::middleware::from_fn_with_state(
             forward_auth.clone(),
             api::forward_auth::ahead,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            stopping.clone(),
+            unready_when_stopping,
         ));
     let admin = match admin_at {
         None => None,
         Some(at) => {
             let l = bind(at, "the admin API").await?;
-            let r = admin::router(parts.admin.clone()).fallback(api::not_found);
+            let r = admin::router(parts.admin.clone())
+                .fallback(api::not_found)
+                .layer(axum::middleware::from_fn_with_state(
+                    stopping,
+                    unready_when_stopping,
+                ));
             Some((l, r))
         }
     };

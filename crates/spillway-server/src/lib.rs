@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod os;
 pub mod proxy;
 mod reload;
+mod stopping;
 
 mod store;
 pub mod tls;

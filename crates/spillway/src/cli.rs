@@ -88,6 +88,11 @@ pub(crate) enum Command {
         /// file's `admin_listen`; none: they share the decision port].
         #[arg(long, value_name = "ADDR")]
         admin_listen: Option<SocketAddr>,
+        /// On SIGTERM, answer /readyz with 503 at once but go on serving
+        /// this long before draining, while an orchestrator stops sending
+        /// new connections (e.g. 5s under Kubernetes) [default: 0s].
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
+        shutdown_delay: Option<Duration>,
         #[command(flatten)]
         tls: TlsFlags,
     },

@@ -1,6 +1,7 @@
 //! `spillway`: the rate limiting service. The command line is parsed here
 //! and handed on: `serve` and `proxy` to [`spillway_server`], `simulate`
-//! to `spillway_simulate`, `check-config` to its report.
+//! to `spillway_simulate`, `check-config` to its report. Started as
+//! `ratelimit`, it serves as envoyproxy/ratelimit's environment says.
 
 use std::process::ExitCode;
 
@@ -21,11 +22,17 @@ mod from_store;
 mod json_log;
 mod log_limit;
 mod logging;
+mod ratelimit;
 mod serve;
 mod simulate;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Started as `ratelimit` (the image's /bin/ratelimit): envoyproxy/
+    // ratelimit's environment stands for the command line.
+    let cli = match ratelimit::args() {
+        Some(args) => Cli::parse_from(args),
+        None => Cli::parse(),
+    };
     let log_format = cli.log_format;
     if let Some(bytes) = cli.max_file_bytes {
         spillway_rules::recover::set_max_file_bytes(bytes);
@@ -39,11 +46,13 @@ fn main() -> ExitCode {
             merge_domains,
             threads,
             admin_listen,
+            shutdown_delay,
             tls,
         } => serve(Flags {
             tls,
             config,
             listen,
+            shutdown_delay: shutdown_delay.unwrap_or_default(),
             grpc_listen,
             envoy_files: envoy_config,
             merge_domains: merge_domains || merge_domain_config_env(),
@@ -71,6 +80,7 @@ fn main() -> ExitCode {
             admin_listen,
             proxy: Some((upstream, user)),
             log_format,
+            shutdown_delay: std::time::Duration::ZERO,
         }),
         Command::Simulate(args) => {
             init_logging(log_format.unwrap_or_default());

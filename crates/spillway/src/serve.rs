@@ -28,6 +28,8 @@ pub(crate) struct Flags {
     pub(crate) proxy: Option<(Option<String>, Option<String>)>,
     /// `--log-format`, which wins over the file's.
     pub(crate) log_format: Option<LogFormat>,
+    /// `--shutdown-delay` (`serve`; zero for `proxy`).
+    pub(crate) shutdown_delay: Duration,
 }
 
 /// `MERGE_DOMAIN_CONFIG`, read as envoyproxy/ratelimit reads it (Go's
@@ -163,6 +165,7 @@ pub(crate) fn serve(flags: Flags) -> ExitCode {
         envoy_files: flags.envoy_files,
         as_read: Some(as_read),
         parts: parts.map(|p| std::sync::Arc::new(parking_lot::Mutex::new(p))),
+        shutdown_delay: flags.shutdown_delay,
     };
     let proxy = flags.proxy.is_some();
     let result = runtime.block_on(async move {

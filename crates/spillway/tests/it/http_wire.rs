@@ -283,6 +283,7 @@ async fn in_process(
         envoy_files: Vec::new(),
         as_read: None,
         parts: None,
+        shutdown_delay: Duration::ZERO,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -11,6 +11,7 @@ mod config;
 mod contract;
 mod credentials;
 mod dashboard;
+mod deploy;
 mod elastic;
 mod envoy_format;
 mod forward_auth;

@@ -30,7 +30,11 @@ fn main() -> ExitCode {
     // Started as `ratelimit` (the image's /bin/ratelimit): envoyproxy/
     // ratelimit's environment stands for the command line.
     let cli = match ratelimit::args() {
-        Some(args) => Cli::parse_from(args),
+        Some(Ok(args)) => Cli::parse_from(args),
+        Some(Err(why)) => {
+            eprintln!("{why}");
+            return ExitCode::from(2);
+        }
         None => Cli::parse(),
     };
     let log_format = cli.log_format;

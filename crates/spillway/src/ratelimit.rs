@@ -17,13 +17,93 @@ pub(crate) const RULES: &str = "/etc/spillway/ratelimit.yaml";
 
 /// `Some` with the `spillway serve` command line that stands for
 /// envoyproxy/ratelimit's settings when the program was started as
-/// `ratelimit`; `None` otherwise.
-pub(crate) fn args() -> Option<Vec<OsString>> {
+/// `ratelimit`, or, when its environment sets what this entry does not
+/// honour, why not (the start stops: a Redis or xDS setting passed over
+/// would limit per instance, or by no rules at all, while the operator
+/// believes otherwise); `None` otherwise.
+pub(crate) fn args() -> Option<Result<Vec<OsString>, String>> {
     let argv0 = std::env::args_os().next()?;
     if Path::new(&argv0).file_name()? != "ratelimit" {
         return None;
     }
-    Some(serve_args(&|name| std::env::var_os(name)))
+    let env = |name: &str| std::env::var_os(name);
+    let vars: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    Some(match not_honoured(&vars, &env) {
+        Some(why) => Err(why),
+        None => Ok(serve_args(&env)),
+    })
+}
+
+/// envoyproxy/ratelimit's variables this entry does not honour, as set
+/// in the environment (`names`, read through `env`): the first lines of
+/// an error saying each and what to do; `None` when there are none. A
+/// variable set to its off value (`USE_STATSD=false`) or ratelimit's
+/// default is no request, and passes.
+fn not_honoured(names: &[String], env: &dyn Fn(&str) -> Option<OsString>) -> Option<String> {
+    let value = |n: &str| env(n).map(|v| v.to_string_lossy().trim().to_ascii_lowercase());
+    let on = |n: &str| value(n).is_some_and(|v| v == "true" || v == "1");
+    let mut refused: Vec<String> = Vec::new();
+    let mut sorted: Vec<&String> = names.iter().collect();
+    sorted.sort();
+    for name in sorted {
+        let set = value(name).is_some_and(|v| !v.is_empty());
+        let why = if name.starts_with("REDIS_") && set {
+            Some(
+                "Redis settings: run `spillway serve` with a rules file whose `store: { redis: ... }` says them (SPILLWAY_CONFIG)",
+            )
+        } else if name.starts_with("CONFIG_GRPC_XDS_") && set {
+            Some(
+                "configuration over xDS is not supported yet: mount the domains' files at RUNTIME_ROOT",
+            )
+        } else if name.starts_with("MEMCACHE_") && set {
+            Some("memcache is not a store spillway has")
+        } else {
+            match name.as_str() {
+                "CONFIG_TYPE" if value(name).is_some_and(|v| !v.is_empty() && v != "file") => {
+                    Some("only CONFIG_TYPE=FILE (the runtime directory) is read")
+                }
+                "BACKEND_TYPE" if value(name).is_some_and(|v| !v.is_empty() && v != "redis") => {
+                    Some("only the embedded store (or Redis through SPILLWAY_CONFIG)")
+                }
+                "USE_STATSD"
+                | "TRACING_ENABLED"
+                | "GRPC_SERVER_USE_TLS"
+                | "USE_PROMETHEUS"
+                | "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"
+                | "FORCE_START_WITHOUT_INITIAL_CONFIG"
+                    if on(name) =>
+                {
+                    Some(match name.as_str() {
+                        "USE_PROMETHEUS" => {
+                            "Prometheus metrics are at the debug port's /metrics (DEBUG_PORT), not PROMETHEUS_ADDR"
+                        }
+                        "USE_STATSD" => "statsd is not spoken: scrape /metrics on the debug port",
+                        "TRACING_ENABLED" => "tracing is not exported yet",
+                        "GRPC_SERVER_USE_TLS" => {
+                            "TLS on gRPC is set in a rules file's `tls:` (SPILLWAY_CONFIG)"
+                        }
+                        _ => "not supported",
+                    })
+                }
+                "GRPC_MAX_CONNECTION_AGE" | "GRPC_MAX_CONNECTION_AGE_GRACE" | "GRPC_UDS" if set => {
+                    Some("not supported yet")
+                }
+                _ => None,
+            }
+        };
+        if let Some(why) = why {
+            refused.push(format!("  {name}: {why}"));
+        }
+    }
+    (!refused.is_empty()).then(|| {
+        format!(
+            "ratelimit: envoyproxy/ratelimit settings this entry does not honour (unset them, or \
+             run `spillway serve` with a rules file):\n{}",
+            refused.join("\n")
+        )
+    })
 }
 
 /// The `serve` command line from envoyproxy/ratelimit's variables, as
@@ -84,6 +164,56 @@ mod tests {
             .into_iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect()
+    }
+
+    fn refused(vars: &[(&str, &str)]) -> Option<String> {
+        let names: Vec<String> = vars.iter().map(|(k, _)| (*k).to_string()).collect();
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| OsString::from(v))
+        };
+        not_honoured(&names, &env)
+    }
+
+    /// A setting passed over would limit otherwise than the operator
+    /// believes (per instance instead of shared in Redis, by no rules
+    /// instead of xDS's): the start stops, naming each.
+    #[test]
+    fn settings_it_cannot_honour_stop_the_start() {
+        for (name, value) in [
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("USE_PROMETHEUS", "true"),
+            ("TRACING_ENABLED", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_MAX_CONNECTION_AGE", "1h"),
+            ("GRPC_UDS", "/tmp/rl.sock"),
+            ("BACKEND_TYPE", "memcache"),
+        ] {
+            let why = refused(&[(name, value), ("HOST", "0.0.0.0")])
+                .unwrap_or_else(|| panic!("{name}={value} passed"));
+            assert!(why.contains(name) && !why.contains("HOST"), "{why}");
+        }
+        // Off values, ratelimit's defaults and what is read pass.
+        for vars in [
+            &[("USE_STATSD", "false"), ("USE_PROMETHEUS", "false")][..],
+            &[("CONFIG_TYPE", "FILE"), ("BACKEND_TYPE", "redis")],
+            &[
+                ("RUNTIME_ROOT", "/data"),
+                ("LOG_FORMAT", "json"),
+                ("REDIS_URL", ""),
+            ],
+        ] {
+            assert_eq!(refused(vars), None, "{vars:?}");
+        }
+        let both = refused(&[("REDIS_URL", "r:1"), ("TRACING_ENABLED", "true")]).unwrap();
+        assert!(
+            both.contains("REDIS_URL") && both.contains("TRACING_ENABLED"),
+            "{both}"
+        );
     }
 
     #[test]

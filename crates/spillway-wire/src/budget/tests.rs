@@ -393,18 +393,12 @@ fn a_connection_with_a_stream_in_flight_is_not_idle_whatever_the_flag() {
 #[tokio::test]
 async fn at_the_cap_a_network_holding_its_share_is_refused_on_arrival() {
     let budget = Budget::new(4, 10);
-    let add = |ip: [u8; 4]| {
-        let id = budget.next_id();
-        budget.register(id, 1, conn(&budget, ip), || {
-            tokio::spawn(std::future::pending::<()>()).abort_handle()
-        });
-    };
     for _ in 0..3 {
-        add([10, 0, 0, 66]);
+        add(&budget, conn(&budget, [10, 0, 0, 66]));
     }
     // One network alone: room is made among its own.
     assert!(!budget.refuses([10, 0, 0, 66].into()));
-    add([10, 0, 1, 1]);
+    add(&budget, conn(&budget, [10, 0, 1, 1]));
     assert!(budget.full());
     // Two networks: the share is 2; the crowd holds 3, from any of its
     // addresses.

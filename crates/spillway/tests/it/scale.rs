@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::{Server, TempDir, client};
+use crate::util::{Server, TempDir, check, client};
 
 /// Rules `from..to`, the shapes of scripts/gen-rules.sh.
 fn rules_text(from: usize, to: usize) -> String {
@@ -229,23 +229,12 @@ async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
     let path = dir.write("rules.yaml", &format!("{head}{}", rules_text(0, N)));
     let start = || Server::start_env(&["--config", path.to_str().unwrap()], &[("SCALE_OPS", OPS)]);
     let http = client();
-    let decided_by_made = |s: &Server| {
-        let (http, url) = (http.clone(), s.url("/v1/check"));
-        async move {
-            let r: serde_json::Value = http
-                .post(&url)
-                .json(&serde_json::json!({"api": "GET /made", "user": "eve"}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            r["rule"] == "made"
-        }
-    };
+    async fn decided_by_made(http: &reqwest::Client, s: &Server) -> bool {
+        let ask = serde_json::json!({"api": "GET /made", "user": "eve"});
+        check(http, s, ask).await.2["rule"] == "made"
+    }
     let (a, b) = (start(), start());
-    assert!(!decided_by_made(&b).await);
+    assert!(!decided_by_made(&http, &b).await);
     let put = http
         .put(a.url("/admin/v1/rules/made"))
         .bearer_auth(OPS)
@@ -255,7 +244,7 @@ async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
         .unwrap();
     assert_eq!(put.status(), 201, "{:?}", put.text().await);
     let t = Instant::now();
-    while !decided_by_made(&b).await {
+    while !decided_by_made(&http, &b).await {
         assert!(t.elapsed() < Duration::from_secs(10), "never applied");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -266,7 +255,7 @@ async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
     let (a, b) = (start(), start());
     for s in [&a, &b] {
         crate::util::eventually("the rule made over the API, after a restart", || {
-            decided_by_made(s)
+            decided_by_made(&http, s)
         })
         .await;
     }
@@ -298,24 +287,9 @@ async fn a_directory_of_many_files_loads_and_applies_one_change() {
     let s = Server::start(&["--config", rules.to_str().unwrap()]);
     eprintln!("{N} rules in {FILES} files ready in {:?}", t.elapsed());
     let http = client();
-    let decide = |i: usize| {
-        let (http, url) = (http.clone(), s.url("/v1/check"));
-        async move {
-            let r: serde_json::Value = http
-                .post(&url)
-                .json(&body_of(i))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            r
-        }
-    };
     let last = N - 7;
     assert_eq!(
-        decide(last).await["rule"],
+        check(&http, &s, body_of(last)).await.2["rule"],
         format!("svc{}-rule-{last}", last % 1000)
     );
     // One file changed: a rule added to it.
@@ -328,16 +302,7 @@ async fn a_directory_of_many_files_loads_and_applies_one_change() {
     std::fs::rename(&tmp, &changed).unwrap();
     let ask = serde_json::json!({"api": "GET /added", "user": "u"});
     loop {
-        let r: serde_json::Value = http
-            .post(s.url("/v1/check"))
-            .json(&ask)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if r["rule"] == "added" {
+        if check(&http, &s, ask.clone()).await.2["rule"] == "added" {
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(30), "never applied");

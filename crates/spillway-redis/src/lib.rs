@@ -375,6 +375,15 @@ impl RedisStore {
         self.inner.breaker.state()
     }
 
+    /// How many times the connection to Redis was found lost while it was
+    /// believed up. A call that timed out before this count moved on, and
+    /// that an answer on the connection follows while it has not, was run
+    /// by Redis before that answer; one after which it moved may not have
+    /// been run at all.
+    pub fn link_losses(&self) -> u64 {
+        self.inner.breaker.losses()
+    }
+
     /// True when connected and the breaker is closed.
     pub fn is_healthy(&self) -> bool {
         self.is_connected() && self.breaker() == BreakerState::Closed
@@ -561,8 +570,10 @@ impl RedisStore {
         } else {
             format!("redis: {}", fault::said(e))
         };
-        if sent && fault == Fault::Connection {
-            inner.breaker.link_lost();
+        if sent && fault == Fault::Connection && inner.breaker.link_lost() {
+            tracing::info!(
+                "redis connection lost ({message}): calls that time out until one succeeds were not run by redis"
+            );
         }
         inner.breaker.failure(fault, &message);
         // Sent, and no answer in time: a stopped server may run it when
@@ -570,7 +581,9 @@ impl RedisStore {
         // server): the call then waited for a reconnection, nothing will
         // run it, and a share that admits it must charge it later, or the
         // admission is lost (issue 35: two such units left a burst key
-        // under-counted after reconciliation).
+        // under-counted after reconciliation). Even when not known lost,
+        // "may" is all it is: a share settles it later from whether the
+        // connection and the data lasted (`link_losses`, `incarnation`).
         let maybe = sent && fault == Fault::Timeout && !inner.breaker.link_down();
         err(fault.transient(), message).maybe_applied_if(maybe)
     }

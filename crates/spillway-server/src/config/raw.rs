@@ -546,6 +546,8 @@ pub(crate) struct RawRedis {
     #[serde(default)]
     pub(crate) cluster: Option<Spanned<Vec<String>>>,
     #[serde(default)]
+    pub(crate) sentinel: Option<Spanned<RawSentinel>>,
+    #[serde(default)]
     pub(crate) timeout: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) prefix: Option<Spanned<String>>,
@@ -559,6 +561,28 @@ pub(crate) struct RawRedis {
     pub(crate) over_limit_cache: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) sync: Option<Spanned<RawSync>>,
+}
+
+/// `store.redis.sentinel`: the master found by asking Redis Sentinel.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSentinel {
+    #[serde(default)]
+    pub(crate) master: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) nodes: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub(crate) username: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) password: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) sentinel_username: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) sentinel_password: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) tls: Option<bool>,
+    #[serde(default)]
+    pub(crate) db: Option<Spanned<i64>>,
 }
 
 /// `store.redis.sync`: local-first decisions.

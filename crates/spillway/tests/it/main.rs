@@ -27,6 +27,7 @@ mod rules_api;
 mod rules_dir;
 mod scale;
 mod secrets;
+mod sentinel;
 mod simulate;
 mod simulate_report;
 mod smuggling;

@@ -487,7 +487,7 @@ async fn serve_with<H: Handler>(
     let acceptor =
         |c: &Option<Arc<tls::Certs>>, alpn| c.as_ref().map(|c| c.acceptor(alpn)).transpose();
     let main_tls = acceptor(&parts.tls.listeners, tls::HTTP_ALPN)?;
-    let grpc_tls = acceptor(&parts.tls.listeners, tls::GRPC_ALPN)?;
+    let grpc_tls = acceptor(&parts.tls.grpc, tls::GRPC_ALPN)?;
     let admin_tls = acceptor(&parts.tls.admin, tls::HTTP_ALPN)?;
     let scheme = |on: bool| if on { "https" } else { "http" };
     // Bound before anything says it listens: a taken port fails the start.

@@ -46,6 +46,9 @@ pub(crate) struct RawConfig {
     /// HTTPS on every listener: certificate and key files.
     #[serde(default)]
     pub(crate) tls: Option<Spanned<RawTls>>,
+    /// The gRPC listener's own TLS, when it differs from `tls:`.
+    #[serde(default)]
+    pub(crate) grpc_tls: Option<Spanned<RawTls>>,
     #[serde(default)]
     pub(crate) domains: Vec<Spanned<RawDomain>>,
     /// Descriptor names a rule's `by:` may use bare (`by: tenant`).
@@ -97,6 +100,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             plans,
             server,
             tls,
+            grpc_tls,
             domains,
             descriptors,
             path_matching,
@@ -126,6 +130,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.plans, plans);
         take(&mut self.server, server);
         take(&mut self.tls, tls);
+        take(&mut self.grpc_tls, grpc_tls);
         self.domains.extend(domains);
         take(&mut self.descriptors, descriptors);
         take(&mut self.path_matching, path_matching);
@@ -413,6 +418,12 @@ pub(crate) struct RawTls {
     pub(crate) cert: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) key: Option<Spanned<String>>,
+    /// Client certificates required, issued by this CA (mutual TLS).
+    #[serde(default)]
+    pub(crate) client_ca: Option<Spanned<String>>,
+    /// Names one of which a client certificate's DNS or URI SAN must be.
+    #[serde(default)]
+    pub(crate) client_san: Option<Spanned<Vec<String>>>,
 }
 
 /// `health:`: the service's targets.

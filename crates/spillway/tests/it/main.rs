@@ -19,6 +19,7 @@ mod gateways;
 mod grpc;
 mod hardening;
 mod http_wire;
+mod mtls;
 mod ops;
 mod proxy;
 mod proxy_bounds;

@@ -307,3 +307,72 @@ fn check_config_shows_client_certificates_and_refuses_a_bad_ca() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("nope.pem"), "{err}");
 }
+
+/// A handshake stalled where only mutual TLS waits (the server has sent
+/// its flight with the certificate request; the client never answers)
+/// is cut by `server.head_timeout`, and such handshakes cannot hold the
+/// connection budget against a client that has its certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_stalled_at_the_client_certificate_are_cut_and_shed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("mtls-stall");
+    let root = ca("spillway test CA");
+    let server = leaf(&root, &["localhost"], false);
+    let client = leaf(&root, &["client.good"], true);
+    let cert = dir.write("cert.pem", &server.0);
+    let key = dir.write("key.pem", &server.1);
+    let ca_file = dir.write("ca.pem", &root.pem);
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            "server: {{ head_timeout: 2s, max_connections: 16 }}\ntls: {{ cert: {}, key: {}, client_ca: {} }}\n{DOMAINS}",
+            cert.display(),
+            key.display(),
+            ca_file.display()
+        ),
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let hello = spillway_testkit::attack::client_hello("localhost");
+    let mut stalled = Vec::new();
+    for _ in 0..40 {
+        let mut t = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+        t.write_all(&hello).await.unwrap();
+        stalled.push(t);
+    }
+    // Served while 40 handshakes wait on a budget of 16 (within a
+    // generous bound: the point is that it is served at all).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match http_check(&s.addr, &https(&root, Some(&client)), "u").await {
+            Ok(200) => break,
+            other => assert!(Instant::now() < deadline, "not served: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each stalled handshake is closed by the server (its flight read,
+    // then the end), none held open.
+    let mut flights = 0;
+    for mut t in stalled {
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                match t.read(&mut buf).await {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        let got = closed.expect("a stalled handshake was held open");
+        // A shed connection may be closed before its flight; one that
+        // got it got a ServerHello (a handshake record) and more.
+        if !got.is_empty() {
+            assert_eq!(got[0], 0x16, "not a TLS handshake record");
+            flights += 1;
+        }
+    }
+    // Some handshakes reached the point where the server waits for the
+    // client's certificate (the case under test), and were cut there.
+    assert!(flights > 0, "no handshake got the server's flight");
+}

@@ -36,6 +36,8 @@ pub struct SentinelSet {
     pub servers: Vec<RedisServer>,
     /// The three sentinels.
     pub sentinels: Vec<Sentinel>,
+    /// The password of every process of the set, if any.
+    pub password: Option<String>,
 }
 
 impl SentinelSet {
@@ -45,23 +47,44 @@ impl SentinelSet {
     /// # Panics
     /// A program is missing or the set does not come together.
     pub fn start() -> SentinelSet {
+        SentinelSet::start_with_password(None)
+    }
+
+    /// As [`SentinelSet::start`], with `password` required by the master,
+    /// the replica and the sentinels (`requirepass`; `masterauth` and
+    /// `sentinel auth-pass` so that they reach each other).
+    ///
+    /// # Panics
+    /// As [`SentinelSet::start`].
+    pub fn start_with_password(password: Option<&str>) -> SentinelSet {
         require("redis-server");
         let master = RedisServer::start();
         let port = master.port.to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-        let sentinels = (0..3).map(|_| Sentinel::start(master.port)).collect();
+        if let Some(pw) = password {
+            // Set once both run (RedisServer's readiness check asks
+            // without a password); the replica first, so it keeps up.
+            for s in [&replica, &master] {
+                s.cli(&["CONFIG", "SET", "masterauth", pw]);
+                s.cli(&["CONFIG", "SET", "requirepass", pw]);
+            }
+        }
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(master.port, password))
+            .collect();
         let set = SentinelSet {
             servers: vec![master, replica],
             sentinels,
+            password: password.map(str::to_string),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ready = set.sentinels.iter().all(|s| {
-                let replicas = cli(s.port, &["SENTINEL", "REPLICAS", MASTER_NAME]);
-                let quorum = cli(s.port, &["SENTINEL", "CKQUORUM", MASTER_NAME]);
+                let replicas = set.cli(s.port, &["SENTINEL", "REPLICAS", MASTER_NAME]);
+                let quorum = set.cli(s.port, &["SENTINEL", "CKQUORUM", MASTER_NAME]);
                 replicas.contains("flags") && quorum.contains("3 usable")
-            }) && set.servers[1]
-                .cli(&["INFO", "replication"])
+            }) && set
+                .cli(set.servers[1].port, &["INFO", "replication"])
                 .contains("master_link_status:up");
             if ready {
                 return set;
@@ -69,7 +92,7 @@ impl SentinelSet {
             assert!(
                 Instant::now() < deadline,
                 "the sentinel set did not come together: {}",
-                cli(
+                set.cli(
                     set.sentinels[0].port,
                     &["SENTINEL", "CKQUORUM", MASTER_NAME]
                 )
@@ -89,7 +112,7 @@ impl SentinelSet {
     /// The master's port as the first sentinel that answers names it.
     pub fn master_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            let out = cli(
+            let out = self.cli(
                 s.port,
                 &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
             );
@@ -118,7 +141,7 @@ impl SentinelSet {
     /// The failover does not complete.
     pub fn failover(&self) -> u16 {
         let old = self.master_port().expect("a master before the failover");
-        let said = cli(
+        let said = self.cli(
             self.sentinels[0].port,
             &["SENTINEL", "FAILOVER", MASTER_NAME],
         );
@@ -126,9 +149,11 @@ impl SentinelSet {
         let new = self.wait_master_other_than(old);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let linked = cli(old, &["INFO", "replication"]).contains("master_link_status:up");
+            let linked = self
+                .cli(old, &["INFO", "replication"])
+                .contains("master_link_status:up");
             let known = self.sentinels.iter().all(|s| {
-                let r = cli(s.port, &["SENTINEL", "REPLICAS", MASTER_NAME]);
+                let r = self.cli(s.port, &["SENTINEL", "REPLICAS", MASTER_NAME]);
                 let lines: Vec<&str> = r.lines().collect();
                 // A flat list of field, value: the replica on `old` with
                 // flags exactly `slave` (not down, not disconnected).
@@ -160,7 +185,7 @@ impl SentinelSet {
                 .sentinels
                 .iter()
                 .map(|s| {
-                    let out = cli(
+                    let out = self.cli(
                         s.port,
                         &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME],
                     );
@@ -170,7 +195,7 @@ impl SentinelSet {
             if let Some(Some(new)) = named.first()
                 && *new != old
                 && named.iter().all(|n| *n == Some(*new))
-                && cli(*new, &["ROLE"]).starts_with("master")
+                && self.cli(*new, &["ROLE"]).starts_with("master")
             {
                 return *new;
             }
@@ -184,7 +209,7 @@ impl SentinelSet {
 }
 
 impl Sentinel {
-    fn start(master: u16) -> Sentinel {
+    fn start(master: u16, password: Option<&str>) -> Sentinel {
         let port = free_port();
         let dir = TempDir::new(&format!("sentinel-{port}"));
         let conf = dir.0.join("sentinel.conf");
@@ -196,6 +221,12 @@ impl Sentinel {
              sentinel parallel-syncs {MASTER_NAME} 1\n",
             dir = dir.0.display()
         );
+        let text = match password {
+            None => text,
+            Some(pw) => {
+                format!("{text}sentinel auth-pass {MASTER_NAME} \"{pw}\"\nrequirepass \"{pw}\"\n")
+            }
+        };
         std::fs::write(&conf, text).expect("write sentinel.conf");
         let child = Command::new("redis-server")
             .arg(&conf)
@@ -210,7 +241,7 @@ impl Sentinel {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !cli(port, &["PING"]).contains("PONG") {
+        while !cli(port, password, &["PING"]).contains("PONG") {
             assert!(
                 Instant::now() < deadline,
                 "redis-server --sentinel on port {port} did not start"
@@ -221,12 +252,23 @@ impl Sentinel {
     }
 }
 
-/// `redis-cli -p PORT ARGS...`'s output ("" when it cannot run).
-fn cli(port: u16, args: &[&str]) -> String {
+impl SentinelSet {
+    /// `redis-cli` to a process of the set (with its password).
+    fn cli(&self, port: u16, args: &[&str]) -> String {
+        cli(port, self.password.as_deref(), args)
+    }
+}
+
+/// `redis-cli -p PORT [-a PASSWORD] ARGS...`'s output ("" when it cannot
+/// run).
+fn cli(port: u16, password: Option<&str>, args: &[&str]) -> String {
     require("redis-cli");
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
+    let mut c = Command::new("redis-cli");
+    c.args(["-p", &port.to_string()]);
+    if let Some(pw) = password {
+        c.args(["--no-auth-warning", "-a", pw]);
+    }
+    c.args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()

@@ -178,3 +178,49 @@ fn a_master_name_no_sentinel_knows_is_a_clear_error() {
         }
     });
 }
+
+#[test]
+fn passwords_reach_the_sentinels_and_the_master() {
+    let set = SentinelSet::start_with_password(Some("s3cret pw"));
+    rt().block_on(async {
+        let with = |sentinel: Option<&str>, master: Option<&str>| {
+            let mut cfg = sentinel_config(&set, MASTER_NAME);
+            let s = cfg.sentinel.as_mut().unwrap();
+            s.sentinel_password = sentinel.map(str::to_string);
+            s.password = master.map(str::to_string);
+            cfg
+        };
+        let s = RedisStore::new(with(Some("s3cret pw"), Some("s3cret pw"))).unwrap();
+        assert!(
+            s.wait_connected(Duration::from_secs(30)).await,
+            "{:?}",
+            s.last_error()
+        );
+        let small = user_rule(
+            "small",
+            vec![fixed_window(20, 3600)],
+            spillway_core::Mode::Hard,
+        );
+        assert_eq!(admitted(&s, &small, "a", 30).await, 20);
+
+        // Without the sentinels' password: they do not answer, and the
+        // reason says so (not a master name they do not know).
+        let cfg = with(None, Some("s3cret pw"));
+        let e = cfg.sentinel.as_ref().unwrap().discover().await.unwrap_err();
+        assert!(matches!(e, Discovery::Unreachable(_)), "{e}");
+        assert!(e.to_string().to_lowercase().contains("auth"), "{e}");
+        // Without the master's: found, never connected, and said why.
+        let s = RedisStore::new(with(Some("s3cret pw"), None)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(e) = s.last_error()
+                && e.to_lowercase().contains("auth")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{:?}", s.last_error());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!s.is_connected());
+    });
+}

@@ -249,7 +249,9 @@ pub const SECTIONS: &[Section] = &[
     },
     Section::at_start("server", |a, b| a.server != b.server),
     Section::at_start("log", |a, b| a.log_format != b.log_format),
-    Section::at_start("tls", |a, b| a.tls != b.tls),
+    Section::at_start("tls", |a, b| {
+        a.tls.listeners != b.tls.listeners || a.tls.admin != b.tls.admin
+    }),
     Section::at_start("grpc_tls", |a, b| a.tls.grpc != b.tls.grpc),
     Section::at_start("grpc_response_headers", |a, b| {
         a.grpc_response_headers != b.grpc_response_headers

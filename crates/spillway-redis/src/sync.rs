@@ -167,7 +167,11 @@ impl RedisStore {
             keys::part_tagged(item.rule, item.tag, cost, now_us, write)
         };
         let (prefix, buckets) = (&inner.config.prefix, inner.config.buckets);
-        let result = match self.connection()? {
+        self.connection()?;
+        let Some(conn) = inner.current() else {
+            return Err(err(true, "not connected to redis yet"));
+        };
+        let result = match &conn {
             Conn::Single(c) => {
                 let parts: Vec<keys::Part> = items.iter().map(part).collect();
                 let cmd = keys::exchange_command(
@@ -339,7 +343,10 @@ impl RedisStore {
             .arg(instance)
             .arg(ttl_us)
             .arg(if synced { "1" } else { "0" });
-        let conn = self.connection()?.clone();
+        self.connection()?;
+        let Some(conn) = inner.current() else {
+            return Err(err(true, "not connected to redis yet"));
+        };
         let call = async {
             let _due = spillway_store::due::Awaiting::new();
             match conn {

@@ -426,9 +426,14 @@ pub(crate) async fn watcher(store: std::sync::Weak<crate::Inner>, cfg: SentinelC
         };
         match look(&cfg, watch).await {
             Ok(found) => {
-                if let Some(next) = found
-                    && swap(watch, next)
-                {
+                let first = found.map(|next| swap(watch, next));
+                // A master replaced under calls in flight: what timed out
+                // on the old one may not have run anywhere that lasts
+                // (counted as a lost connection, so a share owes it).
+                if first == Some(false) {
+                    inner.breaker.link_lost();
+                }
+                if first == Some(true) {
                     if let Some(c) = watch.current() {
                         let _ = inner.conn.set(crate::Conn::Single(c));
                     }

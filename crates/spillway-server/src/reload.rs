@@ -53,6 +53,9 @@ pub(crate) struct Reloader {
     pub(crate) status: Arc<Mutex<ReloadStatus>>,
     /// The admin plane: tokens, plans and per-key rules follow the file.
     pub(crate) admin: Arc<crate::admin::AdminState>,
+    /// With an xDS client, where a reload's domains go: beside the ones
+    /// received over xDS.
+    pub(crate) xds: Option<Arc<crate::xds::Sources>>,
     /// SIGHUP, taken over before the server says it listens: a SIGHUP
     /// that came before the handler was installed would end the process.
     #[cfg(unix)]
@@ -260,7 +263,10 @@ fn store_domains(state: &Reloader, config: &crate::config::Config) {
         tracing::info!(?added, ?dropped, "gRPC domains changed");
     }
     drop(before);
-    state.domains.store(Arc::new(domains));
+    match &state.xds {
+        Some(sources) => sources.set_file(config.domains.clone()),
+        None => state.domains.store(Arc::new(domains)),
+    }
 }
 
 /// Puts `config`'s rules and reloadable settings in force, and says so

@@ -29,13 +29,18 @@ mod simulate;
 fn main() -> ExitCode {
     // Started as `ratelimit` (the image's /bin/ratelimit): envoyproxy/
     // ratelimit's environment stands for the command line.
-    let cli = match ratelimit::args() {
-        Some(Ok(args)) => Cli::parse_from(args),
+    let (cli, overlay) = match ratelimit::args() {
+        Some(Ok(entry)) => {
+            if let Some(level) = entry.log_level {
+                logging::set_default_filter(level);
+            }
+            (Cli::parse_from(entry.args), Some(entry.overlay))
+        }
         Some(Err(why)) => {
             eprintln!("{why}");
             return ExitCode::from(2);
         }
-        None => Cli::parse(),
+        None => (Cli::parse(), None),
     };
     let log_format = cli.log_format;
     if let Some(bytes) = cli.max_file_bytes {
@@ -64,6 +69,7 @@ fn main() -> ExitCode {
             admin_listen,
             proxy: None,
             log_format,
+            overlay,
         }),
         Command::Proxy {
             upstream,
@@ -85,6 +91,7 @@ fn main() -> ExitCode {
             proxy: Some((upstream, user)),
             log_format,
             shutdown_delay: std::time::Duration::ZERO,
+            overlay: None,
         }),
         Command::Simulate(args) => {
             init_logging(log_format.unwrap_or_default());

@@ -254,6 +254,12 @@ pub(crate) fn reload(
 
 /// Puts `config`'s gRPC domains in force.
 fn store_domains(state: &Reloader, config: &crate::config::Config) {
+    // With xDS, the file's domains go beside the xDS ones (which a
+    // comparison with the file's alone would show as dropped).
+    if let Some(sources) = &state.xds {
+        sources.set_file(config.domains.clone());
+        return;
+    }
     let domains = Domains::new(config.domains.clone());
     let before = state.domains.load();
     let (old, new) = (before.names(), domains.names());
@@ -263,10 +269,7 @@ fn store_domains(state: &Reloader, config: &crate::config::Config) {
         tracing::info!(?added, ?dropped, "gRPC domains changed");
     }
     drop(before);
-    match &state.xds {
-        Some(sources) => sources.set_file(config.domains.clone()),
-        None => state.domains.store(Arc::new(domains)),
-    }
+    state.domains.store(Arc::new(domains));
 }
 
 /// Puts `config`'s rules and reloadable settings in force, and says so

@@ -111,6 +111,7 @@ pub(crate) async fn connect(
     .map_err(|_| format!("connect {}: timed out", settings.server))??;
     let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
     builder
+        .timer(hyper_util::rt::TokioTimer::new())
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20));
     let (sender, conn) = match io {

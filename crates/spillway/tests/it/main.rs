@@ -34,3 +34,4 @@ mod stall;
 mod sync;
 mod tls;
 mod util;
+mod xds;

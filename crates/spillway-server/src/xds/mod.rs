@@ -6,7 +6,7 @@
 //!
 //! The client sends its node (id and metadata) and the resource type;
 //! each response holds every resource. The resources are read as
-//! envoyproxy/ratelimit files are ([`convert`], then the file reader and
+//! envoyproxy/ratelimit files are (its `convert` module, then the file reader and
 //! its checks) and composed with the rules file's domains as
 //! `--envoy-config` files are. A set that passes is swapped in whole, as a
 //! reload swaps rules, and ACKed (its version and nonce); one that fails

@@ -56,6 +56,8 @@ fn main() -> ExitCode {
             threads,
             admin_listen,
             shutdown_delay,
+            xds_server,
+            xds_node_id,
             tls,
         } => serve(Flags {
             tls,
@@ -69,7 +71,7 @@ fn main() -> ExitCode {
             admin_listen,
             proxy: None,
             log_format,
-            overlay,
+            overlay: xds_flags(overlay, xds_server, xds_node_id),
         }),
         Command::Proxy {
             upstream,
@@ -118,4 +120,22 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `--xds-server` as an overlay (the `ratelimit` entry gives its own):
+/// ratelimit's xDS client settings, serving the file's rules at once
+/// rather than waiting for the first configuration.
+fn xds_flags(
+    overlay: Option<spillway_server::config::Overlay>,
+    server: Option<String>,
+    node_id: String,
+) -> Option<spillway_server::config::Overlay> {
+    let Some(server) = server else {
+        return overlay;
+    };
+    let mut o = overlay.unwrap_or_default();
+    let mut x = spillway_server::xds::Settings::new(server, node_id);
+    x.wait_initial = false;
+    o.xds = Some(x);
+    Some(o)
 }

@@ -282,6 +282,7 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
             opts.config.domains.clone(),
         ))),
         response_headers: opts.config.grpc_response_headers,
+        healthy_needs_domains: opts.config.healthy_needs_domains,
     });
     Ok(Parts {
         shared,
@@ -528,11 +529,13 @@ async fn serve_with<H: Handler>(
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let cert_watchers = parts.tls.watch(opts.poll_interval, &stop_rx);
+    let xds = crate::xds::start(&opts.config, &parts.grpc.domains, &stop_rx).await;
     let reloader = reload::Reloader {
         shared: parts.shared.clone(),
         domains: parts.grpc.domains.clone(),
         status: parts.admin.reload.clone(),
         admin: parts.admin.clone(),
+        xds,
         #[cfg(unix)]
         hup,
     };

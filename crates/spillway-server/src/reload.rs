@@ -53,6 +53,9 @@ pub(crate) struct Reloader {
     pub(crate) status: Arc<Mutex<ReloadStatus>>,
     /// The admin plane: tokens, plans and per-key rules follow the file.
     pub(crate) admin: Arc<crate::admin::AdminState>,
+    /// With an xDS client, where a reload's domains go: beside the ones
+    /// received over xDS.
+    pub(crate) xds: Option<Arc<crate::xds::Sources>>,
     /// SIGHUP, taken over before the server says it listens: a SIGHUP
     /// that came before the handler was installed would end the process.
     #[cfg(unix)]
@@ -251,6 +254,12 @@ pub(crate) fn reload(
 
 /// Puts `config`'s gRPC domains in force.
 fn store_domains(state: &Reloader, config: &crate::config::Config) {
+    // With xDS, the file's domains go beside the xDS ones (which a
+    // comparison with the file's alone would show as dropped).
+    if let Some(sources) = &state.xds {
+        sources.set_file(config.domains.clone());
+        return;
+    }
     let domains = Domains::new(config.domains.clone());
     let before = state.domains.load();
     let (old, new) = (before.names(), domains.names());

@@ -51,6 +51,10 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+fn parse_xds_server(s: &str) -> Result<String, String> {
+    spillway_server::xds::split_host(s).map(|_| s.to_string())
+}
+
 fn parse_log_format(s: &str) -> Result<LogFormat, String> {
     s.parse()
 }
@@ -93,6 +97,19 @@ pub(crate) enum Command {
         /// new connections (e.g. 5s under Kubernetes) [default: 0s].
         #[arg(long, value_name = "DURATION", value_parser = parse_duration_arg)]
         shutdown_delay: Option<Duration>,
+        /// Also take gRPC domains over xDS from this management server
+        /// (HOST:PORT, plain gRPC), as envoyproxy/ratelimit's
+        /// CONFIG_TYPE=GRPC_XDS_SOTW does; the rules file's serve meanwhile.
+        #[arg(long, value_name = "HOST:PORT", value_parser = parse_xds_server)]
+        xds_server: Option<String>,
+        /// The node id sent to --xds-server.
+        #[arg(
+            long,
+            value_name = "ID",
+            default_value = "default",
+            requires = "xds_server"
+        )]
+        xds_node_id: String,
         #[command(flatten)]
         tls: TlsFlags,
     },

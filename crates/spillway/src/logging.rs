@@ -7,11 +7,22 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::{json_log, log_limit};
 
+/// The filter when `RUST_LOG` is unset: the `ratelimit` entry's
+/// `LOG_LEVEL`, else `info`.
+static DEFAULT_FILTER: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Sets the filter used when `RUST_LOG` is unset (before [`init`]).
+pub(crate) fn set_default_filter(filter: &'static str) {
+    let _ = DEFAULT_FILTER.set(filter);
+}
+
 /// Starts logging to stderr (`RUST_LOG` filters, default `info`).
 pub(crate) fn init(format: LogFormat) {
+    let default = *DEFAULT_FILTER.get().unwrap_or(&"info");
     let builder = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default.into()),
         )
         .with_writer(std::io::stderr);
     // Protocol warnings (h2, hyper) past the first of each kind per

@@ -29,13 +29,18 @@ mod simulate;
 fn main() -> ExitCode {
     // Started as `ratelimit` (the image's /bin/ratelimit): envoyproxy/
     // ratelimit's environment stands for the command line.
-    let cli = match ratelimit::args() {
-        Some(Ok(args)) => Cli::parse_from(args),
+    let (cli, overlay) = match ratelimit::args() {
+        Some(Ok(entry)) => {
+            if let Some(level) = entry.log_level {
+                logging::set_default_filter(level);
+            }
+            (Cli::parse_from(entry.args), Some(entry.overlay))
+        }
         Some(Err(why)) => {
             eprintln!("{why}");
             return ExitCode::from(2);
         }
-        None => Cli::parse(),
+        None => (Cli::parse(), None),
     };
     let log_format = cli.log_format;
     if let Some(bytes) = cli.max_file_bytes {
@@ -51,6 +56,8 @@ fn main() -> ExitCode {
             threads,
             admin_listen,
             shutdown_delay,
+            xds_server,
+            xds_node_id,
             tls,
         } => serve(Flags {
             tls,
@@ -64,6 +71,7 @@ fn main() -> ExitCode {
             admin_listen,
             proxy: None,
             log_format,
+            overlay: xds_flags(overlay, xds_server, xds_node_id),
         }),
         Command::Proxy {
             upstream,
@@ -85,6 +93,7 @@ fn main() -> ExitCode {
             proxy: Some((upstream, user)),
             log_format,
             shutdown_delay: std::time::Duration::ZERO,
+            overlay: None,
         }),
         Command::Simulate(args) => {
             init_logging(log_format.unwrap_or_default());
@@ -111,4 +120,22 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `--xds-server` as an overlay (the `ratelimit` entry gives its own):
+/// ratelimit's xDS client settings, serving the file's rules at once
+/// rather than waiting for the first configuration.
+fn xds_flags(
+    overlay: Option<spillway_server::config::Overlay>,
+    server: Option<String>,
+    node_id: String,
+) -> Option<spillway_server::config::Overlay> {
+    let Some(server) = server else {
+        return overlay;
+    };
+    let mut o = overlay.unwrap_or_default();
+    let mut x = spillway_server::xds::Settings::new(server, node_id);
+    x.wait_initial = false;
+    o.xds = Some(x);
+    Some(o)
 }

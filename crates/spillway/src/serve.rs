@@ -30,6 +30,8 @@ pub(crate) struct Flags {
     pub(crate) log_format: Option<LogFormat>,
     /// `--shutdown-delay` (`serve`; zero for `proxy`).
     pub(crate) shutdown_delay: Duration,
+    /// What the `ratelimit` entry's environment lays over the file.
+    pub(crate) overlay: Option<spillway_server::config::Overlay>,
 }
 
 /// `MERGE_DOMAIN_CONFIG`, read as envoyproxy/ratelimit reads it (Go's
@@ -129,6 +131,12 @@ pub(crate) fn serve(flags: Flags) -> ExitCode {
         cfg.rules = rules;
         read
     };
+    if let Some(overlay) = flags.overlay.clone()
+        && let Err(e) = overlay.apply(&mut cfg)
+    {
+        fatal(format, &cfg.secrets.redact(&format!("ratelimit: {e}")));
+        return ExitCode::from(2);
+    }
     if let Err(e) = apply_flags(&mut cfg, &flags) {
         let what = if flags.proxy.is_some() {
             "spillway proxy"

@@ -474,3 +474,40 @@ pub(super) fn add_domain(
         }
     }
 }
+
+/// The domains of resources received over xDS ([`crate::xds`]), each
+/// `(name, text)` one `RateLimitConfig` in envoyproxy/ratelimit's file
+/// form (as ratelimit turns them into its YAML form before loading them),
+/// read and checked as an `--envoy-config` file is and composed with the
+/// rules file's domains `files` as `--envoy-config` files are (a domain
+/// given twice refused unless `merge_domains`). Returns the resources'
+/// domains alone.
+///
+/// # Errors
+/// Every problem in every resource, each named `xds:NAME`.
+pub fn xds_domains(
+    files: &[crate::grpc::Domain],
+    resources: &[(String, String)],
+    merge_domains: bool,
+) -> Result<Vec<crate::grpc::Domain>, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut all: Vec<(crate::grpc::Domain, String)> = files
+        .iter()
+        .map(|d| (d.clone(), "the rules file".to_string()))
+        .collect();
+    let mut own = Vec::with_capacity(resources.len());
+    for (name, text) in resources {
+        match envoy::parse_located(&format!("xds:{name}"), text) {
+            Ok(l) => {
+                own.push(l.domain.clone());
+                add_domain(&mut all, l, merge_domains, &mut errors);
+            }
+            Err(e) => errors.extend(e.0),
+        }
+    }
+    if errors.is_empty() {
+        Ok(own)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}

@@ -10,6 +10,7 @@ mod envoy;
 mod envoy_settings;
 mod forward_auth;
 mod load;
+mod overlay;
 mod parts;
 mod raw;
 #[cfg(test)]
@@ -31,6 +32,7 @@ pub use crate::tls::{TlsFiles, TlsSettings};
 pub use admin::limits_from_json;
 pub use envoy::{load_envoy, parse_envoy};
 pub use load::*;
+pub use overlay::{Overlay, RedisOverlay};
 pub use parts::{BadFile, FilesStatus, RuleFiles};
 pub use server::default_max_connections;
 use server::{address, server_limits};
@@ -138,6 +140,13 @@ pub struct Config {
     /// `rules_dir:`, a directory whose files add their rules (see
     /// [`RuleFiles`]); relative to the file's directory once loaded.
     pub rules_dir: Option<PathBuf>,
+    /// Domains over xDS from a management server besides the files' (set
+    /// by `serve --xds-server` or the `ratelimit` entry's
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`; no file section says it).
+    pub xds: Option<crate::xds::Settings>,
+    /// `/healthcheck` fails while no gRPC domain is in force
+    /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub healthy_needs_domains: bool,
 }
 
 impl Config {
@@ -596,6 +605,8 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
             forward_auth,
             secrets: Secrets::default(),
             rules_dir,
+            xds: None,
+            healthy_needs_domains: false,
         })
     } else {
         Err(ConfigErrors(errs.list))

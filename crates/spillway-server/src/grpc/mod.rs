@@ -25,6 +25,9 @@ pub struct GrpcState {
     /// Whether answers carry RateLimit headers for Envoy to add
     /// (`grpc_response_headers`).
     pub response_headers: bool,
+    /// `/healthcheck` fails while no domain is in force
+    /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub healthy_needs_domains: bool,
 }
 
 /// Serves the Envoy rate limit service and gRPC health on `listener`

@@ -36,3 +36,4 @@ mod stall;
 mod sync;
 mod tls;
 mod util;
+mod xds;

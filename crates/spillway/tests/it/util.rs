@@ -68,12 +68,31 @@ impl Server {
                 c
             }
         };
+        cmd.arg(sub).args(args);
+        Server::spawn_command(cmd, env)
+    }
+
+    /// Starts the binary as envoyproxy/ratelimit's image starts it: under
+    /// the name `ratelimit` (a link to it), with no arguments, only
+    /// `env`; waits for the line that says where it listens.
+    pub fn start_ratelimit(env: &[(&str, &str)]) -> Server {
+        static LINK: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        let link = LINK.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("spillway-it-bin-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let link = dir.join("ratelimit");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_spillway"), &link).unwrap();
+            link
+        });
+        Server::spawn_command(Command::new(link), env)
+    }
+
+    fn spawn_command(mut cmd: Command, env: &[(&str, &str)]) -> Server {
         // Its own process group, so a wrapper's child (faketime forks) is
         // signalled and killed with it.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd
-            .arg(sub)
-            .args(args)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdout(Stdio::null())

@@ -29,9 +29,11 @@ pub fn router(state: Arc<GrpcState>) -> Router {
         .with_state(state)
 }
 
-/// 200 `OK` while the store is usable, else 500 with no body.
+/// 200 `OK` while the store is usable (and, with
+/// `healthy_needs_domains`, a domain is in force), else 500 with no body.
 async fn healthcheck(State(state): State<Arc<GrpcState>>) -> Response {
-    if state.shared.limiter.store().degraded().is_none() {
+    let configured = !state.healthy_needs_domains || !state.domains.load().names().is_empty();
+    if configured && state.shared.limiter.store().degraded().is_none() {
         (
             [(
                 header::CONTENT_TYPE,

@@ -39,6 +39,7 @@ fn state() -> GrpcState {
             vec![domain],
         ))),
         response_headers: true,
+        healthy_needs_domains: false,
     }
 }
 

@@ -15,6 +15,9 @@ pub struct Overlay {
     pub xds: Option<crate::xds::Settings>,
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`.
     pub healthy_needs_domains: bool,
+    /// The gRPC listener's TLS (`GRPC_SERVER_USE_TLS` and its files), as
+    /// the rules file's `grpc_tls:`.
+    pub grpc_tls: Option<TlsFiles>,
 }
 
 /// A Redis store from an environment.
@@ -29,6 +32,9 @@ pub struct RedisOverlay {
     pub cluster: bool,
     /// The longest wait for one decision (`REDIS_TIMEOUT`).
     pub timeout: Option<Duration>,
+    /// Behind Redis Sentinel (`REDIS_TYPE=sentinel`): the master's name
+    /// and the sentinels, instead of `urls`.
+    pub sentinel: Option<spillway_redis::SentinelConfig>,
 }
 
 impl Overlay {
@@ -55,16 +61,29 @@ impl Overlay {
                     ));
                 }
             }
-            match (r.cluster, r.urls.as_slice()) {
-                (_, []) => return Err(format!("{}: no server", r.named_by)),
-                (false, [one]) => cfg.url = one.clone(),
-                (false, _) => {
+            match (r.cluster, r.urls.as_slice(), r.sentinel) {
+                (_, _, Some(s)) => {
+                    if s.master.is_empty() || s.nodes.is_empty() {
+                        return Err(format!(
+                            "{}: REDIS_TYPE=sentinel reads it as the master's name, then the sentinels (name,host:port,...)",
+                            r.named_by
+                        ));
+                    }
+                    for node in &s.nodes {
+                        spillway_redis::parse_sentinel_node(node)
+                            .map_err(|e| format!("{}: {e}", r.named_by))?;
+                    }
+                    cfg.sentinel = Some(s);
+                }
+                (_, [], None) => return Err(format!("{}: no server", r.named_by)),
+                (false, [one], None) => cfg.url = one.clone(),
+                (false, _, None) => {
                     return Err(format!(
                         "{}: several servers need REDIS_TYPE=cluster",
                         r.named_by
                     ));
                 }
-                (true, nodes) => cfg.cluster = nodes.to_vec(),
+                (true, nodes, None) => cfg.cluster = nodes.to_vec(),
             }
             if let Some(t) = r.timeout {
                 if t.is_zero() {
@@ -77,6 +96,15 @@ impl Overlay {
         if let Some(x) = self.xds {
             crate::xds::check(&x).map_err(|e| format!("CONFIG_GRPC_XDS_*: {e}"))?;
             config.xds = Some(x);
+        }
+        if let Some(t) = self.grpc_tls {
+            if config.tls.grpc.is_some() {
+                return Err(format!(
+                    "{}: the rules file's `grpc_tls:` says it too; say it in one place",
+                    t.named_by
+                ));
+            }
+            config.tls.grpc = Some(t);
         }
         config.healthy_needs_domains |= self.healthy_needs_domains;
         Ok(())

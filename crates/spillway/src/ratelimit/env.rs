@@ -125,11 +125,6 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
             refused,
         );
     }
-    refuse(
-        "REDIS_SENTINEL_AUTH",
-        "Redis Sentinel (REDIS_TYPE=sentinel) is not wired to this entry yet",
-        refused,
-    );
     for name in [
         "REDIS_STARTUP_INITIAL_INTERVAL",
         "REDIS_STARTUP_MAX_INTERVAL",
@@ -164,6 +159,7 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         "REDIS_TIMEOUT",
         "REDIS_POOL_ON_EMPTY_BEHAVIOR",
         "REDIS_PERSECOND",
+        "REDIS_SENTINEL_AUTH",
     ]);
     if let Some(b) = env.get("REDIS_POOL_ON_EMPTY_BEHAVIOR")
         && !b.eq_ignore_ascii_case("wait")
@@ -191,6 +187,12 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         {
             refused.push(format!("{name}: not a setting spillway knows"));
         }
+    }
+    let sentinel_type = env
+        .get("REDIS_TYPE")
+        .is_some_and(|t| t.eq_ignore_ascii_case("sentinel"));
+    if env.get("REDIS_SENTINEL_AUTH").is_some() && !sentinel_type {
+        refused.push("REDIS_SENTINEL_AUTH: only read with REDIS_TYPE=sentinel".into());
     }
     let tls = env.on("REDIS_TLS", refused);
     let timeout = env.duration("REDIS_TIMEOUT", refused);
@@ -230,10 +232,7 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
     {
         None | Some("single") => false,
         Some("cluster") => true,
-        Some("sentinel") => {
-            refused.push("REDIS_TYPE: sentinel is not wired to this entry yet (use a rules file's store.redis, SPILLWAY_CONFIG)".into());
-            return None;
-        }
+        Some("sentinel") => return Some(sentinel(env, url, tls, timeout, refused)),
         Some(other) => {
             refused.push(format!(
                 "REDIS_TYPE: {other:?}: expected single, cluster or sentinel"
@@ -280,7 +279,59 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         urls,
         cluster,
         timeout,
+        sentinel: None,
     })
+}
+
+/// `REDIS_TYPE=sentinel`: `REDIS_URL` is the master's name, then the
+/// sentinels (`name,host:port,...`, as ratelimit reads it); `REDIS_AUTH`
+/// logs in to the master, `REDIS_SENTINEL_AUTH` to the sentinels (each a
+/// password, or `user:password`); `REDIS_TLS` speaks TLS to both.
+fn sentinel(
+    env: &Env<'_>,
+    url: &str,
+    tls: bool,
+    timeout: Option<Duration>,
+    refused: &mut Vec<String>,
+) -> RedisOverlay {
+    let mut parts = url.split(',').map(str::trim);
+    let master = parts.next().unwrap_or("").to_string();
+    let nodes: Vec<String> = parts.map(str::to_string).collect();
+    if master.is_empty() || master.contains(':') || nodes.is_empty() {
+        refused.push(format!(
+            "REDIS_URL: {url:?}: with REDIS_TYPE=sentinel, the master's name, then the sentinels (name,host:port,...)"
+        ));
+    }
+    for node in &nodes {
+        if let Err(e) = split_host(node) {
+            refused.push(format!("REDIS_URL: {e}"));
+        }
+    }
+    let login = |name: &str| match env.get(name) {
+        None => (None, None),
+        Some(a) => match a.split_once(':') {
+            Some((user, pass)) => (Some(user.to_string()), Some(pass.to_string())),
+            None => (None, Some(a.to_string())),
+        },
+    };
+    let (username, password) = login("REDIS_AUTH");
+    let (sentinel_username, sentinel_password) = login("REDIS_SENTINEL_AUTH");
+    RedisOverlay {
+        named_by: "REDIS_URL".into(),
+        urls: Vec::new(),
+        cluster: false,
+        timeout,
+        sentinel: Some(spillway_redis::SentinelConfig {
+            master,
+            nodes,
+            username,
+            password,
+            sentinel_username,
+            sentinel_password,
+            tls,
+            db: 0,
+        }),
+    }
 }
 
 /// Percent-encodes a URL's user or password.
@@ -429,7 +480,73 @@ pub(crate) fn overlay(env: &Env<'_>, refused: &mut Vec<String>) -> Overlay {
         redis: redis(env, refused),
         xds: xds(env, refused),
         healthy_needs_domains: env.on("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", refused),
+        grpc_tls: grpc_tls(env, refused),
     }
+}
+
+/// `GRPC_SERVER_USE_TLS` and its files: the gRPC listener's TLS, with
+/// client certificates required when a CA is given. ratelimit reads the
+/// CA from `GRPC_CLIENT_TLS_CACERT`; Envoy Gateway sets
+/// `GRPC_SERVER_TLS_CA_CERT` (its Envoy presents a certificate from that
+/// CA), which ratelimit passes over: both are read here, so a CA given is
+/// never a check skipped. `GRPC_CLIENT_TLS_SAN` names the one SAN a
+/// client certificate must carry.
+fn grpc_tls(env: &Env<'_>, refused: &mut Vec<String>) -> Option<spillway_server::config::TlsFiles> {
+    const FILES: [&str; 5] = [
+        "GRPC_SERVER_TLS_CERT",
+        "GRPC_SERVER_TLS_KEY",
+        "GRPC_CLIENT_TLS_CACERT",
+        "GRPC_SERVER_TLS_CA_CERT",
+        "GRPC_CLIENT_TLS_SAN",
+    ];
+    if !env.on("GRPC_SERVER_USE_TLS", refused) {
+        for name in FILES {
+            if env.get(name).is_some() {
+                refused.push(format!("{name}: only read with GRPC_SERVER_USE_TLS=true"));
+            }
+        }
+        return None;
+    }
+    let file = |name: &str, refused: &mut Vec<String>| match env.get(name) {
+        Some(p) => Some(std::path::PathBuf::from(p)),
+        None => {
+            refused.push(format!("{name}: GRPC_SERVER_USE_TLS=true needs it"));
+            None
+        }
+    };
+    let cert = file("GRPC_SERVER_TLS_CERT", refused);
+    let key = file("GRPC_SERVER_TLS_KEY", refused);
+    let client_ca = match (
+        env.get("GRPC_CLIENT_TLS_CACERT"),
+        env.get("GRPC_SERVER_TLS_CA_CERT"),
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            refused.push(format!(
+                "GRPC_CLIENT_TLS_CACERT and GRPC_SERVER_TLS_CA_CERT name two CAs ({a}, {b}); give one"
+            ));
+            None
+        }
+        (Some(a), _) | (None, Some(a)) => Some(std::path::PathBuf::from(a)),
+        (None, None) => None,
+    };
+    let client_san: Vec<String> = env
+        .get("GRPC_CLIENT_TLS_SAN")
+        .map(str::to_string)
+        .into_iter()
+        .collect();
+    if !client_san.is_empty() && client_ca.is_none() {
+        refused.push(
+            "GRPC_CLIENT_TLS_SAN: needs the CA client certificates chain to (GRPC_CLIENT_TLS_CACERT)"
+                .into(),
+        );
+    }
+    Some(spillway_server::config::TlsFiles {
+        cert: cert?,
+        key: key?,
+        named_by: "GRPC_SERVER_TLS_CERT/GRPC_SERVER_TLS_KEY".into(),
+        client_ca,
+        client_san,
+    })
 }
 
 /// `LOG_LEVEL` (logrus's levels) as a log filter.

@@ -23,9 +23,12 @@ fn refused(list: &[(&str, &str)]) -> Option<String> {
 }
 
 /// Envoy Gateway's environment for its limiter
-/// (`internal/infrastructure/kubernetes/ratelimit/resource.go`), but the
-/// gRPC server's TLS, which another part of issue 37 wires.
+/// (`internal/infrastructure/kubernetes/ratelimit/resource.go`).
 const ENVOY_GATEWAY: &[(&str, &str)] = &[
+    ("GRPC_SERVER_USE_TLS", "true"),
+    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
     ("RUNTIME_ROOT", "/data"),
     ("RUNTIME_SUBDIRECTORY", "ratelimit"),
     ("RUNTIME_IGNOREDOTFILES", "true"),
@@ -111,6 +114,64 @@ fn redis_variables_make_the_store_url() {
     );
 }
 
+/// `REDIS_TYPE=sentinel`: the master's name, then the sentinels; each
+/// login to its side.
+#[test]
+fn sentinel_variables_make_the_sentinel_store() {
+    let e = entry(&vars(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "mymaster, s1:26379,[::1]:26380"),
+        ("REDIS_AUTH", "app:pw"),
+        ("REDIS_SENTINEL_AUTH", "spw"),
+        ("REDIS_TLS", "true"),
+    ]))
+    .unwrap();
+    let s = e.overlay.redis.unwrap().sentinel.unwrap();
+    assert_eq!(s.master, "mymaster");
+    assert_eq!(s.nodes, ["s1:26379", "[::1]:26380"]);
+    assert_eq!(
+        (s.username.as_deref(), s.password.as_deref()),
+        (Some("app"), Some("pw"))
+    );
+    assert_eq!(
+        (s.sentinel_username, s.sentinel_password.as_deref()),
+        (None, Some("spw"))
+    );
+    assert!(s.tls);
+}
+
+/// `GRPC_SERVER_USE_TLS` and its files: the gRPC listener's own TLS,
+/// with Envoy Gateway's CA variable read as ratelimit's.
+#[test]
+fn grpc_tls_variables_make_the_grpc_listeners_tls() {
+    let base = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ];
+    let t = entry(&vars(&base)).unwrap().overlay.grpc_tls.unwrap();
+    assert_eq!(t.cert, std::path::Path::new("/certs/tls.crt"));
+    assert_eq!((t.client_ca, t.client_san.len()), (None, 0));
+    for ca in ["GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT"] {
+        let mut list = base.to_vec();
+        list.extend([(ca, "/certs/ca.crt"), ("GRPC_CLIENT_TLS_SAN", "envoy")]);
+        let t = entry(&vars(&list)).unwrap().overlay.grpc_tls.unwrap();
+        assert_eq!(
+            t.client_ca.as_deref(),
+            Some(std::path::Path::new("/certs/ca.crt"))
+        );
+        assert_eq!(t.client_san, ["envoy"]);
+    }
+    assert!(
+        entry(&vars(&[("GRPC_SERVER_USE_TLS", "false")]))
+            .unwrap()
+            .overlay
+            .grpc_tls
+            .is_none()
+    );
+}
+
 /// A setting passed over would limit otherwise than the operator
 /// believes (per instance instead of shared in Redis, by other rules
 /// than xDS's): the start stops, naming each.
@@ -124,7 +185,14 @@ fn settings_it_cannot_honour_stop_the_start() {
             &[("REDIS_URL", "/tmp/r.sock"), ("REDIS_SOCKET_TYPE", "unix")],
             "REDIS_SOCKET_TYPE",
         ),
-        (&[url, tcp, ("REDIS_TYPE", "sentinel")], "REDIS_TYPE"),
+        (
+            &[("REDIS_URL", "r:26379"), tcp, ("REDIS_TYPE", "sentinel")],
+            "REDIS_URL",
+        ),
+        (
+            &[url, tcp, ("REDIS_SENTINEL_AUTH", "s")],
+            "REDIS_SENTINEL_AUTH",
+        ),
         (&[url, tcp, ("REDIS_TYPE", "ring")], "REDIS_TYPE"),
         (&[url, tcp, ("REDIS_TLS_CACERT", "/ca")], "REDIS_TLS_CACERT"),
         (
@@ -208,7 +276,27 @@ fn settings_it_cannot_honour_stop_the_start() {
         ),
         (&[("USE_STATSD", "true")], "USE_STATSD"),
         (&[("TRACING_ENABLED", "true")], "TRACING_ENABLED"),
-        (&[("GRPC_SERVER_USE_TLS", "true")], "GRPC_SERVER_USE_TLS"),
+        (&[("GRPC_SERVER_USE_TLS", "true")], "GRPC_SERVER_TLS_CERT"),
+        (&[("GRPC_SERVER_TLS_CERT", "/c")], "GRPC_SERVER_TLS_CERT"),
+        (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/c"),
+                ("GRPC_SERVER_TLS_KEY", "/k"),
+                ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ],
+            "GRPC_CLIENT_TLS_SAN",
+        ),
+        (
+            &[
+                ("GRPC_SERVER_USE_TLS", "true"),
+                ("GRPC_SERVER_TLS_CERT", "/c"),
+                ("GRPC_SERVER_TLS_KEY", "/k"),
+                ("GRPC_CLIENT_TLS_CACERT", "/a"),
+                ("GRPC_SERVER_TLS_CA_CERT", "/b"),
+            ],
+            "GRPC_SERVER_TLS_CA_CERT",
+        ),
         (
             &[("GRPC_MAX_CONNECTION_AGE", "1h")],
             "GRPC_MAX_CONNECTION_AGE",

@@ -29,8 +29,12 @@ mod simulate;
 fn main() -> ExitCode {
     // Started as `ratelimit` (the image's /bin/ratelimit): envoyproxy/
     // ratelimit's environment stands for the command line.
+    let mut as_ratelimit = false;
     let cli = match ratelimit::args() {
-        Some(Ok(args)) => Cli::parse_from(args),
+        Some(Ok(args)) => {
+            as_ratelimit = true;
+            Cli::parse_from(args)
+        }
         Some(Err(why)) => {
             eprintln!("{why}");
             return ExitCode::from(2);
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
             listen,
             shutdown_delay: shutdown_delay.unwrap_or_default(),
             grpc_listen,
+            as_ratelimit,
             envoy_files: envoy_config,
             merge_domains: merge_domains || merge_domain_config_env(),
             threads,
@@ -78,6 +83,7 @@ fn main() -> ExitCode {
             config,
             listen,
             grpc_listen: None,
+            as_ratelimit: false,
             envoy_files: Vec::new(),
             merge_domains: false,
             threads,

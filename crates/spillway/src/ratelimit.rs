@@ -87,9 +87,6 @@ fn not_honoured(names: &[String], env: &dyn Fn(&str) -> Option<OsString>) -> Opt
                         _ => "not supported",
                     })
                 }
-                "GRPC_MAX_CONNECTION_AGE" | "GRPC_MAX_CONNECTION_AGE_GRACE" | "GRPC_UDS" if set => {
-                    Some("not supported yet")
-                }
                 _ => None,
             }
         };
@@ -189,8 +186,6 @@ mod tests {
             ("USE_PROMETHEUS", "true"),
             ("TRACING_ENABLED", "true"),
             ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_MAX_CONNECTION_AGE", "1h"),
-            ("GRPC_UDS", "/tmp/rl.sock"),
             ("BACKEND_TYPE", "memcache"),
         ] {
             let why = refused(&[(name, value), ("HOST", "0.0.0.0")])

@@ -329,3 +329,76 @@ fn bad_age_settings_and_addresses_are_refused_with_where_they_came_from() {
         "{err}"
     );
 }
+
+/// Under the `ratelimit` entry (the image's `/bin/ratelimit`), `GRPC_UDS`
+/// replaces `GRPC_HOST:GRPC_PORT`, as in envoyproxy/ratelimit.
+#[tokio::test]
+async fn bin_ratelimit_serves_grpc_on_grpc_uds_instead_of_its_port() {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = TempDir::new("grpc-uds-ratelimit");
+    let config = dir.0.join("runtime").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("conn.yaml"),
+        "domain: conn\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 3 }\n",
+    )
+    .unwrap();
+    let rules = dir.write("rules.yaml", "rules: []\n");
+    let sock = dir.0.join("rl.sock");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .arg0("ratelimit")
+        .env("RUNTIME_ROOT", dir.0.join("runtime"))
+        .env("SPILLWAY_CONFIG", &rules)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", "0")
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", "0")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", "0")
+        .env("GRPC_UDS", &sock)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the spillway binary as ratelimit");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let line = loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) if l.contains("gRPC (Envoy rate limit service) listening on") => break l,
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no gRPC listener; it printed {seen:#?}");
+            }
+        }
+    };
+    // Killed however the test ends.
+    let _child = KillOnDrop(child);
+    assert!(line.contains(&format!("unix:{}", sock.display())), "{line}");
+    let unix = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (mut send, _driver) = h2_over(unix).await;
+    let r = call(&mut send, "eve").await.expect("a call over GRPC_UDS");
+    assert_eq!(remaining(&r), (Code::Ok as i32, 2));
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

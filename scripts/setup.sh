@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond the Rust toolchain: redis-server
-# (Debian package, which brings redis-cli and redis-benchmark), faketime
+# (Debian package, which brings redis-cli and redis-benchmark; its
+# `redis-server --sentinel` runs the Sentinel tests' sentinels), faketime
 # (to run an instance with a skewed clock), iproute2 (the adversarial
 # matrix's IPv6 addresses on lo), python3 (the checks that read
 # cargo metadata), openapi-spec-validator (pip; checks docs/openapi.yaml),

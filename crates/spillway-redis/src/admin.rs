@@ -157,7 +157,7 @@ impl RedisStore {
     /// store's timeout.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
         let timeout = self.inner.config.timeout;
-        let Some(conn) = self.inner.conn.get().cloned() else {
+        let Some(conn) = self.inner.current() else {
             return Err(err(true, "not connected to redis yet"));
         };
         let call = async {

@@ -52,6 +52,9 @@ pub(crate) struct Breaker {
     /// reconnection, not for a server that holds it (see
     /// [`Breaker::link_down`]).
     link_down: AtomicBool,
+    /// How many times the connection was found lost while it was
+    /// believed up (see [`Breaker::losses`]).
+    losses: AtomicU64,
 }
 
 impl Breaker {
@@ -68,6 +71,7 @@ impl Breaker {
             outages: AtomicU64::new(0),
             opened_at: AtomicU64::new(0),
             link_down: AtomicBool::new(false),
+            losses: AtomicU64::new(0),
         }
     }
 
@@ -111,8 +115,23 @@ impl Breaker {
     }
 
     /// A call went out and its connection failed, dropped or was refused.
-    pub(crate) fn link_lost(&self) {
-        self.link_down.store(true, Ordering::Release);
+    /// Returns whether it was believed up until now (a loss counted).
+    pub(crate) fn link_lost(&self) -> bool {
+        let was_up = !self.link_down.swap(true, Ordering::AcqRel);
+        if was_up {
+            self.losses.fetch_add(1, Ordering::AcqRel);
+        }
+        was_up
+    }
+
+    /// How many times the connection was found lost while it was believed
+    /// up: a call that timed out on a connection lost afterwards (this
+    /// count moved on since) may never have reached a server that runs
+    /// it, whereas one followed by an answer on the same connection (the
+    /// count unchanged) was run before that answer (one connection's
+    /// calls run in order).
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
     }
 
     /// Whether the connection has been lost since the last success. A
@@ -193,6 +212,21 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Losses count the times the link went down, not the failed calls
+    /// while it stays down.
+    #[test]
+    fn a_loss_is_counted_once_until_a_success() {
+        let b = Breaker::new(3, Duration::ZERO);
+        assert_eq!((b.losses(), b.link_down()), (0, false));
+        b.link_lost();
+        b.link_lost();
+        assert_eq!((b.losses(), b.link_down()), (1, true));
+        b.success();
+        assert_eq!((b.losses(), b.link_down()), (1, false));
+        b.link_lost();
+        assert_eq!(b.losses(), 2);
+    }
 
     #[test]
     fn opens_after_threshold_and_lets_one_probe_through() {

@@ -256,6 +256,13 @@ pub(crate) fn live_key(prefix: &str) -> String {
     format!("{prefix}sync:live")
 }
 
+/// The key naming the data this server holds (see
+/// `RedisStore::incarnation`): never expires, so it is gone only with the
+/// data (a restart without persistence, a flush).
+pub(crate) fn incarnation_key(prefix: &str) -> String {
+    format!("{prefix}sync:incarnation")
+}
+
 /// The hash of sequence numbers in the slot of `tag`'s bucket, for a
 /// cluster (each slot keeps its own: one call touches one slot).
 pub(crate) fn slot_seq_key(prefix: &str, tag: u64, buckets: u32) -> String {

@@ -110,7 +110,12 @@ pub use over::DEFAULT_ENTRIES as DEFAULT_OVER_LIMIT_CACHE;
 mod msgpack;
 mod reply;
 mod rules;
+mod sentinel;
 pub use rules::{Precondition, RuleChange, RuleWrite};
+pub use sentinel::{
+    CHECK_INTERVAL as SENTINEL_CHECK_INTERVAL, Discovery, SentinelConfig,
+    parse_node as parse_sentinel_node,
+};
 mod sync;
 pub use sync::{Beat, SyncItem, SyncItemReply, SyncOp, SyncReply};
 
@@ -156,6 +161,9 @@ pub struct RedisConfig {
     pub url: String,
     /// Seed nodes of a Redis Cluster, instead of `url`.
     pub cluster: Vec<String>,
+    /// The sentinels that name the master, instead of `url` and
+    /// `cluster` (see [`SentinelConfig`]).
+    pub sentinel: Option<SentinelConfig>,
     /// Longest wait for one decision.
     pub timeout: Duration,
     /// Prepended to every key.
@@ -186,6 +194,7 @@ impl Default for RedisConfig {
         RedisConfig {
             url: "redis://127.0.0.1:6379/0".to_string(),
             cluster: Vec::new(),
+            sentinel: None,
             timeout: Duration::from_millis(50),
             prefix: "spillway:".to_string(),
             buckets: DEFAULT_BUCKETS,
@@ -227,6 +236,20 @@ struct Inner {
     over: Option<over::OverLimit>,
     /// Script calls sent (see [`RedisStore::script_calls`]).
     calls: AtomicU64,
+    /// Behind sentinels: the master's connection as it is now (`conn`
+    /// keeps the first one, to say a connection was made).
+    sentinel: Option<sentinel::Watch>,
+}
+
+impl Inner {
+    /// The connection to call now: behind sentinels, the current
+    /// master's.
+    fn current(&self) -> Option<Conn> {
+        match &self.sentinel {
+            Some(w) => w.current().map(Conn::Single),
+            None => self.conn.get().cloned(),
+        }
+    }
 }
 
 /// While this many script calls to a single server are under way, new
@@ -272,7 +295,13 @@ impl RedisStore {
     /// one sent operators looking for a server they never configured.)
     pub fn describe(&self) -> String {
         let c = &self.inner.config;
-        if c.cluster.is_empty() {
+        if let Some(s) = &c.sentinel {
+            format!(
+                "redis sentinel master {:?} [{}]",
+                s.master,
+                s.nodes.join(", ")
+            )
+        } else if c.cluster.is_empty() {
             format!("redis {}", redact(&c.url))
         } else {
             let nodes: Vec<String> = c.cluster.iter().map(|u| redact(u)).collect();
@@ -323,7 +352,9 @@ impl RedisStore {
         // network with delayed acknowledgements, milliseconds). On
         // loopback it measured the same either way.
         let tcp = redis::io::tcp::TcpSettings::default().set_nodelay(true);
-        let target = if config.cluster.is_empty() {
+        let target = if config.sentinel.is_some() {
+            None
+        } else if config.cluster.is_empty() {
             let url_error = |e: redis::RedisError| {
                 err(false, format!("redis url {}: {e}", redact(&config.url)))
             };
@@ -333,17 +364,28 @@ impl RedisStore {
                 .into_connection_info()
                 .map_err(url_error)?
                 .set_tcp_settings(tcp);
-            Target::Single(redis::Client::open(info).map_err(url_error)?)
+            Some(Target::Single(
+                redis::Client::open(info).map_err(url_error)?,
+            ))
         } else {
-            Target::Cluster(
+            Some(Target::Cluster(
                 redis::cluster::ClusterClient::builder(config.cluster.clone())
                     .tcp_settings(tcp)
                     .connection_timeout(Duration::from_secs(1))
                     .response_timeout(config.timeout.max(Duration::from_millis(10)))
                     .build()
                     .map_err(|e| err(false, format!("redis cluster: {e}")))?,
-            )
+            ))
         };
+        if let Some(s) = &config.sentinel {
+            if s.nodes.is_empty() {
+                return Err(err(false, "redis sentinel: list at least one sentinel"));
+            }
+            for n in &s.nodes {
+                sentinel::parse_node(n).map_err(|e| err(false, format!("redis sentinel: {e}")))?;
+            }
+        }
+        let config_sentinel = config.sentinel.clone();
         let (queue, queued) = mpsc::channel(MAX_QUEUED);
         let store = RedisStore {
             inner: Arc::new(Inner {
@@ -357,9 +399,14 @@ impl RedisStore {
                 connect_error: Mutex::new(None),
                 queue,
                 calls: AtomicU64::new(0),
+                sentinel: config_sentinel.is_some().then(sentinel::Watch::new),
             }),
         };
-        tokio::spawn(connect_loop(Arc::downgrade(&store.inner), target));
+        if let Some(target) = target {
+            tokio::spawn(connect_loop(Arc::downgrade(&store.inner), target));
+        } else if let Some(s) = config_sentinel {
+            tokio::spawn(sentinel::watcher(Arc::downgrade(&store.inner), s));
+        }
         tokio::spawn(batcher(Arc::downgrade(&store.inner), queued));
         Ok(store)
     }
@@ -373,6 +420,15 @@ impl RedisStore {
     /// The breaker's state: closed (healthy), open, or half-open.
     pub fn breaker(&self) -> BreakerState {
         self.inner.breaker.state()
+    }
+
+    /// How many times the connection to Redis was found lost while it was
+    /// believed up. A call that timed out before this count moved on, and
+    /// that an answer on the connection follows while it has not, was run
+    /// by Redis before that answer; one after which it moved may not have
+    /// been run at all.
+    pub fn link_losses(&self) -> u64 {
+        self.inner.breaker.losses()
     }
 
     /// True when connected and the breaker is closed.
@@ -561,16 +617,26 @@ impl RedisStore {
         } else {
             format!("redis: {}", fault::said(e))
         };
-        if sent && fault == Fault::Connection {
-            inner.breaker.link_lost();
+        if sent && fault == Fault::Connection && inner.breaker.link_lost() {
+            tracing::info!(
+                "redis connection lost ({message}): calls that time out until one succeeds were not run by redis"
+            );
         }
         inner.breaker.failure(fault, &message);
+        // Behind sentinels, any failure may be a failover under way: the
+        // watcher looks for the master at once (and keeps looking until
+        // one answers as master).
+        if let Some(w) = &inner.sentinel {
+            w.suspect();
+        }
         // Sent, and no answer in time: a stopped server may run it when
         // it resumes. Not while the connection is known lost (a killed
         // server): the call then waited for a reconnection, nothing will
         // run it, and a share that admits it must charge it later, or the
         // admission is lost (issue 35: two such units left a burst key
-        // under-counted after reconciliation).
+        // under-counted after reconciliation). Even when not known lost,
+        // "may" is all it is: a share settles it later from whether the
+        // connection and the data lasted (`link_losses`, `incarnation`).
         let maybe = sent && fault == Fault::Timeout && !inner.breaker.link_down();
         err(fault.transient(), message).maybe_applied_if(maybe)
     }
@@ -726,7 +792,7 @@ async fn batcher(store: std::sync::Weak<Inner>, mut queued: mpsc::Receiver<Pendi
         let Some(inner) = store.upgrade() else { return };
         tokio::spawn(async move {
             let _slot = slot;
-            let conn = inner.conn.get().cloned();
+            let conn = inner.current();
             let result = match conn {
                 Some(Conn::Single(mut c)) => {
                     let config = &inner.config;
@@ -887,7 +953,9 @@ async fn connect_loop(store: std::sync::Weak<Inner>, target: Target) {
 
 /// The server or cluster a config names, for logs (no password).
 fn target_name(config: &RedisConfig) -> String {
-    if config.cluster.is_empty() {
+    if let Some(s) = &config.sentinel {
+        format!("sentinels {} (master {:?})", s.nodes.join(", "), s.master)
+    } else if config.cluster.is_empty() {
         redact(&config.url)
     } else {
         format!(
@@ -953,6 +1021,9 @@ fn replay(charges: &[Charge<'_>], out: &[i64], cost: u64, write: Write) -> Decis
 /// # Errors
 /// The first node that cannot be reached, and why.
 pub fn probe(config: &RedisConfig, timeout: Duration) -> Result<(), String> {
+    if let Some(s) = &config.sentinel {
+        return s.probe(timeout);
+    }
     let urls: Vec<&str> = if config.cluster.is_empty() {
         vec![config.url.as_str()]
     } else {

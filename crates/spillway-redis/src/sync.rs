@@ -10,6 +10,7 @@
 //! the call is idempotent: a push sent again after a lost reply is
 //! answered, but changes nothing.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use spillway_core::{Decision, Verdict};
@@ -166,7 +167,11 @@ impl RedisStore {
             keys::part_tagged(item.rule, item.tag, cost, now_us, write)
         };
         let (prefix, buckets) = (&inner.config.prefix, inner.config.buckets);
-        let result = match self.connection()? {
+        self.connection()?;
+        let Some(conn) = inner.current() else {
+            return Err(err(true, "not connected to redis yet"));
+        };
+        let result = match &conn {
             Conn::Single(c) => {
                 let parts: Vec<keys::Part> = items.iter().map(part).collect();
                 let cmd = keys::exchange_command(
@@ -255,6 +260,43 @@ impl RedisStore {
         }
     }
 
+    /// The name of the data this Redis holds: `<prefix>sync:incarnation`,
+    /// set to `mine` if it has none (`SET NX GET`, Redis 7), and answered.
+    /// A server restarted without its data (killed and started empty, or
+    /// flushed) answers a name other than before: what a call that timed
+    /// out may have done there is gone with it. Bounded by the store's
+    /// timeout and counted on the circuit breaker.
+    ///
+    /// # Errors
+    /// As [`Store::decide`](spillway_store::Store::decide).
+    pub async fn incarnation(&self, mine: &str) -> Result<Vec<u8>, StoreError> {
+        let inner = &self.inner;
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(keys::incarnation_key(&inner.config.prefix))
+            .arg(mine)
+            .arg("NX")
+            .arg("GET");
+        let conn = self.connection()?.clone();
+        let call = async {
+            let _due = spillway_store::due::Awaiting::new();
+            inner.calls.fetch_add(1, Ordering::Relaxed);
+            match conn {
+                Conn::Single(mut c) => cmd.query_async::<Option<Vec<u8>>>(&mut c).await,
+                Conn::Cluster(mut c) => cmd.query_async::<Option<Vec<u8>>>(&mut c).await,
+            }
+        };
+        let result = Box::pin(tokio::time::timeout(inner.config.timeout, call))
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
+        match result {
+            Ok(was) => {
+                inner.breaker.success();
+                Ok(was.unwrap_or_else(|| mine.as_bytes().to_vec()))
+            }
+            Err(e) => Err(self.failed(&e)),
+        }
+    }
+
     /// Records `instance` as alive at Redis's time in the sorted set
     /// `<prefix>sync:live`, drops the members whose last heartbeat is
     /// older than `ttl` (the set itself lives `ttl` after the last one),
@@ -301,7 +343,10 @@ impl RedisStore {
             .arg(instance)
             .arg(ttl_us)
             .arg(if synced { "1" } else { "0" });
-        let conn = self.connection()?.clone();
+        self.connection()?;
+        let Some(conn) = inner.current() else {
+            return Err(err(true, "not connected to redis yet"));
+        };
         let call = async {
             let _due = spillway_store::due::Awaiting::new();
             match conn {

@@ -15,6 +15,8 @@ use spillway_testkit::{RedisCluster, RedisServer};
 mod admin;
 #[path = "redis/look.rs"]
 mod look;
+#[path = "redis/sentinel.rs"]
+mod sentinel;
 #[path = "redis/sync.rs"]
 mod sync;
 

@@ -321,6 +321,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    crate::store::preflight(&opts.config.store).await?;
     let parts = build(&opts).map_err(std::io::Error::other)?;
     let (stopping, shutdown) = stopping(shutdown, opts.shutdown_delay);
     let admin_at = opts.config.admin_listen;
@@ -404,6 +405,7 @@ pub async fn run_proxy(
         .redact(&upstream.to_string())
         .into_owned();
     tracing::info!(upstream = %shown, "proxying to {shown}");
+    crate::store::preflight(&opts.config.store).await?;
     let parts = build(&opts).map_err(std::io::Error::other)?;
     // Bound before anything says it listens: a taken port fails the start.
     let admin = match settings.admin_listen {
@@ -485,7 +487,7 @@ async fn serve_with<H: Handler>(
     let acceptor =
         |c: &Option<Arc<tls::Certs>>, alpn| c.as_ref().map(|c| c.acceptor(alpn)).transpose();
     let main_tls = acceptor(&parts.tls.listeners, tls::HTTP_ALPN)?;
-    let grpc_tls = acceptor(&parts.tls.listeners, tls::GRPC_ALPN)?;
+    let grpc_tls = acceptor(&parts.tls.grpc, tls::GRPC_ALPN)?;
     let admin_tls = acceptor(&parts.tls.admin, tls::HTTP_ALPN)?;
     let scheme = |on: bool| if on { "https" } else { "http" };
     // Bound before anything says it listens: a taken port fails the start.

@@ -223,3 +223,37 @@ impl ServerStore {
         }
     }
 }
+
+/// Before serving behind Redis Sentinel: when the sentinels answer and
+/// none knows the master's name, the start stops (a typo would otherwise
+/// leave every decision to `on_store_error` for good). Sentinels that do
+/// not answer stop nothing: the store serves by policy and keeps looking,
+/// as it does for a Redis that is not there yet.
+///
+/// # Errors
+/// No sentinel knows the master's name.
+pub(crate) async fn preflight(store: &crate::config::StoreConfig) -> std::io::Result<()> {
+    let redis = match store {
+        crate::config::StoreConfig::Redis(r) => r,
+        crate::config::StoreConfig::Sync(s) => &s.redis,
+        crate::config::StoreConfig::Memory { .. } => return Ok(()),
+    };
+    let Some(s) = &redis.sentinel else {
+        return Ok(());
+    };
+    match s.discover().await {
+        Err(spillway_redis::Discovery::Unknown(why)) => Err(std::io::Error::other(format!(
+            "store.redis.sentinel.master: {why}"
+        ))),
+        Err(spillway_redis::Discovery::Unreachable(why)) => {
+            tracing::warn!(
+                "redis sentinel: {why}; serving by on_store_error until a master answers"
+            );
+            Ok(())
+        }
+        Ok((host, port)) => {
+            tracing::info!("redis sentinel: {:?} is at {host}:{port}", s.master);
+            Ok(())
+        }
+    }
+}

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use spillway_core::{Decision, Verdict};
@@ -10,7 +12,7 @@ use spillway_store::{Charge, Store, StoreError};
 
 use crate::clock::StoreClock;
 use crate::live_ttl;
-use crate::share::Share;
+use crate::share::{Doubt, Share};
 use crate::status::{Health, SyncStatus, instance_id};
 
 /// The per-decision Redis store with a share to fall back on
@@ -29,6 +31,9 @@ struct FallbackInner {
     share: Share,
     instance: String,
     health: Health,
+    /// The name of the data Redis holds, as last read (see
+    /// `RedisStore::incarnation`); empty until read.
+    incarnation: Mutex<Arc<[u8]>>,
 }
 
 impl Fallback {
@@ -40,6 +45,7 @@ impl Fallback {
             redis,
             instance: instance_id(),
             health: Health::default(),
+            incarnation: Mutex::new(Arc::from(&[][..])),
         });
         tokio::spawn(fallback_loop(Arc::downgrade(&inner)));
         Fallback { inner }
@@ -53,7 +59,7 @@ impl Fallback {
     /// A snapshot for status pages and metrics.
     pub fn status(&self) -> SyncStatus {
         let i = &self.inner;
-        let owed = i.share.owed.lock().waiting();
+        let owed = i.share.owed.lock().waiting() + i.share.doubted();
         SyncStatus {
             mode: "per-decision",
             instance: i.instance.clone(),
@@ -96,14 +102,20 @@ impl Store for Fallback {
         error: &StoreError,
     ) -> Option<Decision> {
         // A request sent to a Redis that did not answer in time may still
-        // be run by it (a stopped server runs its queue when it resumes):
-        // decided here, it is not charged to Redis a second time.
-        let owe = !error.maybe_applied();
-        Some(
-            self.inner
-                .share
-                .decide(charges, cost, after, owe, spillway_redis::tag),
-        )
+        // be run by it (a stopped server runs its queue when it resumes),
+        // or not (the connection was lost, the server killed): decided
+        // here, its charge waits until Redis answers again and says which
+        // (`FallbackInner::tick`).
+        let share = &self.inner.share;
+        Some(if error.maybe_applied() {
+            let doubt = Doubt {
+                losses: self.inner.redis.link_losses(),
+                incarnation: self.inner.incarnation.lock().clone(),
+            };
+            share.decide_in_doubt(charges, cost, after, &doubt, spillway_redis::tag)
+        } else {
+            share.decide(charges, cost, after, true, spillway_redis::tag)
+        })
     }
 
     /// Redis's view, where decisions are made; an error when Redis cannot
@@ -134,13 +146,28 @@ impl Store for Fallback {
 impl FallbackInner {
     async fn tick(&self) {
         let sent = std::time::Instant::now();
+        let mark = self.share.mark();
         match self
             .redis
             .heartbeat(&self.instance, live_ttl(Duration::from_secs(1)))
             .await
         {
-            Ok((_, live)) => {
-                self.share.set_live(live as u64);
+            Ok((_, live)) => self.share.set_live(live as u64),
+            Err(_) => {
+                self.health.failed();
+                return;
+            }
+        }
+        // Redis answered on its connection after every doubt recorded
+        // before `mark`: with the connection and the data it had then, it
+        // ran their calls; otherwise they are owed.
+        let losses = self.redis.link_losses();
+        match self.redis.incarnation(&self.instance).await {
+            Ok(name) => {
+                let name: Arc<[u8]> = Arc::from(name);
+                *self.incarnation.lock() = name.clone();
+                self.share.settle(mark, losses, &name);
+                // Answered once both are: a doubt from now on is settled.
                 self.health.ok(sent.elapsed().as_nanos() as u64, 0);
             }
             Err(_) => {
@@ -173,7 +200,10 @@ impl FallbackInner {
                 self.health.keys.store(call.len() as u64, Ordering::Relaxed);
             }
         }
-        if self.share.owed.lock().waiting() == 0 && self.redis.is_healthy() {
+        if self.share.owed.lock().waiting() == 0
+            && self.share.doubted() == 0
+            && self.redis.is_healthy()
+        {
             self.share.end();
         }
     }
@@ -186,11 +216,14 @@ async fn fallback_loop(weak: Weak<FallbackInner>) {
     loop {
         ticker.tick().await;
         let Some(inner) = weak.upgrade() else { return };
-        // A heartbeat a second; while sharing, four a second so the
-        // shared counts are reconciled soon after the store returns.
-        beat = beat.wrapping_add(1);
-        if beat.is_multiple_of(4) || inner.share.active() {
+        // A heartbeat a second; four a second until the first is answered
+        // (with it the name of Redis's data, which settles later doubts)
+        // and while sharing, so the shared counts are reconciled soon
+        // after the store returns.
+        let unanswered = inner.health.last_ok_ms.load(Ordering::Relaxed) == 0;
+        if beat.is_multiple_of(4) || inner.share.active() || unanswered {
             inner.tick().await;
         }
+        beat = beat.wrapping_add(1);
     }
 }

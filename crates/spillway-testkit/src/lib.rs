@@ -22,6 +22,7 @@ pub mod legit;
 pub mod load;
 pub mod queueing;
 pub mod relay;
+pub mod sentinel;
 pub mod upstream;
 
 /// A one-thread runtime with timers and I/O, for this crate's own tests.
@@ -34,6 +35,7 @@ fn test_runtime() -> tokio::runtime::Runtime {
 }
 
 pub use relay::Relay;
+pub use sentinel::SentinelSet;
 
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {

@@ -130,7 +130,13 @@ pub(crate) fn check_config(
                     outln!("store: memory (max_keys {max_keys})");
                 }
                 config::StoreConfig::Redis(r) => {
-                    if r.cluster.is_empty() {
+                    if let Some(s) = &r.sentinel {
+                        outln!(
+                            "store: redis sentinel, master {:?}, {} sentinels",
+                            s.master,
+                            s.nodes.len()
+                        );
+                    } else if r.cluster.is_empty() {
                         outln!("store: redis {}", spillway_redis::redact(&r.url));
                     } else {
                         outln!("store: redis cluster, {} seed nodes", r.cluster.len());

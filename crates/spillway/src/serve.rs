@@ -51,10 +51,20 @@ pub(crate) fn merge_domain_config_env() -> bool {
 /// Lays the flags over the file's validated settings.
 fn apply_flags(cfg: &mut Config, flags: &Flags) -> Result<(), String> {
     if let (Some(cert), Some(key)) = (&flags.tls.tls_cert, &flags.tls.tls_key) {
+        // The flags name the pair; client certificates stay as the file
+        // asks (`tls.client_ca`, `tls.client_san`).
+        let (client_ca, client_san) = cfg
+            .tls
+            .listeners
+            .take()
+            .map(|f| (f.client_ca, f.client_san))
+            .unwrap_or_default();
         cfg.tls.listeners = Some(spillway_server::config::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             named_by: "--tls-cert/--tls-key".into(),
+            client_ca,
+            client_san,
         });
     }
     if let Some(a) = &flags.grpc_listen

@@ -252,7 +252,10 @@ pub const SECTIONS: &[Section] = &[
     },
     Section::at_start("server", |a, b| a.server != b.server),
     Section::at_start("log", |a, b| a.log_format != b.log_format),
-    Section::at_start("tls", |a, b| a.tls != b.tls),
+    Section::at_start("tls", |a, b| {
+        a.tls.listeners != b.tls.listeners || a.tls.admin != b.tls.admin
+    }),
+    Section::at_start("grpc_tls", |a, b| a.tls.grpc != b.tls.grpc),
     Section::at_start("grpc_response_headers", |a, b| {
         a.grpc_response_headers != b.grpc_response_headers
     }),
@@ -486,6 +489,10 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
             .as_ref()
             .and_then(|a| a.value.tls.as_ref())
             .and_then(|t| tls::tls(&mut errs, t, "admin.tls")),
+        grpc: raw
+            .grpc_tls
+            .as_ref()
+            .and_then(|t| tls::tls(&mut errs, t, "grpc_tls")),
     };
     let (envoy, envoy_errors) = envoy_settings::load(raw.envoy.as_ref(), errs.file, &|var| {
         std::env::var(var).ok()

@@ -46,6 +46,9 @@ pub(crate) struct RawConfig {
     /// HTTPS on every listener: certificate and key files.
     #[serde(default)]
     pub(crate) tls: Option<Spanned<RawTls>>,
+    /// The gRPC listener's own TLS, when it differs from `tls:`.
+    #[serde(default)]
+    pub(crate) grpc_tls: Option<Spanned<RawTls>>,
     #[serde(default)]
     pub(crate) domains: Vec<Spanned<RawDomain>>,
     /// Descriptor names a rule's `by:` may use bare (`by: tenant`).
@@ -97,6 +100,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             plans,
             server,
             tls,
+            grpc_tls,
             domains,
             descriptors,
             path_matching,
@@ -126,6 +130,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.plans, plans);
         take(&mut self.server, server);
         take(&mut self.tls, tls);
+        take(&mut self.grpc_tls, grpc_tls);
         self.domains.extend(domains);
         take(&mut self.descriptors, descriptors);
         take(&mut self.path_matching, path_matching);
@@ -413,6 +418,12 @@ pub(crate) struct RawTls {
     pub(crate) cert: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) key: Option<Spanned<String>>,
+    /// Client certificates required, issued by this CA (mutual TLS).
+    #[serde(default)]
+    pub(crate) client_ca: Option<Spanned<String>>,
+    /// Names one of which a client certificate's DNS or URI SAN must be.
+    #[serde(default)]
+    pub(crate) client_san: Option<Spanned<Vec<String>>>,
 }
 
 /// `health:`: the service's targets.
@@ -546,6 +557,8 @@ pub(crate) struct RawRedis {
     #[serde(default)]
     pub(crate) cluster: Option<Spanned<Vec<String>>>,
     #[serde(default)]
+    pub(crate) sentinel: Option<Spanned<RawSentinel>>,
+    #[serde(default)]
     pub(crate) timeout: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) prefix: Option<Spanned<String>>,
@@ -559,6 +572,28 @@ pub(crate) struct RawRedis {
     pub(crate) over_limit_cache: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) sync: Option<Spanned<RawSync>>,
+}
+
+/// `store.redis.sentinel`: the master found by asking Redis Sentinel.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSentinel {
+    #[serde(default)]
+    pub(crate) master: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) nodes: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    pub(crate) username: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) password: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) sentinel_username: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) sentinel_password: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) tls: Option<bool>,
+    #[serde(default)]
+    pub(crate) db: Option<Spanned<i64>>,
 }
 
 /// `store.redis.sync`: local-first decisions.

@@ -13,10 +13,18 @@ pub(super) const MAX_BUCKETS: u32 = 1 << 24;
 pub(super) fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> StoreConfig {
     let raw = &r.value;
     let mut cfg = spillway_redis::RedisConfig::default();
-    match (&raw.url, &raw.cluster) {
-        (Some(_), Some(c)) => errs.at(c, "redis: give url or cluster, not both"),
-        (None, None) => errs.at(r, "redis: needs url (or cluster: a list of node urls)"),
+    match (&raw.url, &raw.cluster, &raw.sentinel) {
+        (Some(_), Some(c), _) => errs.at(c, "redis: give url or cluster, not both"),
+        (Some(_), None, Some(s)) => errs.at(s, "redis: give url or sentinel, not both"),
+        (None, Some(_), Some(s)) => errs.at(s, "redis: give cluster or sentinel, not both"),
+        (None, None, None) => errs.at(
+            r,
+            "redis: needs url (or cluster: a list of node urls, or sentinel: { master, nodes })",
+        ),
         _ => {}
+    }
+    if let Some(s) = &raw.sentinel {
+        cfg.sentinel = Some(sentinel_config(errs, s));
     }
     let check_url = |errs: &mut Collector<'_>, u: &str, at: &dyn Fn(&mut Collector<'_>, String)| {
         if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
@@ -83,6 +91,78 @@ pub(super) fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> S
     match &raw.sync {
         None => StoreConfig::Redis(cfg),
         Some(s) => StoreConfig::Sync(sync_config(errs, s, cfg)),
+    }
+}
+
+/// `redis.sentinel`: the master's name, the sentinels, and how to log in
+/// to both.
+fn sentinel_config(
+    errs: &mut Collector<'_>,
+    s: &Spanned<raw::RawSentinel>,
+) -> spillway_redis::SentinelConfig {
+    let raw = &s.value;
+    let text = |v: &Option<Spanned<String>>| v.as_ref().map(|v| v.value.clone());
+    let master = match &raw.master {
+        None => {
+            errs.at(
+                s,
+                "redis.sentinel: needs master: the name the sentinels monitor",
+            );
+            String::new()
+        }
+        Some(m) => {
+            if m.value.is_empty() || m.value.len() > 256 || m.value.contains(char::is_whitespace) {
+                errs.at(m, "redis.sentinel.master: 1 to 256 characters, no spaces");
+            }
+            m.value.clone()
+        }
+    };
+    let nodes = match &raw.nodes {
+        None => {
+            errs.at(s, "redis.sentinel: needs nodes: a list of host:port");
+            Vec::new()
+        }
+        Some(n) => {
+            if n.value.is_empty() {
+                errs.at(n, "redis.sentinel.nodes: list at least one sentinel");
+            }
+            for node in &n.value {
+                if let Err(e) = spillway_redis::parse_sentinel_node(node) {
+                    errs.at(n, format!("redis.sentinel.nodes: {e}"));
+                }
+            }
+            n.value.clone()
+        }
+    };
+    let mut db = 0;
+    if let Some(d) = &raw.db {
+        if (0..=i64::from(u16::MAX)).contains(&d.value) {
+            db = d.value;
+        } else {
+            errs.at(d, "redis.sentinel.db: a database number, 0 or more");
+        }
+    }
+    for (user, password, what) in [
+        (&raw.username, &raw.password, "username"),
+        (
+            &raw.sentinel_username,
+            &raw.sentinel_password,
+            "sentinel_username",
+        ),
+    ] {
+        if let (Some(u), None) = (user, password) {
+            errs.at(u, format!("redis.sentinel.{what} needs its password"));
+        }
+    }
+    spillway_redis::SentinelConfig {
+        master,
+        nodes,
+        username: text(&raw.username),
+        password: text(&raw.password),
+        sentinel_username: text(&raw.sentinel_username),
+        sentinel_password: text(&raw.sentinel_password),
+        tls: raw.tls.unwrap_or(false),
+        db,
     }
 }
 
@@ -171,6 +251,7 @@ pub(super) fn sync_config(
                 name.clone(),
                 spillway_redis::RedisConfig {
                     url: url.clone(),
+                    sentinel: None,
                     ..redis.clone()
                 },
             ));

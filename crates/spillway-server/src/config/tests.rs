@@ -376,3 +376,75 @@ fn override_limits_take_whole_numbers_written_with_a_fraction() {
     let half = serde_json::json!([{ "fixed_window": { "limit": 10.5, "window": "1m" } }]);
     assert!(limits_from_json(&half, None).is_err());
 }
+
+/// `store.redis.sentinel` as written, and each mistake with its line.
+#[test]
+fn redis_sentinel() {
+    let with = |s: &str| format!("store:\n  redis:\n    sentinel: {s}\nrules: []\n");
+    let c = parse(
+        "f.yaml",
+        &with("{ master: m, nodes: [ 'a:26379', '[::1]:26380' ], password: p, sentinel_password: q, tls: true, db: 2 }"),
+    )
+    .unwrap();
+    let StoreConfig::Redis(r) = &c.store else {
+        panic!("not a redis store")
+    };
+    let s = r.sentinel.as_ref().unwrap();
+    assert_eq!(
+        (s.master.as_str(), s.nodes.len(), s.db, s.tls),
+        ("m", 2, 2, true)
+    );
+    assert_eq!(
+        (s.password.as_deref(), s.sentinel_password.as_deref()),
+        (Some("p"), Some("q"))
+    );
+    assert!(!format!("{s:?}").contains("p\""), "{s:?}");
+    for (bad, want, line) in [
+        ("{ nodes: [ 'a:1' ] }", "needs master", 3),
+        ("{ master: m }", "needs nodes", 3),
+        ("{ master: m, nodes: [] }", "list at least one sentinel", 3),
+        ("{ master: m, nodes: [ 'a' ] }", "is not host:port", 3),
+        (
+            "{ master: m, nodes: [ 'redis://a:1' ] }",
+            "is not host:port",
+            3,
+        ),
+        (
+            "{ master: m, nodes: [ 'a:0' ] }",
+            "the port must be 1 to 65535",
+            3,
+        ),
+        (
+            "{ master: 'a b', nodes: [ 'a:1' ] }",
+            "redis.sentinel.master",
+            3,
+        ),
+        (
+            "{ master: m, nodes: [ 'a:1' ], db: -1 }",
+            "redis.sentinel.db",
+            3,
+        ),
+        (
+            "{ master: m, nodes: [ 'a:1' ], username: u }",
+            "username needs its password",
+            3,
+        ),
+        (
+            "{ master: m, nodes: [ 'a:1' ], port: 1 }",
+            "unknown field",
+            3,
+        ),
+    ] {
+        let e = parse("f.yaml", &with(bad)).unwrap_err();
+        assert!(e.to_string().contains(want), "{bad}: {e}");
+        assert_eq!(e.0[0].line, line, "{bad}: {e}");
+    }
+    for other in ["url: redis://h:1", "cluster: [ redis://h:1 ]"] {
+        let both = format!(
+            "store:\n  redis:\n    {other}\n    sentinel: {{ master: m, nodes: [ 'a:1' ] }}\nrules: []\n"
+        );
+        let e = parse("f.yaml", &both).unwrap_err();
+        assert!(e.to_string().contains("sentinel, not both"), "{other}: {e}");
+        assert_eq!(e.0[0].line, 4, "{other}: {e}");
+    }
+}

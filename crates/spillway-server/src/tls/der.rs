@@ -66,6 +66,69 @@ fn parse(cert: &[u8]) -> Option<CertInfo> {
     })
 }
 
+const EXTENSIONS: u8 = 0xa3;
+const OID: u8 = 0x06;
+const BOOLEAN: u8 = 0x01;
+const OCTET_STRING: u8 = 0x04;
+/// id-ce-subjectAltName, 2.5.29.17.
+const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
+/// GeneralName's `dNSName [2] IA5String` and
+/// `uniformResourceIdentifier [6] IA5String`, implicitly tagged.
+const DNS_NAME: u8 = 0x82;
+const URI: u8 = 0x86;
+
+/// A certificate's DNS and URI subject alternative names (RFC 5280
+/// 4.2.1.6), as written; other kinds of name are left out. `None` when
+/// the certificate does not parse.
+pub(super) fn sans(cert: &[u8]) -> Option<Vec<String>> {
+    let (SEQUENCE, cert, _) = tlv(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, mut tbs, _) = tlv(cert)? else {
+        return None;
+    };
+    let mut out = Vec::new();
+    while !tbs.is_empty() {
+        let (tag, value, rest) = tlv(tbs)?;
+        tbs = rest;
+        if tag != EXTENSIONS {
+            continue;
+        }
+        let (SEQUENCE, mut exts, _) = tlv(value)? else {
+            return None;
+        };
+        while !exts.is_empty() {
+            let (SEQUENCE, ext, rest) = tlv(exts)? else {
+                return None;
+            };
+            exts = rest;
+            let (OID, oid, mut rest) = tlv(ext)? else {
+                return None;
+            };
+            if oid != SUBJECT_ALT_NAME {
+                continue;
+            }
+            if let (BOOLEAN, _, after) = tlv(rest)? {
+                rest = after;
+            }
+            let (OCTET_STRING, names, _) = tlv(rest)? else {
+                return None;
+            };
+            let (SEQUENCE, mut names, _) = tlv(names)? else {
+                return None;
+            };
+            while !names.is_empty() {
+                let (tag, name, rest) = tlv(names)?;
+                names = rest;
+                if tag == DNS_NAME || tag == URI {
+                    out.push(std::str::from_utf8(name).ok()?.to_string());
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
 fn hex(bytes: &[u8]) -> String {
     // Leading zero bytes (one keeps the number positive) say nothing.
     let skip = bytes
@@ -133,6 +196,32 @@ mod tests {
     }
 
     #[test]
+    fn sans_are_the_dns_and_uri_names() {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["a.example".to_string(), "127.0.0.1".to_string()])
+                .unwrap();
+        params.subject_alt_names.push(rcgen::SanType::URI(
+            "spiffe://cluster.local/ns/envoy-gateway-system/sa/envoy"
+                .try_into()
+                .unwrap(),
+        ));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        assert_eq!(
+            sans(cert.der()).unwrap(),
+            vec![
+                "a.example".to_string(),
+                "spiffe://cluster.local/ns/envoy-gateway-system/sa/envoy".to_string()
+            ]
+        );
+        let none = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        assert_eq!(
+            sans(none.self_signed(&key).unwrap().der()).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
     fn garbage_gives_nothing_and_no_panic() {
         for bytes in [
             &[][..],
@@ -142,6 +231,7 @@ mod tests {
             &[0x30, 0x02, 0x02, 0x00],
         ] {
             assert_eq!(info(bytes), CertInfo::default());
+            assert_eq!(sans(bytes), None);
         }
     }
 }

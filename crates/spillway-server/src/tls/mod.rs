@@ -253,6 +253,8 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
 pub struct Certs {
     files: TlsFiles,
     current: ArcSwap<CertifiedKey>,
+    /// With `client_ca`: the client certificates every handshake needs.
+    client: Option<Arc<client::ClientAuth>>,
     /// Sessions clients may resume, emptied by a reload.
     sessions: Arc<Sessions>,
     state: Mutex<CertState>,
@@ -333,9 +335,11 @@ impl Certs {
     pub fn load(files: &TlsFiles) -> Result<Certs, TlsError> {
         let loaded = load(files)?;
         warn_if_expired(files, &loaded.info);
+        let client = client::ClientAuth::load(files)?.map(Arc::new);
         Ok(Certs {
             files: files.clone(),
             current: ArcSwap::new(loaded.key),
+            client,
             sessions: Arc::new(Sessions::new()),
             state: Mutex::new(CertState {
                 info: loaded.info,
@@ -355,11 +359,14 @@ impl Certs {
         self: &Arc<Self>,
         alpn: &[&[u8]],
     ) -> std::io::Result<tokio_rustls::TlsAcceptor> {
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        let builder = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
-            .map_err(std::io::Error::other)?
-            .with_no_client_auth()
-            .with_cert_resolver(self.clone());
+            .map_err(std::io::Error::other)?;
+        let builder = match &self.client {
+            Some(c) => builder.with_client_cert_verifier(c.clone()),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(self.clone());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         config.session_storage = self.sessions.clone();
         Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
@@ -373,7 +380,7 @@ impl Certs {
     /// The pair as `/v1/status` shows it.
     pub fn status_json(&self) -> serde_json::Value {
         let st = self.state.lock().clone();
-        json!({
+        let mut out = json!({
             "cert": self.files.cert.display().to_string(),
             "key": self.files.key.display().to_string(),
             "serial": st.info.serial,
@@ -382,7 +389,13 @@ impl Certs {
             "last_reload_unix_ms": st.loaded_unix_ms,
             "last_error": st.last_error.as_ref().map(|(e, _)| e.clone()),
             "last_error_unix_ms": st.last_error.as_ref().map(|(_, at)| *at),
-        })
+        });
+        if let (Some(c), Some(map)) = (&self.client, out.as_object_mut())
+            && let serde_json::Value::Object(more) = c.status_json()
+        {
+            map.extend(more);
+        }
+        out
     }
 
     /// Reads the files every `every` and takes a changed pair in (see the
@@ -396,6 +409,14 @@ impl Certs {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
+            }
+            if let Some(c) = &self.client {
+                let c = c.clone();
+                // A new CA: no session a client authenticated under the
+                // old one may be resumed (resumption skips its check).
+                if let Ok(true) = tokio::task::spawn_blocking(move || c.poll()).await {
+                    self.sessions.forget();
+                }
             }
             let files = self.files.clone();
             // File reads block: off the workers that answer requests.
@@ -473,6 +494,9 @@ pub struct Tls {
     pub listeners: Option<Arc<Certs>>,
     /// The admin listener's pair (the same `Arc` when shared).
     pub admin: Option<Arc<Certs>>,
+    /// The gRPC listener's pair (the same `Arc` as `listeners` unless
+    /// `grpc_tls` gives its own).
+    pub grpc: Option<Arc<Certs>>,
 }
 
 impl Tls {
@@ -489,7 +513,15 @@ impl Tls {
             Some(f) => Some(Arc::new(Certs::load(f)?)),
             None => listeners.clone(),
         };
-        Ok(Tls { listeners, admin })
+        let grpc = match &settings.grpc {
+            Some(f) => Some(Arc::new(Certs::load(f)?)),
+            None => listeners.clone(),
+        };
+        Ok(Tls {
+            listeners,
+            admin,
+            grpc,
+        })
     }
 
     /// `/v1/status`'s `tls`: `null` without TLS; else the listeners' pair
@@ -499,13 +531,17 @@ impl Tls {
     pub fn status_json(&self) -> serde_json::Value {
         let mut out = match &self.listeners {
             Some(c) => c.status_json(),
-            None if self.admin.is_none() => return serde_json::Value::Null,
+            None if self.admin.is_none() && self.grpc.is_none() => {
+                return serde_json::Value::Null;
+            }
             None => json!({}),
         };
-        if let Some(a) = &self.admin
-            && !self.listeners.as_ref().is_some_and(|l| Arc::ptr_eq(l, a))
-        {
-            out["admin"] = a.status_json();
+        for (name, own) in [("admin", &self.admin), ("grpc", &self.grpc)] {
+            if let Some(a) = own
+                && !self.listeners.as_ref().is_some_and(|l| Arc::ptr_eq(l, a))
+            {
+                out[name] = a.status_json();
+            }
         }
         out
     }
@@ -517,10 +553,10 @@ impl Tls {
         stop: &watch::Receiver<bool>,
     ) -> Vec<tokio::task::JoinHandle<()>> {
         let mut all: Vec<&Arc<Certs>> = self.listeners.iter().collect();
-        if let Some(a) = &self.admin
-            && !all.iter().any(|c| Arc::ptr_eq(c, a))
-        {
-            all.push(a);
+        for own in [&self.admin, &self.grpc].into_iter().flatten() {
+            if !all.iter().any(|c| Arc::ptr_eq(c, own)) {
+                all.push(own);
+            }
         }
         all.into_iter()
             .map(|c| tokio::spawn(c.clone().watch(every, stop.clone())))
@@ -528,6 +564,7 @@ impl Tls {
     }
 }
 
+mod client;
 mod der;
 mod settings;
 #[cfg(test)]

@@ -17,9 +17,15 @@ pub struct TlsFiles {
     /// The private key (PEM: PKCS#8 `PRIVATE KEY`, PKCS#1 `RSA PRIVATE
     /// KEY` or SEC1 `EC PRIVATE KEY`).
     pub key: PathBuf,
-    /// What named the pair, for messages: `tls`, `admin.tls` or
-    /// `--tls-cert/--tls-key`.
+    /// What named the pair, for messages: `tls`, `admin.tls`,
+    /// `grpc_tls` or `--tls-cert/--tls-key`.
     pub named_by: String,
+    /// The CA (PEM certificates) client certificates must chain to: with
+    /// it, every listener serving this pair requires one (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`, the names a client certificate's DNS or URI SAN
+    /// must equal one of; empty: any certificate the CA issued.
+    pub client_san: Vec<String>,
 }
 
 /// Which listeners serve HTTPS, with which files.
@@ -30,6 +36,9 @@ pub struct TlsSettings {
     pub listeners: Option<TlsFiles>,
     /// The admin listener's own pair (`admin.tls:`), when it differs.
     pub admin: Option<TlsFiles>,
+    /// The gRPC listener's own pair (`grpc_tls:`), when it differs: with
+    /// it and without `listeners`, only gRPC serves TLS.
+    pub grpc: Option<TlsFiles>,
 }
 
 impl TlsSettings {
@@ -38,9 +47,14 @@ impl TlsSettings {
         self.admin.as_ref().or(self.listeners.as_ref())
     }
 
+    /// The pair the gRPC listener serves: its own, else every listener's.
+    pub fn for_grpc(&self) -> Option<&TlsFiles> {
+        self.grpc.as_ref().or(self.listeners.as_ref())
+    }
+
     /// Whether any listener serves HTTPS.
     pub fn any(&self) -> bool {
-        self.listeners.is_some() || self.admin.is_some()
+        self.listeners.is_some() || self.admin.is_some() || self.grpc.is_some()
     }
 
     /// Reads every pair named, as the server does at start: one error per
@@ -62,7 +76,10 @@ impl TlsSettings {
     pub fn describe(&self) -> Result<Vec<String>, ConfigErrors> {
         let mut lines = Vec::new();
         let mut errors = Vec::new();
-        for files in [&self.listeners, &self.admin].into_iter().flatten() {
+        for files in [&self.listeners, &self.admin, &self.grpc]
+            .into_iter()
+            .flatten()
+        {
             match super::load_all_errors(files) {
                 Ok(loaded) => {
                     let info = &loaded.info;
@@ -79,6 +96,19 @@ impl TlsSettings {
                         line.push_str(&format!(", valid until {}", t.rfc3339));
                         if t.unix < super::unix_secs() {
                             line.push_str(" (EXPIRED: clients will refuse it)");
+                        }
+                    }
+                    match super::client::ClientAuth::load(files) {
+                        Ok(None) => {}
+                        Ok(Some(c)) => line.push_str(&c.describe()),
+                        Err(e) => {
+                            errors.push(ConfigError::new(
+                                e.path.display().to_string(),
+                                0,
+                                0,
+                                format!("{} ({}.client_ca)", e.message, files.named_by),
+                            ));
+                            continue;
                         }
                     }
                     lines.push(line);

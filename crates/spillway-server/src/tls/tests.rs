@@ -10,6 +10,8 @@ fn pair(dir: &Path, name: &str, serial: u64) -> TlsFiles {
         cert: dir.join(format!("{name}.crt")),
         key: dir.join(format!("{name}.key")),
         named_by: "tls".into(),
+        client_ca: None,
+        client_san: Vec::new(),
     };
     std::fs::write(&files.cert, cert.pem()).unwrap();
     std::fs::write(&files.key, key.serialize_pem()).unwrap();
@@ -52,6 +54,8 @@ fn bad_files_say_which_and_why() {
         cert: a.key.clone(),
         key: a.cert.clone(),
         named_by: "tls".into(),
+        client_ca: None,
+        client_san: Vec::new(),
     };
     let e = load(&swapped).unwrap_err();
     assert_eq!(e.path, a.key);

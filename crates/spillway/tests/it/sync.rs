@@ -181,11 +181,15 @@ async fn wait_live(c: &reqwest::Client, servers: &[Server], n: f64) -> Duration 
     for s in servers {
         let d = Deadline::new(format!("{}: {n} live instances", s.addr), secs(15));
         loop {
-            let live = gauge1(&metrics(c, s).await, "spillway_sync_live_instances");
-            if live == n {
+            // And a heartbeat answered since the start (the count is 1
+            // before any): the instance knows the store as it is now.
+            let m = metrics(c, s).await;
+            let live = gauge1(&m, "spillway_sync_live_instances");
+            let answered = gauge_sum(&m, "spillway_sync_last_success_timestamp_seconds") > 0.0;
+            if live == n && answered {
                 break;
             }
-            d.wait(&live).await;
+            d.wait(&(live, answered)).await;
         }
     }
     t.elapsed()
@@ -1168,6 +1172,12 @@ async fn share_per_decision_a_probe_that_timed_out_on_a_stopped_redis_counts_onc
         run.store_errors(),
         SHARED_LIMIT - admitted
     );
+    // How the doubts of the calls that timed out were settled.
+    for line in servers[0].drain_logs() {
+        if line.contains("store call timed out") || line.contains("connection lost") {
+            println!("{line}");
+        }
+    }
     assert_eq!(
         run.store_errors(),
         run.samples.len() as u64,
@@ -1961,31 +1971,52 @@ async fn eventual_three_instances_hammering_hold_each_fixed_window() {
             let (c, url, body) = (c.clone(), s.url("/v1/check"), body.clone());
             tasks.push(tokio::spawn(async move {
                 let mut windows = std::collections::BTreeMap::<u128, u64>::new();
+                let mut unsure = 0u64;
                 while now_ms() < stop {
+                    let sent = now_ms();
                     let r = c.post(&url).json(&body).send().await.unwrap();
                     let status = r.status().as_u16();
                     let j: Value = r.json().await.unwrap();
                     if status == 200 {
-                        let end = now_ms() + u128::from(j["reset_ms"].as_u64().unwrap());
-                        *windows.entry((end + w_ms / 2) / w_ms - 1).or_default() += 1;
+                        // The window ends `reset_ms` after the decision,
+                        // made between sending and reading the answer; on
+                        // a busy machine that can be over half a window,
+                        // and then which window is not known.
+                        let reset = u128::from(j["reset_ms"].as_u64().unwrap());
+                        let window = |t: u128| (t + reset + w_ms / 2) / w_ms - 1;
+                        let (early, late) = (window(sent), window(now_ms()));
+                        if early == late {
+                            *windows.entry(early).or_default() += 1;
+                        } else {
+                            unsure += 1;
+                        }
                     }
                 }
-                windows
+                (windows, unsure)
             }));
         }
     }
     let mut per = std::collections::BTreeMap::<u128, u64>::new();
+    let mut unsure = 0;
     for t in tasks {
-        for (w, n) in t.await.unwrap() {
+        let (windows, u) = t.await.unwrap();
+        unsure += u;
+        for (w, n) in windows {
             *per.entry(w).or_default() += n;
         }
     }
     let whole: Vec<u64> = (first..first + 4)
         .map(|w| per.get(&w).copied().unwrap_or(0))
         .collect();
-    println!("admitted per fixed window of 100, 3 instances hammering: {whole:?} (all: {per:?})");
+    println!(
+        "admitted per fixed window of 100, 3 instances hammering: {whole:?} (all: {per:?}; \
+         {unsure} answered too late to place)"
+    );
     for (i, &n) in whole.iter().enumerate() {
         assert!(n <= 120, "window {i}: {n} admitted of 100 ({whole:?})");
-        assert!(n >= 90, "window {i}: only {n} of 100 served ({whole:?})");
+        assert!(
+            n + unsure >= 90,
+            "window {i}: only {n} of 100 served, {unsure} unplaced ({whole:?})"
+        );
     }
 }

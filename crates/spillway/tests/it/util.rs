@@ -91,7 +91,7 @@ impl Server {
         });
         let mut seen = Vec::new();
         let addr = loop {
-            match rx.recv_timeout(Duration::from_secs(20)) {
+            match rx.recv_timeout(Duration::from_secs(60)) {
                 Ok(line) => {
                     if let Some(rest) = listening_on(&line) {
                         break rest.split_whitespace().next().unwrap().to_string();

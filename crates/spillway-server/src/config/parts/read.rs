@@ -344,6 +344,7 @@ fn sections(raw: &RawConfig) -> Vec<(&'static str, (u32, u32))> {
         plans,
         server,
         tls,
+        grpc_tls,
         domains,
         descriptors,
         path_matching,
@@ -377,6 +378,7 @@ fn sections(raw: &RawConfig) -> Vec<(&'static str, (u32, u32))> {
     add("plans", plans.as_ref().map(at));
     add("server", server.as_ref().map(at));
     add("tls", tls.as_ref().map(at));
+    add("grpc_tls", grpc_tls.as_ref().map(at));
     add("domains", domains.first().map(at));
     add("descriptors", descriptors.as_ref().map(at));
     add("path_matching", path_matching.as_ref().map(at));

@@ -72,7 +72,7 @@ pub async fn bind(at: &GrpcListen, tls: bool) -> std::io::Result<Bound> {
     if tls && matches!(at, GrpcListen::Unix(_)) {
         return Err(fail(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "TLS is not served on a Unix socket (remove `tls:` or listen on an address)",
+            "TLS is not served on a Unix socket (remove `tls:` / `grpc_tls:`, or listen on an address)",
         )));
     }
     match at {

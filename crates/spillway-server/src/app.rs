@@ -492,9 +492,9 @@ async fn serve_with<H: Handler>(
     let admin_tls = acceptor(&parts.tls.admin, tls::HTTP_ALPN)?;
     let scheme = |on: bool| if on { "https" } else { "http" };
     // Bound before anything says it listens: a taken port fails the start.
-    let grpc_listener = match opts.config.grpc_listen {
+    let grpc_listener = match &opts.config.grpc_listen {
         None => None,
-        Some(at) => Some(bind(at, "gRPC").await?),
+        Some(at) => Some(grpc::bind(at, grpc_tls.is_some()).await?),
     };
     // SIGHUP's handler, before the line that tells the world we listen.
     #[cfg(unix)]
@@ -552,9 +552,14 @@ async fn serve_with<H: Handler>(
     let grpc = match grpc_listener {
         None => None,
         Some(listener) => {
-            let addr = listener.local_addr()?;
-            let s = scheme(grpc_tls.is_some());
-            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on {s}://{addr}");
+            let addr = listener.describe(grpc_tls.is_some());
+            tracing::info!(%addr, "gRPC (Envoy rate limit service) listening on {addr}");
+            let envoy = &parts.shared.envoy;
+            let limits = spillway_wire::Limits {
+                max_connection_age: envoy.max_connection_age.filter(|a| !a.is_zero()),
+                max_connection_age_grace: envoy.max_connection_age_grace,
+                ..limits
+            };
             Some(tokio::spawn(grpc::serve(
                 parts.grpc.clone(),
                 listener,

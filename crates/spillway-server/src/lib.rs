@@ -36,8 +36,8 @@ mod store;
 pub mod tls;
 pub mod xds;
 
+pub(crate) use app::serve_router;
 pub use app::{Routed, ServeOptions, Shared, rule_set, run, run_proxy};
-pub(crate) use app::{RouterOnly, serve_router};
 pub(crate) use os::unix_ms;
 pub use os::{before_park, descriptor_limit, raise_descriptor_limit, shutdown_signal};
 pub use store::ServerStore;

@@ -37,6 +37,8 @@ pub mod write;
 pub use budget::Budget;
 pub use headers::{Disagree, HOP_BY_HOP, Headers, Sole};
 pub use server::{ClientConn, Handler, Limits, Message, serve, serve_in, serve_on};
+#[cfg(unix)]
+pub use server::{UNIX_PEER, serve_unix};
 #[cfg(feature = "tls")]
 pub use stream::Tls;
 pub use stream::{Accept, PlainTcp};

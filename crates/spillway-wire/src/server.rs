@@ -49,11 +49,16 @@ use crate::stream::{Accept, PlainTcp, Stream, Writer, WriterKind};
 mod accept;
 mod deadlines;
 mod limits;
+#[cfg(unix)]
+mod unix;
 
-use accept::{AcceptState, is_out_of_descriptors, size_backlog};
+pub(crate) use accept::Incoming;
+use accept::{accept_loop, size_backlog};
 
-use deadlines::{Timed, read_more, write_buffered};
+use deadlines::{Gathered, Timed, age_timer, read_more, write_buffered};
 pub use limits::Limits;
+#[cfg(unix)]
+pub use unix::{UNIX_PEER, serve_unix};
 
 /// A request the direct path read in full.
 #[derive(Debug)]
@@ -217,104 +222,27 @@ pub async fn serve_in<A: Accept, H: Handler>(
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let acceptor = Arc::new(accept);
-    budget.group_by(limits.ipv4_prefix, limits.ipv6_prefix);
     size_backlog(&listener, limits.listen_backlog);
-    budget.start_sweeping();
-    let drain = Arc::new(Drain {
-        stopping: AtomicBool::new(false),
-        busy: AtomicUsize::new(0),
-        hyper: watch::Sender::new(false),
-        budget: budget.clone(),
-        listener: budget.next_id(),
-    });
-    let date = tokio::spawn(crate::write::date_ticker());
-    let mut accept = AcceptState::default();
-    tokio::pin!(shutdown);
-    loop {
-        // Over the cap (connections closed to make room whose tasks have
-        // not ended yet): wait for them. At the cap, one more is accepted
-        // to learn whose it is.
-        while budget.over_full() {
-            tokio::select! {
-                biased;
-                () = &mut shutdown => {
-                    return finish(drain, date, limits).await;
-                }
-                () = budget.ended.notified() => {}
-                () = tokio::time::sleep(Duration::from_millis(10)) => {}
-            }
-        }
-        let accepted = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            a = listener.accept() => a,
-        };
-        let (tcp, peer) = match accepted {
-            Ok(a) => {
-                accept.ok();
-                a
-            }
-            Err(e) => {
-                let pause = accept.failed(&e);
-                if is_out_of_descriptors(&e) {
-                    budget.shed_idle();
-                }
-                if !pause.is_zero() {
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => break,
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                }
-                continue;
-            }
-        };
-        if budget.full() {
-            if budget.refuses(peer.ip()) {
-                // Its network holds its share: closed at once.
-                drop(tcp);
-                accept.note_refused();
-                continue;
-            }
-            // Room is made by closing the connection that has waited
-            // longest for a request, or it waits for one to end. The
-            // descriptor of a connection closed to make room is free only
-            // once its task has ended: wait for that, rather than close
-            // another in its place.
-            while budget.full() {
-                if budget.needs_room() && budget.shed_idle() {
-                    accept.note_shed();
-                }
-                tokio::select! {
-                    biased;
-                    () = &mut shutdown => {
-                        return finish(drain, date, limits).await;
-                    }
-                    () = budget.ended.notified() => {}
-                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
-                }
-            }
-        }
-        let _ = tcp.set_nodelay(true);
-        let id = budget.next_id();
-        let state = Arc::new(ConnState::new(budget, peer.ip()));
-        // Nothing sent yet: the first request's head (or the handshake)
-        // must arrive within the head timeout.
-        state.waiting(&budget.clock, limits.head_timeout);
-        let conn = Conn {
-            handler: handler.clone(),
-            accept: acceptor.clone(),
-            drain: drain.clone(),
-            limits,
-            peer,
-            id,
-            state: state.clone(),
-        };
-        budget.register(id, drain.listener, state, || {
+    accept_loop(
+        budget,
+        listener,
+        limits,
+        shutdown,
+        |tcp, peer, id, state, drain| {
+            let _ = tcp.set_nodelay(true);
+            let conn = Conn {
+                handler: handler.clone(),
+                accept: acceptor.clone(),
+                drain,
+                limits,
+                peer,
+                id,
+                state,
+            };
             tokio::spawn(conn.run(tcp)).abort_handle()
-        });
-    }
-    finish(drain, date, limits).await
+        },
+    )
+    .await
 }
 
 async fn finish(
@@ -616,7 +544,10 @@ impl<H: Handler, A: Accept> Conn<H, A> {
 
     /// Serves the rest of the connection with hyper and the handler's
     /// fallback, starting with the bytes already read.
-    async fn hand_off(self, tcp: A::Stream, buf: BytesMut) {
+    async fn hand_off<S>(self, tcp: S, buf: BytesMut)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         // No request in flight yet: one must open within the head timeout
         // (an HTTP/2 connection's preface and SETTINGS open none), and
         // until one does the connection may be closed to make room.
@@ -658,7 +589,10 @@ impl<H: Handler, A: Accept> Conn<H, A> {
         builder
             .http2()
             .timer(TokioTimer::new())
-            .max_concurrent_streams(self.limits.max_streams);
+            .max_concurrent_streams(self.limits.max_streams)
+            // gRPC answers need no Date header (grpc-go sends none), and
+            // one costs a header to encode per call.
+            .auto_date_header(!self.limits.http2_only);
         let conn = builder.serve_connection_with_upgrades(io, svc);
         tokio::pin!(conn);
         let mut stop = self.drain.hyper.subscribe();
@@ -667,8 +601,15 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             let _ = conn.await;
             return;
         }
+        let old = age_timer(self.limits.max_connection_age, self.id);
+        tokio::pin!(old);
+        let gathered = Gathered {
+            inner: conn.as_mut(),
+            on: self.limits.http2_only,
+            yielded: false,
+        };
         tokio::select! {
-            _ = conn.as_mut() => {}
+            _ = gathered => {}
             _ = stop.changed() => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
@@ -676,6 +617,14 @@ impl<H: Handler, A: Accept> Conn<H, A> {
             () = self.state.expire.notified() => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
+            }
+            () = &mut old => {
+                // GOAWAY: no new streams; those in flight have the grace.
+                conn.as_mut().graceful_shutdown();
+                let grace = self.limits.max_connection_age_grace;
+                if tokio::time::timeout(grace, conn.as_mut()).await.is_err() {
+                    tracing::debug!(peer = %self.peer, "closed at its maximum age plus grace");
+                }
             }
         }
     }

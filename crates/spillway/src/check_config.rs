@@ -188,7 +188,7 @@ pub(crate) fn check_config(
             if let Some(a) = cfg.listen {
                 outln!("listen: {a}");
             }
-            if let Some(a) = cfg.grpc_listen {
+            if let Some(a) = &cfg.grpc_listen {
                 outln!("grpc_listen: {a}");
             }
             if let Some(a) = cfg.admin_listen {

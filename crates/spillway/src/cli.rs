@@ -71,9 +71,10 @@ pub(crate) enum Command {
         /// Address to listen on [default: the file's `listen`, else 127.0.0.1:8080].
         #[arg(long, value_name = "ADDR")]
         listen: Option<SocketAddr>,
-        /// Serve the Envoy rate limit service (gRPC) on this address [default: the file's `grpc_listen`].
+        /// Serve the Envoy rate limit service (gRPC) on this address, or on
+        /// a Unix socket given as unix:PATH [default: the file's `grpc_listen`].
         #[arg(long, value_name = "ADDR")]
-        grpc_listen: Option<SocketAddr>,
+        grpc_listen: Option<spillway_server::grpc::GrpcListen>,
         /// An envoyproxy/ratelimit configuration file (one domain), or a
         /// directory whose *.yaml and *.yml files are read (files added or
         /// removed are picked up on reload); may be given several times.

@@ -42,6 +42,7 @@ fn main() -> ExitCode {
         }
         None => (Cli::parse(), None),
     };
+    let as_ratelimit = overlay.is_some();
     let log_format = cli.log_format;
     if let Some(bytes) = cli.max_file_bytes {
         spillway_rules::recover::set_max_file_bytes(bytes);
@@ -65,6 +66,7 @@ fn main() -> ExitCode {
             listen,
             shutdown_delay: shutdown_delay.unwrap_or_default(),
             grpc_listen,
+            as_ratelimit,
             envoy_files: envoy_config,
             merge_domains: merge_domains || merge_domain_config_env(),
             threads,
@@ -86,6 +88,7 @@ fn main() -> ExitCode {
             config,
             listen,
             grpc_listen: None,
+            as_ratelimit: false,
             envoy_files: Vec::new(),
             merge_domains: false,
             threads,

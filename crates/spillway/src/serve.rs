@@ -19,7 +19,12 @@ pub(crate) struct Flags {
     pub(crate) tls: TlsFlags,
     pub(crate) config: Option<PathBuf>,
     pub(crate) listen: Option<SocketAddr>,
-    pub(crate) grpc_listen: Option<SocketAddr>,
+    pub(crate) grpc_listen: Option<spillway_server::grpc::GrpcListen>,
+    /// Started as `ratelimit` (the image's `/bin/ratelimit`): ratelimit's
+    /// defaults apply where the environment and file say nothing
+    /// (`GRPC_MAX_CONNECTION_AGE` 24h), and `GRPC_UDS` replaces the
+    /// `--grpc-listen` made from `GRPC_HOST:GRPC_PORT`, as in ratelimit.
+    pub(crate) as_ratelimit: bool,
     pub(crate) envoy_files: Vec<PathBuf>,
     pub(crate) merge_domains: bool,
     pub(crate) threads: Option<u16>,
@@ -33,6 +38,10 @@ pub(crate) struct Flags {
     /// What the `ratelimit` entry's environment lays over the file.
     pub(crate) overlay: Option<spillway_server::config::Overlay>,
 }
+
+/// envoyproxy/ratelimit's `GRPC_MAX_CONNECTION_AGE` default, which the
+/// `ratelimit` entry keeps (`spillway serve` sets no age unless told).
+const RATELIMIT_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// `MERGE_DOMAIN_CONFIG`, read as envoyproxy/ratelimit reads it (Go's
 /// `strconv.ParseBool`: 1, t, T, TRUE, true, True are true).
@@ -60,8 +69,13 @@ fn apply_flags(cfg: &mut Config, flags: &Flags) -> Result<(), String> {
             client_san,
         });
     }
-    if let Some(a) = flags.grpc_listen {
-        cfg.grpc_listen = Some(a);
+    if let Some(a) = &flags.grpc_listen
+        && !(flags.as_ratelimit && cfg.envoy.grpc_uds.is_some())
+    {
+        cfg.grpc_listen = Some(a.clone());
+    }
+    if flags.as_ratelimit && cfg.envoy.max_connection_age.is_none() {
+        cfg.envoy.max_connection_age = Some(RATELIMIT_MAX_CONNECTION_AGE);
     }
     match &flags.proxy {
         None => {

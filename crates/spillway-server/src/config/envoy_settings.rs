@@ -3,6 +3,8 @@
 //! [`EnvoySettings`]: a variable that is set wins over the file, as a flag
 //! does.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
@@ -33,6 +35,10 @@ pub(crate) struct RawEnvoy {
     quota_mode: Option<Spanned<bool>>,
     #[serde(default)]
     detailed_metric_max_values: Option<Spanned<u64>>,
+    #[serde(default)]
+    max_connection_age: Option<Spanned<String>>,
+    #[serde(default)]
+    max_connection_age_grace: Option<Spanned<String>>,
 }
 
 /// One setting's value and where it came from, for errors.
@@ -126,6 +132,17 @@ pub(crate) fn load(
         r.quota_mode.as_ref().map(at_bool),
         "false".into(),
     );
+    // Unset (empty): no age, or ratelimit's under its entry (the binary's).
+    let age = pick(
+        "GRPC_MAX_CONNECTION_AGE",
+        r.max_connection_age.as_ref().map(at),
+        String::new(),
+    );
+    let grace = pick(
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        r.max_connection_age_grace.as_ref().map(at),
+        "1h".into(),
+    );
     let mut check =
         |f: From<String>, what: &str, parse: &dyn Fn(&str) -> Result<(), String>| -> String {
             let (v, line, column, shown) = match f {
@@ -170,6 +187,9 @@ pub(crate) fn load(
     let metadata = check(metadata, "response_dynamic_metadata", &bool_ok);
     let shadow = check(shadow, "shadow_mode", &bool_ok);
     let quota = check(quota, "quota_mode", &bool_ok);
+    let duration_ok = |v: &str| go_duration(v).map(|_| ());
+    let age = check(age, "max_connection_age", &duration_ok);
+    let grace = check(grace, "max_connection_age_grace", &duration_ok);
     let settings = EnvoySettings {
         limit_headers: parse_bool(&enabled)
             .unwrap_or(false)
@@ -188,8 +208,62 @@ pub(crate) fn load(
             .map_or(DEFAULT_DETAILED_METRIC_MAX_VALUES, |n| {
                 usize::try_from(n.value).unwrap_or(usize::MAX)
             }),
+        max_connection_age: go_duration(&age).ok(),
+        // 0 is no bound, as grpc-go takes it.
+        max_connection_age_grace: go_duration(&grace)
+            .ok()
+            .filter(|g| !g.is_zero())
+            .unwrap_or(Duration::MAX),
+        // As ratelimit reads it: empty is unset.
+        grpc_uds: env("GRPC_UDS")
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from),
     };
     (settings, errors)
+}
+
+/// A duration as Go's `time.ParseDuration` reads it (envoyproxy/ratelimit's
+/// `GRPC_MAX_CONNECTION_AGE` and `_GRACE`): `0`, or pieces of a decimal
+/// number and a unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`), like `24h`,
+/// `1h30m`, `1.5h`, `500ms`. A negative one is refused (grpc-go would take
+/// it as "now").
+pub(crate) fn go_duration(v: &str) -> Result<Duration, String> {
+    let v = v.strip_prefix('+').unwrap_or(v);
+    if v == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if v.starts_with('-') {
+        return Err("expected a duration that is not negative".into());
+    }
+    let expected = || "expected a duration like 24h, 1h30m or 500ms".to_string();
+    if v.is_empty() {
+        return Err(expected());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = v;
+    while !rest.is_empty() {
+        let num = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(expected)?;
+        let unit_len = rest[num..]
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len() - num);
+        let (n, unit) = (&rest[..num], &rest[num..num + unit_len]);
+        let unit = match unit {
+            "ns" | "us" | "ms" | "s" | "m" | "h" => unit,
+            "µs" | "μs" => "us",
+            _ => return Err(expected()),
+        };
+        if n.is_empty() || n == "." {
+            return Err(expected());
+        }
+        let piece = spillway_core::parse_duration(&format!("{n}{unit}")).map_err(|_| expected())?;
+        total = total
+            .checked_add(piece.into())
+            .ok_or_else(|| "the duration is too long".to_string())?;
+        rest = &rest[num + unit_len..];
+    }
+    Ok(total)
 }
 
 /// A boolean as Go's `strconv.ParseBool` reads it (envoyproxy/ratelimit's
@@ -249,6 +323,64 @@ mod tests {
             &[("LIMIT_RESPONSE_HEADERS_ENABLED", "False")],
         );
         assert!(s.limit_headers.is_none());
+    }
+
+    #[test]
+    fn go_durations_as_ratelimit_reads_them() {
+        let d = |s: &str| go_duration(s);
+        assert_eq!(d("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(d("1h30m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(d("1.5h"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(d("2m3s4ms5us6ns"), Ok(Duration::new(123, 4_005_006)));
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        assert_eq!(d("3µs"), Ok(Duration::from_micros(3)));
+        for bad in [
+            "", "1", "1d", "-1h", "h", "1h 30m", " 1h", "1x", ".h", "1hh",
+        ] {
+            assert!(d(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn connection_age_from_the_file_or_the_environment() {
+        let (s, e) = load("", &[]);
+        assert!(e.is_empty());
+        assert_eq!(s.max_connection_age, None);
+        assert_eq!(s.max_connection_age_grace, Duration::from_secs(3_600));
+        let (s, e) = load(
+            "max_connection_age: 1h30m\nmax_connection_age_grace: 10s\n",
+            &[("GRPC_UDS", "/run/rl.sock")],
+        );
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(s.max_connection_age, Some(Duration::from_secs(5_400)));
+        assert_eq!(s.max_connection_age_grace, Duration::from_secs(10));
+        assert_eq!(s.grpc_uds, Some("/run/rl.sock".into()));
+        let (s, _) = load(
+            "max_connection_age: 1h\n",
+            &[
+                ("GRPC_MAX_CONNECTION_AGE", "5m"),
+                ("GRPC_MAX_CONNECTION_AGE_GRACE", "0"),
+            ],
+        );
+        assert_eq!(s.max_connection_age, Some(Duration::from_secs(300)));
+        assert_eq!(s.max_connection_age_grace, Duration::MAX);
+        let (_, e) = load(
+            "max_connection_age: 1d\n",
+            &[("GRPC_MAX_CONNECTION_AGE_GRACE", "soon")],
+        );
+        let shown: Vec<String> = e.iter().map(ToString::to_string).collect();
+        assert_eq!(shown.len(), 2, "{shown:?}");
+        assert!(
+            shown
+                .iter()
+                .any(|s| s.starts_with("rules.yaml:1:") && s.contains("envoy.max_connection_age"))
+        );
+        assert!(
+            shown
+                .iter()
+                .any(|s| s.contains("GRPC_MAX_CONNECTION_AGE_GRACE=\"soon\""))
+        );
     }
 
     #[test]

@@ -91,8 +91,11 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// Connection bounds of every HTTP listener (the `server:` section).
     pub server: spillway_wire::Limits,
-    /// Where to serve the Envoy gRPC API, from `grpc_listen` (the flag wins).
-    pub grpc_listen: Option<SocketAddr>,
+    /// Where to serve the Envoy gRPC API: `grpc_listen` (an address or
+    /// `unix:PATH`), or envoyproxy/ratelimit's `GRPC_UDS`, which wins over
+    /// the file (the flag wins over both, except under the `ratelimit`
+    /// entry, where `GRPC_UDS` replaces `GRPC_HOST:GRPC_PORT`).
+    pub grpc_listen: Option<crate::grpc::GrpcListen>,
     /// Add RateLimit headers to gRPC answers (`grpc_response_headers`).
     pub grpc_response_headers: bool,
     /// The Envoy rate limit service's settings (`envoy:`, and the
@@ -404,10 +407,16 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
         .as_ref()
         .map(|f| forward_auth::forward_auth(&mut errs, f))
         .unwrap_or_default();
-    let grpc_listen = raw
+    let mut grpc_listen = raw
         .grpc_listen
         .as_ref()
-        .and_then(|l| address(&mut errs, l, "grpc_listen", 8081));
+        .and_then(|l| match l.value.parse() {
+            Ok(at) => Some(at),
+            Err(why) => {
+                errs.at(l, format!("grpc_listen: {why}"));
+                None
+            }
+        });
     let mut admin_listen = raw
         .admin_listen
         .as_ref()
@@ -498,6 +507,9 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
         std::env::var(var).ok()
     });
     errs.list.extend(envoy_errors);
+    if let Some(path) = &envoy.grpc_uds {
+        grpc_listen = Some(crate::grpc::GrpcListen::Unix(path.clone()));
+    }
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();
     for d in &raw.domains {

@@ -2,15 +2,16 @@
 //! descriptor trees, matched the way envoyproxy/ratelimit matches them, and
 //! decided through the same store as the HTTP API.
 
+mod listener;
 pub mod proto;
 pub mod service;
 
+pub use listener::{Bound, GrpcListen, bind, serve};
+
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::Arc;
 
 use spillway_core::{FixedWindow, KeySpec, Limit, Mode, Nanos, Rule};
-use tokio::net::TcpListener;
 
 use self::proto::Unit;
 use crate::Shared;
@@ -28,101 +29,6 @@ pub struct GrpcState {
     /// `/healthcheck` fails while no domain is in force
     /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub healthy_needs_domains: bool,
-}
-
-/// Serves the Envoy rate limit service and gRPC health on `listener`
-/// until `stop` completes; over TLS with `tls` (the acceptor built from
-/// the TLS settings).
-pub async fn serve(
-    state: Arc<GrpcState>,
-    listener: TcpListener,
-    limits: spillway_wire::Limits,
-    budget: Arc<spillway_wire::Budget>,
-    stop: impl Future<Output = ()> + Send + 'static,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-) {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::Serving)
-        .await;
-    reporter
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
-    // On the same accept layer as every other listener: the process's
-    // connection budget, head and idle deadlines for silent connections,
-    // HTTP/2 stream caps per connection and process-wide, TLS handshakes
-    // bounded like any connection.
-    let router = tonic::service::Routes::new(health)
-        .add_service(service::RateLimitService::new(state))
-        .prepare()
-        .into_axum_router()
-        .layer(axum::middleware::from_fn_with_state(
-            limits.body_timeout,
-            deadline,
-        ));
-    let handler = Arc::new(crate::RouterOnly(router));
-    // HTTP/2 only, as tonic's own server was: gRPC has no HTTP/1.1 form.
-    let limits = spillway_wire::Limits {
-        http2_only: true,
-        ..limits
-    };
-    if let Err(e) = crate::serve_router(&budget, listener, tls, handler, limits, stop).await {
-        tracing::error!("gRPC server stopped: {e}");
-    }
-}
-
-/// Ends a call at its `grpc-timeout` or at `most` (the body timeout),
-/// whichever comes first, with `DEADLINE_EXCEEDED`: a call stuck on its
-/// store cannot hold its stream past either.
-async fn deadline(
-    axum::extract::State(most): axum::extract::State<std::time::Duration>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let limit = req
-        .headers()
-        .get("grpc-timeout")
-        .and_then(|v| grpc_timeout(v.as_bytes()))
-        .map_or(most, |t| t.min(most));
-    match tokio::time::timeout(limit, next.run(req)).await {
-        Ok(res) => res,
-        Err(_) => {
-            let mut res = axum::response::Response::new(axum::body::Body::empty());
-            let h = res.headers_mut();
-            h.insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/grpc"),
-            );
-            // DEADLINE_EXCEEDED, as a trailers-only answer.
-            h.insert("grpc-status", http::HeaderValue::from_static("4"));
-            h.insert(
-                "grpc-message",
-                http::HeaderValue::from_static("deadline%20exceeded"),
-            );
-            res
-        }
-    }
-}
-
-/// A `grpc-timeout` value: at most 8 digits and a unit (`H`, `M`, `S`,
-/// `m`, `u`, `n`); `None` when malformed (the call then gets the server's
-/// own bound).
-fn grpc_timeout(v: &[u8]) -> Option<std::time::Duration> {
-    let (unit, digits) = v.split_last()?;
-    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    use std::time::Duration;
-    Some(match unit {
-        b'H' => Duration::from_secs(n * 3600),
-        b'M' => Duration::from_secs(n * 60),
-        b'S' => Duration::from_secs(n),
-        b'm' => Duration::from_millis(n),
-        b'u' => Duration::from_micros(n),
-        b'n' => Duration::from_nanos(n),
-        _ => return None,
-    })
 }
 
 /// One domain's descriptor tree.
@@ -406,29 +312,6 @@ pub fn envoy_rule(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grpc_timeouts_are_read_strictly() {
-        use std::time::Duration;
-        assert_eq!(grpc_timeout(b"100m"), Some(Duration::from_millis(100)));
-        assert_eq!(grpc_timeout(b"2S"), Some(Duration::from_secs(2)));
-        assert_eq!(grpc_timeout(b"1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(
-            grpc_timeout(b"99999999n"),
-            Some(Duration::from_nanos(99_999_999))
-        );
-        for bad in [
-            &b""[..],
-            b"m",
-            b"123456789m",
-            b"10x",
-            b"-1S",
-            b"1.5S",
-            b"\xff",
-        ] {
-            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
-        }
-    }
 
     fn node(key: &str, value: Option<&str>, children: Vec<Node>) -> Node {
         Node {

@@ -1,6 +1,6 @@
-//! The tonic service for `envoy.service.ratelimit.v3.RateLimitService`,
-//! written by hand over tonic's server helpers (no protoc, no codegen),
-//! answering as envoyproxy/ratelimit answers (see docs/ENVOY.md).
+//! `envoy.service.ratelimit.v3.RateLimitService`'s one method, decided as
+//! envoyproxy/ratelimit decides it (see docs/ENVOY.md); the listener
+//! (`grpc/listener.rs`) reads and frames the calls.
 //!
 //! One call: each descriptor is matched to the limit that decides it (or to
 //! a request's `limit` override); the limits are asked of the store in
@@ -15,9 +15,6 @@ pub mod settings;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use spillway_core::{Outcome, Rule, Verdict};
@@ -53,20 +50,10 @@ pub const MAX_MESSAGE: usize = 16 << 20;
 /// descriptor no configured limit decides (after the domain's name).
 const OVERRIDE: &str = "(override)";
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// The gRPC service. Cheap to clone.
-#[derive(Clone, Debug)]
-pub struct RateLimitService {
-    state: Arc<GrpcState>,
-}
-
-impl RateLimitService {
-    /// A service deciding with `state`'s limiter and domains.
-    pub fn new(state: Arc<GrpcState>) -> RateLimitService {
-        RateLimitService { state }
-    }
-}
+/// The service's name among tonic's routes, for the methods it does not
+/// have (`ShouldRateLimit` is served before the routes are asked).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RateLimitService;
 
 impl NamedService for RateLimitService {
     const NAME: &'static str = proto::SERVICE;
@@ -75,60 +62,19 @@ impl NamedService for RateLimitService {
 impl tower::Service<http::Request<tonic::body::Body>> for RateLimitService {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+    type Future = std::future::Ready<Result<Self::Response, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
+    /// The service's other methods: `ShouldRateLimit` itself is answered
+    /// by the listener's lean path before tonic's routes are asked.
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        if req.uri().path() != proto::SHOULD_RATE_LIMIT {
-            let path = req.uri().path().to_string();
-            return Box::pin(async move {
-                Ok(Status::unimplemented(format!("no method {path}")).into_http())
-            });
-        }
-        // `api.tokens` close this way in as they close the decision
-        // routes: a call charges counters, so an open gRPC port let any
-        // caller spend another key's budget. The token comes as
-        // `authorization: Bearer TOKEN` metadata (Envoy's
-        // `grpc_service.initial_metadata`).
-        if let Err(r) = self.state.shared.api_tokens.admit(
-            req.headers()
-                .get(http::header::AUTHORIZATION)
-                .map(http::HeaderValue::as_bytes),
-            false,
-        ) {
-            let status = if r.status == http::StatusCode::FORBIDDEN {
-                Status::permission_denied(r.detail)
-            } else {
-                Status::unauthenticated(r.detail)
-            };
-            return Box::pin(async move { Ok(status.into_http()) });
-        }
-        let method = ShouldRateLimit(self.state.clone());
-        Box::pin(async move {
-            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default())
-                .max_decoding_message_size(MAX_MESSAGE);
-            Ok(grpc.unary(method, req).await)
-        })
-    }
-}
-
-struct ShouldRateLimit(Arc<GrpcState>);
-
-impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<Result<tonic::Response<RateLimitResponse>, Status>>;
-
-    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let state = self.0.clone();
-        Box::pin(async move {
-            let started = std::time::Instant::now();
-            let resp = should_rate_limit(&state, request.into_inner()).await?;
-            state.shared.events.observe_latency(started.elapsed());
-            Ok(tonic::Response::new(resp))
-        })
+        let path = req.uri().path();
+        std::future::ready(Ok(
+            Status::unimplemented(format!("no method {path}")).into_http()
+        ))
     }
 }
 

@@ -1,10 +1,18 @@
-//! The accept loop's helpers: the listen backlog, and accept failures
-//! logged once per change of state.
+//! The accept loop every listener runs, and its helpers: the listen
+//! backlog, and accept failures logged once per change of state.
 
+use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::{Drain, Limits, finish};
+use crate::budget::{Budget, ConnState};
 
 /// Sets `listener`'s accept queue to `backlog` connections (Linux takes a
 /// second `listen` on a listening socket as a new size; the kernel caps
@@ -82,4 +90,126 @@ impl AcceptState {
             Duration::ZERO
         }
     }
+}
+
+/// Where connections come from: a TCP listener, or a Unix socket's.
+pub(crate) trait Incoming {
+    /// A connection.
+    type Io: Send + 'static;
+    /// The next connection and its peer (for a Unix socket, `UNIX_PEER`).
+    fn next(&self) -> impl Future<Output = io::Result<(Self::Io, SocketAddr)>> + Send;
+}
+
+impl Incoming for TcpListener {
+    type Io = TcpStream;
+    async fn next(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        self.accept().await
+    }
+}
+
+/// The accept loop every listener runs: connections counted against
+/// `budget` and made room for at its cap, each started by `start` (with
+/// its peer, number, state and the listener's drain), until `shutdown`;
+/// then the drain (see [`finish`]).
+pub(super) async fn accept_loop<L: Incoming>(
+    budget: &Arc<Budget>,
+    listener: L,
+    limits: Limits,
+    shutdown: impl Future<Output = ()>,
+    mut start: impl FnMut(
+        L::Io,
+        SocketAddr,
+        u64,
+        Arc<ConnState>,
+        Arc<Drain>,
+    ) -> tokio::task::AbortHandle,
+) -> io::Result<()> {
+    budget.group_by(limits.ipv4_prefix, limits.ipv6_prefix);
+    budget.start_sweeping();
+    let drain = Arc::new(Drain {
+        stopping: AtomicBool::new(false),
+        busy: AtomicUsize::new(0),
+        hyper: watch::Sender::new(false),
+        budget: budget.clone(),
+        listener: budget.next_id(),
+    });
+    let date = tokio::spawn(crate::write::date_ticker());
+    let mut accept = AcceptState::default();
+    tokio::pin!(shutdown);
+    loop {
+        // Over the cap (connections closed to make room whose tasks have
+        // not ended yet): wait for them. At the cap, one more is accepted
+        // to learn whose it is.
+        while budget.over_full() {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    return finish(drain, date, limits).await;
+                }
+                () = budget.ended.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        let accepted = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            a = listener.next() => a,
+        };
+        let (io, peer) = match accepted {
+            Ok(a) => {
+                accept.ok();
+                a
+            }
+            Err(e) => {
+                let pause = accept.failed(&e);
+                if is_out_of_descriptors(&e) {
+                    budget.shed_idle();
+                }
+                if !pause.is_zero() {
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+                continue;
+            }
+        };
+        if budget.full() {
+            if budget.refuses(peer.ip()) {
+                // Its network holds its share: closed at once.
+                drop(io);
+                accept.note_refused();
+                continue;
+            }
+            // Room is made by closing the connection that has waited
+            // longest for a request, or it waits for one to end. The
+            // descriptor of a connection closed to make room is free only
+            // once its task has ended: wait for that, rather than close
+            // another in its place.
+            while budget.full() {
+                if budget.needs_room() && budget.shed_idle() {
+                    accept.note_shed();
+                }
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => {
+                        return finish(drain, date, limits).await;
+                    }
+                    () = budget.ended.notified() => {}
+                    () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                }
+            }
+        }
+        let id = budget.next_id();
+        let state = Arc::new(ConnState::new(budget, peer.ip()));
+        // Nothing sent yet: the first request's head (or the handshake)
+        // must arrive within the head timeout.
+        state.waiting(&budget.clock, limits.head_timeout);
+        let drain = drain.clone();
+        budget.register(id, drain.listener, state.clone(), || {
+            start(io, peer, id, state, drain)
+        });
+    }
+    finish(drain, date, limits).await
 }

@@ -179,3 +179,60 @@ pub(super) async fn read_more<S: AsyncRead + Unpin>(tcp: &mut S, buf: &mut Bytes
         _ => Read::Done,
     }
 }
+
+/// Completes when a connection of `max_age` (plus up to a tenth more, at
+/// random) is due to go; never without one.
+pub(super) async fn age_timer(max_age: Option<Duration>, id: u64) {
+    let Some(age) = max_age else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep(age + jitter(age, id)).await;
+}
+
+/// Up to a tenth of `age`, at random: connections opened in one burst
+/// (every Envoy reconnecting after a deploy) leave spread out.
+fn jitter(age: Duration, id: u64) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(id);
+    let tenth = age / 10;
+    let nanos = u64::try_from(tenth.as_nanos()).unwrap_or(u64::MAX);
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(h.finish() % nanos.saturating_add(1))
+}
+
+/// hyper's HTTP/2 connection, each wake-up put behind the tasks already
+/// due on its worker (`on`: the gRPC listener's). hyper answers every
+/// stream from a task of its own, and each answer wakes the connection
+/// to write it: woken at once, the connection wrote (one `writev`) per
+/// answer, and the system call was the largest cost of a gRPC call.
+/// Deferred, it finds the answers of every stream that ran meanwhile and
+/// writes them together.
+pub(super) struct Gathered<F> {
+    pub(super) inner: F,
+    pub(super) on: bool,
+    /// This wake-up has been deferred once: now poll.
+    pub(super) yielded: bool,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for Gathered<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = &mut *self;
+        if this.on && !this.yielded {
+            let mut later = std::pin::pin!(tokio::task::yield_now());
+            if later.as_mut().poll(cx).is_pending() {
+                this.yielded = true;
+                return std::task::Poll::Pending;
+            }
+        }
+        this.yielded = false;
+        std::pin::Pin::new(&mut this.inner).poll(cx)
+    }
+}

@@ -49,6 +49,17 @@ pub struct Limits {
     /// As `ipv4_prefix`, for IPv6: 64, the prefix a single subscriber
     /// usually holds whole.
     pub ipv6_prefix: u8,
+    /// How long a connection handed to hyper may live (gRPC's
+    /// `MaxConnectionAge`): past it, plus up to a tenth more at random (so
+    /// connections opened together do not all leave together), it is told
+    /// to go (HTTP/2 GOAWAY; HTTP/1.1 closes after its answer) and calls
+    /// in flight have `max_connection_age_grace` to finish. Long-lived
+    /// client connections (Envoy's) thus move to new instances after a
+    /// scale-out. `None`: no bound.
+    pub max_connection_age: Option<Duration>,
+    /// After `max_connection_age`, how long calls in flight may take
+    /// before the connection is closed under them.
+    pub max_connection_age_grace: Duration,
 }
 
 impl Default for Limits {
@@ -67,6 +78,8 @@ impl Default for Limits {
             listen_backlog: 511,
             ipv4_prefix: 24,
             ipv6_prefix: 64,
+            max_connection_age: None,
+            max_connection_age_grace: Duration::from_secs(3600),
         }
     }
 }

@@ -114,9 +114,6 @@ fn not_honoured(env: &Env<'_>) -> Vec<String> {
                 "TRACING_ENABLED" if env.on(name, &mut refused) => {
                     Some("tracing is not exported yet")
                 }
-                "GRPC_MAX_CONNECTION_AGE" | "GRPC_MAX_CONNECTION_AGE_GRACE" | "GRPC_UDS" => {
-                    Some("not supported yet")
-                }
                 _ => None,
             }
         };

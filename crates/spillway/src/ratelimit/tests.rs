@@ -297,11 +297,6 @@ fn settings_it_cannot_honour_stop_the_start() {
             ],
             "GRPC_SERVER_TLS_CA_CERT",
         ),
-        (
-            &[("GRPC_MAX_CONNECTION_AGE", "1h")],
-            "GRPC_MAX_CONNECTION_AGE",
-        ),
-        (&[("GRPC_UDS", "/tmp/rl.sock")], "GRPC_UDS"),
         (&[("BACKEND_TYPE", "memcache")], "BACKEND_TYPE"),
         (&[("MEMCACHE_HOST_PORT", "m:11211")], "MEMCACHE_HOST_PORT"),
     ] {

@@ -17,6 +17,7 @@ mod envoy_format;
 mod forward_auth;
 mod gateways;
 mod grpc;
+mod grpc_conn;
 mod hardening;
 mod http_wire;
 mod mtls;

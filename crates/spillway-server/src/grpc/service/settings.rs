@@ -29,6 +29,17 @@ pub struct EnvoySettings {
     pub quota_mode: bool,
     /// See [`DEFAULT_DETAILED_METRIC_MAX_VALUES`].
     pub detailed_metric_max_values: usize,
+    /// How long a gRPC connection may live before it is told to go (plus
+    /// up to a tenth more at random) (`GRPC_MAX_CONNECTION_AGE`,
+    /// `envoy.max_connection_age`); zero is no bound; `None` when neither
+    /// says (no bound; the `ratelimit` entry then takes ratelimit's 24h).
+    pub max_connection_age: Option<std::time::Duration>,
+    /// How long calls in flight may take after that
+    /// (`GRPC_MAX_CONNECTION_AGE_GRACE`, default ratelimit's 1h; zero, as
+    /// for grpc-go, is no bound: `Duration::MAX`).
+    pub max_connection_age_grace: std::time::Duration,
+    /// `GRPC_UDS`: the gRPC listener's Unix socket, instead of its address.
+    pub grpc_uds: Option<std::path::PathBuf>,
 }
 
 impl Default for EnvoySettings {
@@ -40,6 +51,9 @@ impl Default for EnvoySettings {
             shadow_mode: false,
             quota_mode: false,
             detailed_metric_max_values: DEFAULT_DETAILED_METRIC_MAX_VALUES,
+            max_connection_age: None,
+            max_connection_age_grace: std::time::Duration::from_secs(3_600),
+            grpc_uds: None,
         }
     }
 }

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::plan::entries_key;
 use super::*;
 use proto::{Entry, RateLimitDescriptor, RateLimitOverride, UInt64Value, Unit};

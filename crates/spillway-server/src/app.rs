@@ -45,6 +45,9 @@ pub struct Shared {
     /// `api.tokens`: with any, the decision listener's decision routes
     /// need one.
     pub api_tokens: credentials::ApiTokens,
+    /// OpenTelemetry traces of decisions; `None` (the default) when off,
+    /// which a way in checks once per decision.
+    pub tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -202,6 +205,11 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     };
     let health = Arc::new(spillway_core::HealthGauge::new());
     let set = rule_set(&opts.config, 1, &health);
+    let tracer = opts.config.traces.as_ref().map(|t| {
+        let tracer = Arc::new(crate::trace::Tracer::start(t, store.kind()));
+        tracing::info!(endpoint = %t.endpoint, protocol = t.protocol.as_str(), "exporting traces");
+        tracer
+    });
     let shared = Shared {
         events: Arc::new(Metrics::new(&set)),
         limiter: Arc::new(Limiter::new(store, set)),
@@ -209,7 +217,12 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         health,
         measured: Arc::new(spillway_core::HealthGauge::new()),
         api_tokens: credentials::ApiTokens::default(),
+        tracer,
     };
+    if let Some(t) = &shared.tracer {
+        let t = t.clone();
+        shared.events.add_gauges(Box::new(move |out: &mut String| t.render(out)));
+    }
     shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {
         Source::File(p) | Source::Dir(p) => p.display().to_string(),
@@ -590,6 +603,9 @@ async fn serve_with<H: Handler>(
     let _ = keeper.await;
     for task in [grpc, admin].into_iter().flatten() {
         let _ = task.await;
+    }
+    if let Some(t) = &parts.shared.tracer {
+        t.shutdown().await;
     }
     tracing::info!("spillway stopped");
     result

@@ -12,6 +12,7 @@ use spillway_wire::Headers;
 
 use crate::Shared;
 use crate::identity::{Attrs, Identify, Unreadable, Who, readable_key_headers};
+use crate::trace::Forward;
 
 /// Who a request from `peer` comes from (see [`Identify::who`]), with
 /// every header a rule is keyed by readable.
@@ -38,16 +39,21 @@ pub fn identify<H: Headers + ?Sized>(
 
 /// Decides `method` `path` from `who` at `cost`, counting the decision in
 /// the metrics (and waiting a shaper's turn). `host`, when given, is what
-/// `by: header:host` reads (forward-auth's original host).
+/// `by: header:host` reads (forward-auth's original host). With traces
+/// on, the decision is a span named `span` (a child of the caller's, from
+/// its `traceparent` in `headers`), and what the proxy sends upstream to
+/// continue the trace comes back with the admission.
+#[allow(clippy::too_many_arguments)]
 pub async fn decide<H: Headers + Sync + ?Sized>(
     shared: &Shared,
+    span: &'static str,
     method: &str,
     path: &str,
     who: &Who,
     host: Option<&str>,
     headers: &H,
     cost: u64,
-) -> Admission {
+) -> (Admission, Option<Forward>) {
     let attrs = attrs(who, host, headers);
     let request = Request {
         method: Some(method),
@@ -56,10 +62,27 @@ pub async fn decide<H: Headers + Sync + ?Sized>(
         cost,
     };
     let events = &shared.events;
-    spillway_tower::admit(&shared.limiter, &request, |c, took| {
+    // Off: one check of an `Option`, no clock read, nothing allocated.
+    let span = match &shared.tracer {
+        None => None,
+        Some(t) => t.span(span, headers),
+    };
+    let mut store_took = std::time::Duration::ZERO;
+    let admission = spillway_tower::admit(&shared.limiter, &request, |c, took| {
         events.decided(c, took);
+        store_took = took;
     })
-    .await
+    .await;
+    let forward = match (span, &shared.tracer) {
+        (Some(span), Some(t)) => {
+            let forward = span.forward();
+            let (Admission::Admitted(c) | Admission::Denied(c)) = &admission;
+            t.finish_checked(span, c, cost, store_took);
+            Some(forward)
+        }
+        _ => None,
+    };
+    (admission, forward)
 }
 
 /// `who`, `host` and `headers` as the rules read them.

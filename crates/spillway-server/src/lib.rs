@@ -34,6 +34,7 @@ mod stopping;
 
 mod store;
 pub mod tls;
+pub mod trace;
 
 pub use app::{Routed, ServeOptions, Shared, rule_set, run, run_proxy};
 pub(crate) use app::{RouterOnly, serve_router};

@@ -19,6 +19,7 @@ mod rules;
 mod server;
 mod store;
 mod tls;
+mod traces;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ pub use envoy::{load_envoy, parse_envoy};
 pub use load::*;
 pub use parts::{BadFile, FilesStatus, RuleFiles};
 pub use server::default_max_connections;
+pub use traces::ratelimit_tracing_env;
 use server::{address, server_limits};
 pub use spillway_rules::env::Secrets;
 pub use spillway_rules::{
@@ -138,6 +140,9 @@ pub struct Config {
     /// `rules_dir:`, a directory whose files add their rules (see
     /// [`RuleFiles`]); relative to the file's directory once loaded.
     pub rules_dir: Option<PathBuf>,
+    /// OpenTelemetry traces (`traces:` and the `OTEL_*` variables):
+    /// `None` when off, the default.
+    pub traces: Option<crate::trace::TraceSettings>,
 }
 
 impl Config {
@@ -263,6 +268,8 @@ pub const SECTIONS: &[Section] = &[
     Section::on_reload("rules"),
     // The directory is watched from the start; its files' changes apply.
     Section::at_start("rules_dir", |a, b| a.rules_dir != b.rules_dir),
+    // The exporter is started once.
+    Section::at_start("traces", |a, b| a.traces != b.traces),
 ];
 
 /// Which store to use.
@@ -482,6 +489,9 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
         std::env::var(var).ok()
     });
     errs.list.extend(envoy_errors);
+    let (traces, trace_errors) =
+        traces::load(raw.traces.as_ref(), errs.file, &|var| std::env::var(var).ok());
+    errs.list.extend(trace_errors);
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();
     for d in &raw.domains {
@@ -589,6 +599,7 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
             forward_auth,
             secrets: Secrets::default(),
             rules_dir,
+            traces,
         })
     } else {
         Err(ConfigErrors(errs.list))

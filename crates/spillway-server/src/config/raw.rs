@@ -72,6 +72,9 @@ pub(crate) struct RawConfig {
     /// A directory of files of more rules (`config::parts`).
     #[serde(default)]
     pub(crate) rules_dir: Option<Spanned<String>>,
+    /// OpenTelemetry traces: where spans go and which are kept.
+    #[serde(default)]
+    pub(crate) traces: Option<Spanned<super::traces::RawTraces>>,
 }
 
 /// For a file read section by section (see `spillway_rules::recover`).
@@ -106,6 +109,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             rules,
             rule_chunks: _,
             rules_dir,
+            traces,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {
@@ -128,6 +132,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.tls, tls);
         self.domains.extend(domains);
         take(&mut self.descriptors, descriptors);
+        take(&mut self.traces, traces);
         take(&mut self.path_matching, path_matching);
         take(&mut self.log, log);
         take(&mut self.reload, reload);

@@ -20,6 +20,7 @@ mod grpc;
 mod hardening;
 mod http_wire;
 mod ops;
+mod otel;
 mod proxy;
 mod proxy_bounds;
 mod redis;

@@ -206,9 +206,8 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     let health = Arc::new(spillway_core::HealthGauge::new());
     let set = rule_set(&opts.config, 1, &health);
     let tracer = opts.config.traces.as_ref().map(|t| {
-        let tracer = Arc::new(crate::trace::Tracer::start(t, store.kind()));
         tracing::info!(endpoint = %t.endpoint, protocol = t.protocol.as_str(), "exporting traces");
-        tracer
+        Arc::new(crate::trace::Tracer::start(t, store.kind()))
     });
     let shared = Shared {
         events: Arc::new(Metrics::new(&set)),
@@ -219,9 +218,9 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         api_tokens: credentials::ApiTokens::default(),
         tracer,
     };
-    if let Some(t) = &shared.tracer {
-        let t = t.clone();
-        shared.events.add_gauges(Box::new(move |out: &mut String| t.render(out)));
+    if let Some(t) = shared.tracer.clone() {
+        let render = move |out: &mut String| t.render(out);
+        shared.events.add_gauges(Box::new(render));
     }
     shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {

@@ -34,13 +34,13 @@ pub use envoy::{load_envoy, parse_envoy};
 pub use load::*;
 pub use parts::{BadFile, FilesStatus, RuleFiles};
 pub use server::default_max_connections;
-pub use traces::ratelimit_tracing_env;
 use server::{address, server_limits};
 pub use spillway_rules::env::Secrets;
 pub use spillway_rules::{
     Error as ConfigError, Errors as ConfigErrors, parse_duration, parse_rate,
 };
 use store::redis_config;
+pub use traces::ratelimit_tracing_env;
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
 use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};
@@ -489,8 +489,9 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
         std::env::var(var).ok()
     });
     errs.list.extend(envoy_errors);
-    let (traces, trace_errors) =
-        traces::load(raw.traces.as_ref(), errs.file, &|var| std::env::var(var).ok());
+    let (traces, trace_errors) = traces::load(raw.traces.as_ref(), errs.file, &|var| {
+        std::env::var(var).ok()
+    });
     errs.list.extend(trace_errors);
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();

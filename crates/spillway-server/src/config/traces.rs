@@ -85,7 +85,11 @@ pub(crate) fn load(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> (Option<TraceSettings>, Vec<ConfigError>) {
     // The specification: an empty variable is an unset one.
-    let var = |name: &'static str| env(name).filter(|v| !v.trim().is_empty()).map(|v| (name, v));
+    let var = |name: &'static str| {
+        env(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v))
+    };
     let mut errs = Errors {
         file,
         list: Vec::new(),
@@ -131,14 +135,21 @@ pub(crate) fn load(
         match v.trim().parse::<u64>() {
             Ok(x) if x > 0 => Duration::from_millis(x),
             _ => {
-                errs.env(n, Some(&v), "expected a whole number of milliseconds, at least 1");
+                errs.env(
+                    n,
+                    Some(&v),
+                    "expected a whole number of milliseconds, at least 1",
+                );
                 Duration::from_millis(default)
             }
         }
     };
     let timeout = ms(
         &mut errs,
-        &["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"],
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ],
         DEFAULT_TIMEOUT_MS,
     );
     let schedule_delay = ms(&mut errs, &["OTEL_BSP_SCHEDULE_DELAY"], DEFAULT_DELAY_MS);
@@ -149,13 +160,18 @@ pub(crate) fn load(
         match v.trim().parse::<usize>() {
             Ok(x) if (1..=MOST_QUEUE).contains(&x) => x,
             _ => {
-                errs.env(n, Some(&v), format!("expected a whole number from 1 to {MOST_QUEUE}"));
+                errs.env(
+                    n,
+                    Some(&v),
+                    format!("expected a whole number from 1 to {MOST_QUEUE}"),
+                );
                 default
             }
         }
     };
     let max_queue = count(&mut errs, "OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_QUEUE);
-    let max_batch = count(&mut errs, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH).min(max_queue);
+    let max_batch =
+        count(&mut errs, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", DEFAULT_BATCH).min(max_queue);
     let sampler = pick_sampler(&mut errs, r, &var);
     let resource = pick_resource(&mut errs, r, &var);
     if disabled || !on {
@@ -187,7 +203,8 @@ fn pick_protocol(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>) -> Protoco
         "http/json" => Err("http/json is not supported: grpc or http/protobuf"),
         _ => Err("expected grpc or http/protobuf"),
     };
-    let env = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    let env =
+        var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
     match (env, &r.protocol) {
         (Some((n, v)), _) => parse(&v).unwrap_or_else(|why| {
             errs.env(n, Some(&v), why);
@@ -253,7 +270,11 @@ fn pick_endpoint(
             .map_err(|why| errs.file(e, "endpoint", format!("{:?}: {why}", e.value)))
             .ok()?;
         let bare = matches!(u.path(), "" | "/");
-        return Some(if http && bare { with_signal_path(&u) } else { u });
+        return Some(if http && bare {
+            with_signal_path(&u)
+        } else {
+            u
+        });
     }
     let default = if http {
         "http://localhost:4318/v1/traces"
@@ -327,7 +348,8 @@ fn header(k: &str, v: &str) -> Result<Header, String> {
 }
 
 fn pick_headers(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>) -> Vec<Header> {
-    let env = var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"));
+    let env =
+        var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"));
     if let Some((n, v)) = env {
         let pairs = match key_values(&v) {
             Ok(p) => p,
@@ -363,14 +385,22 @@ fn pick_sampler(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>) -> Sampler 
         if ratio_ok(s.value) {
             Some(s.value)
         } else {
-            errs.file(s, "sample_ratio", format!("{}: expected a number from 0 to 1", s.value));
+            errs.file(
+                s,
+                "sample_ratio",
+                format!("{}: expected a number from 0 to 1", s.value),
+            );
             None
         }
     });
     let arg = var("OTEL_TRACES_SAMPLER_ARG").and_then(|(n, v)| match v.trim().parse::<f64>() {
         Ok(x) if ratio_ok(x) => Some(x),
         _ => {
-            errs.env(n, Some(&v), "expected a number from 0 to 1 (the share of traces kept)");
+            errs.env(
+                n,
+                Some(&v),
+                "expected a number from 0 to 1 (the share of traces kept)",
+            );
             None
         }
     });

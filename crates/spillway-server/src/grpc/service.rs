@@ -175,7 +175,10 @@ fn trace_attributes(
         KeyValue::string("rpc.service", proto::SERVICE),
         KeyValue::string("rpc.method", "ShouldRateLimit"),
         KeyValue::string("envoy.domain", domain),
-        KeyValue::int("envoy.descriptors", i64::try_from(descriptors).unwrap_or(i64::MAX)),
+        KeyValue::int(
+            "envoy.descriptors",
+            i64::try_from(descriptors).unwrap_or(i64::MAX),
+        ),
         KeyValue::int("spillway.cost", i64::from(cost)),
     ];
     let resp = match resp {
@@ -192,7 +195,11 @@ fn trace_attributes(
         .filter_map(|s| s.current_limit.as_ref())
         .map(|l| l.name.as_str());
     a.push(KeyValue::strings("spillway.rules", names));
-    let shadow = !over && resp.statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+    let shadow = !over
+        && resp
+            .statuses
+            .iter()
+            .any(|s| s.code == Code::OverLimit as i32);
     let decision = match (over, shadow) {
         (true, _) => "denied",
         (false, true) => "shadow",

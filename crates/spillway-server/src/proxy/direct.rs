@@ -115,11 +115,11 @@ impl DirectProxy {
             };
             // Only an admitted request needs its forwarding headers.
             let mut add = Vec::with_capacity(128);
-            let dropped = self
-                .proxy
-                .forwarding(msg.peer.ip(), headers, trace.as_ref(), |name, value| {
-                    write::header(&mut add, name, value.as_bytes());
-                });
+            let dropped =
+                self.proxy
+                    .forwarding(msg.peer.ip(), headers, trace.as_ref(), |name, value| {
+                        write::header(&mut add, name, value.as_bytes());
+                    });
             let outgoing = Outgoing {
                 method: head.method,
                 target: head.target,

@@ -198,10 +198,10 @@ impl HyperProxy {
         let dropped = self
             .proxy
             .forwarding(peer, req.headers(), trace.as_ref(), |name, value| {
-            if let Ok(v) = HeaderValue::from_str(value) {
-                added.push((HeaderName::from_static(name), v));
-            }
-        });
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    added.push((HeaderName::from_static(name), v));
+                }
+            });
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         keep_upgrade(headers, upgrade);

@@ -164,7 +164,9 @@ mod tests {
             return None;
         }
         let lower_hex = |p: &str, n: usize| {
-            p.len() == n && p.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+            p.len() == n
+                && p.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
         };
         let (ver, tid, sid, flags) = (parts[0], parts[1], parts[2], parts[3]);
         if !lower_hex(ver, 2) || ver == "ff" || !lower_hex(tid, 32) || !lower_hex(sid, 16) {

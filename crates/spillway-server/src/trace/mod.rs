@@ -248,7 +248,11 @@ pub fn decision_attributes(
     store_took: Duration,
 ) -> (Vec<KeyValue>, Option<&'static str>) {
     let d = &checked.decision;
-    let names = d.rules.iter().filter_map(|rd| checked.rule(rd)).map(|r| r.name());
+    let names = d
+        .rules
+        .iter()
+        .filter_map(|rd| checked.rule(rd))
+        .map(|r| r.name());
     let mut a = Vec::with_capacity(9);
     a.push(KeyValue::strings("spillway.rules", names));
     a.push(KeyValue::string("spillway.decision", decision_of(d)));
@@ -259,12 +263,16 @@ pub fn decision_attributes(
             a.push(KeyValue::string("spillway.rule", rule.name()));
         }
         a.push(KeyValue::int("spillway.limit", clamp(rd.verdict.limit)));
-        a.push(KeyValue::int("spillway.remaining", clamp(rd.verdict.remaining)));
+        a.push(KeyValue::int(
+            "spillway.remaining",
+            clamp(rd.verdict.remaining),
+        ));
     }
     a.push(latency(store_took));
-    let error = checked.store_error.as_ref().map(|_| {
-        "the store failed; the rules' on_store_error policy decided"
-    });
+    let error = checked
+        .store_error
+        .as_ref()
+        .map(|_| "the store failed; the rules' on_store_error policy decided");
     if error.is_some() {
         a.push(KeyValue::bool("spillway.store_error", true));
     }

@@ -54,7 +54,10 @@ impl Received {
                 start.elapsed() < Duration::from_secs(30),
                 "no span {name} in trace {}; got {:#?}",
                 hex(trace_id),
-                self.spans().iter().map(|s| (&s.name, hex(&s.trace_id))).collect::<Vec<_>>()
+                self.spans()
+                    .iter()
+                    .map(|s| (&s.name, hex(&s.trace_id)))
+                    .collect::<Vec<_>>()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -145,15 +148,20 @@ async fn grpc_collector() -> (SocketAddr, Received) {
     let svc = TraceService(got.clone());
     tokio::spawn(async move {
         loop {
-            let Ok((tcp, _)) = l.accept().await else { return };
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
             let svc = svc.clone();
             tokio::spawn(async move {
+                let svc = tower::ServiceExt::map_request(
+                    svc,
+                    |r: http::Request<hyper::body::Incoming>| r.map(tonic::body::Body::new),
+                );
                 let svc = hyper_util::service::TowerToHyperService::new(svc);
-                let _ = hyper::server::conn::http2::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                .await;
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                        .await;
             });
         }
     });
@@ -167,7 +175,9 @@ fn hex(b: &[u8]) -> String {
 /// A caller's `traceparent`, with its trace and span ids, all distinct
 /// per `n`.
 fn caller(n: u8) -> (String, Vec<u8>, Vec<u8>) {
-    let trace: Vec<u8> = (0..16).map(|i| n.wrapping_mul(17).wrapping_add(i)).collect();
+    let trace: Vec<u8> = (0..16)
+        .map(|i| n.wrapping_mul(17).wrapping_add(i))
+        .collect();
     let span: Vec<u8> = (0..8).map(|i| n.wrapping_add(100 + i)).collect();
     (format!("00-{}-{}-01", hex(&trace), hex(&span)), trace, span)
 }
@@ -246,7 +256,10 @@ fn otel_env(collector: SocketAddr, protocol: &str) -> Vec<(&'static str, String)
         ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.to_string()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100".into()),
         ("OTEL_SERVICE_NAME", "spillway-under-test".into()),
-        ("OTEL_EXPORTER_OTLP_HEADERS", "x-collector-token=abc%20def".into()),
+        (
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "x-collector-token=abc%20def".into(),
+        ),
     ]
 }
 
@@ -254,7 +267,12 @@ fn serve(dir: &TempDir, rules: &str, env: &[(&'static str, String)]) -> Server {
     let file = dir.write("rules.yaml", rules);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     Server::start_env(
-        &["--config", file.to_str().unwrap(), "--grpc-listen", "127.0.0.1:0"],
+        &[
+            "--config",
+            file.to_str().unwrap(),
+            "--grpc-listen",
+            "127.0.0.1:0",
+        ],
         &env,
     )
 }
@@ -295,15 +313,24 @@ async fn every_way_in(protocol: &str) {
     // POST /v1/check, allowed then denied.
     let (tp, trace, parent) = caller(1);
     let body = r#"{"api": "GET /hello", "user": "alice"}"#;
-    let r = c.post(s.url("/v1/check")).header("traceparent", &tp).body(body);
+    let r = c
+        .post(s.url("/v1/check"))
+        .header("traceparent", &tp)
+        .body(body);
     assert_eq!(r.send().await.unwrap().status(), 200);
     let span = got.span("spillway.check", &trace).await;
     child_of(&span, &trace, &parent);
     assert_eq!(string_attr(&span, "spillway.decision"), "allowed");
     assert_eq!(string_attr(&span, "spillway.store"), "memory");
-    assert_eq!(strings_attr(&span, "spillway.rules"), ["per-user", "per-key"]);
+    assert_eq!(
+        strings_attr(&span, "spillway.rules"),
+        ["per-user", "per-key"]
+    );
     let (tp, trace, parent) = caller(2);
-    let r = c.post(s.url("/v1/check")).header("traceparent", &tp).body(body);
+    let r = c
+        .post(s.url("/v1/check"))
+        .header("traceparent", &tp)
+        .body(body);
     assert_eq!(r.send().await.unwrap().status(), 429);
     let span = got.span("spillway.check", &trace).await;
     child_of(&span, &trace, &parent);
@@ -417,7 +444,10 @@ async fn unsampled_traces_export_nothing() {
     let c = client();
     let (tp, _, _) = caller(7);
     for _ in 0..5 {
-        let r = c.post(s.url("/v1/check")).header("traceparent", &tp).body("{}");
+        let r = c
+            .post(s.url("/v1/check"))
+            .header("traceparent", &tp)
+            .body("{}");
         assert_eq!(r.send().await.unwrap().status(), 200);
     }
     drop(s);
@@ -483,7 +513,14 @@ async fn a_down_or_silent_collector_delays_no_decision() {
         // 300 decisions, well under one export timeout (20 s) in all.
         let took = started.elapsed();
         assert!(took < Duration::from_secs(15), "{protocol}: {took:?}");
-        let metrics = c.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let metrics = c
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let dropped = metrics
             .lines()
             .find_map(|l| l.strip_prefix("spillway_trace_spans_dropped_total "))
@@ -507,7 +544,10 @@ fn bad_settings_stop_the_start() {
     for (file, env, says) in [
         (
             &ok,
-            vec![("OTEL_TRACES_EXPORTER", "otlp"), ("OTEL_TRACES_SAMPLER", "sometimes")],
+            vec![
+                ("OTEL_TRACES_EXPORTER", "otlp"),
+                ("OTEL_TRACES_SAMPLER", "sometimes"),
+            ],
             "OTEL_TRACES_SAMPLER=\"sometimes\"",
         ),
         (

@@ -171,9 +171,17 @@ impl ForwardAuth {
             Err(u) => return refuse(u),
         };
         let span = "spillway.forward_auth";
-        let (admission, _) =
-            crate::decide::decide(&self.shared, span, o.method, o.path(), &who, o.host, headers, 1)
-                .await;
+        let (admission, _) = crate::decide::decide(
+            &self.shared,
+            span,
+            o.method,
+            o.path(),
+            &who,
+            o.host,
+            headers,
+            1,
+        )
+        .await;
         match admission {
             Admission::Admitted(c) => Answer::Admitted(c),
             Admission::Denied(c) => Answer::Denied(c),

@@ -547,8 +547,8 @@ impl Proxy {
         let Some(t) = trace else {
             return if trusted { &FROM_TRUSTED } else { &FROM_ANYONE };
         };
-        put("traceparent", &t.traceparent);
-        match (trusted, t.drop_tracestate) {
+        put("traceparent", t.traceparent());
+        match (trusted, t.drops_tracestate()) {
             (true, false) => &FROM_TRUSTED_TRACED,
             (true, true) => &FROM_TRUSTED_NEW_TRACE,
             (false, false) => &FROM_ANYONE_TRACED,

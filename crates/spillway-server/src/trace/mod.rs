@@ -57,9 +57,14 @@ pub struct Counts {
     pub failed_exports: AtomicU64,
 }
 
-/// A recorded span under way.
+/// A recorded span under way: one pointer, so the `Option<Span>` every
+/// decision's future carries costs 8 bytes to move while traces are off.
 #[derive(Debug)]
-pub struct Span {
+pub struct Span(Box<Open>);
+
+/// What a [`Span`] holds.
+#[derive(Debug)]
+struct Open {
     name: &'static str,
     trace_id: [u8; 16],
     span_id: [u8; 8],
@@ -69,31 +74,40 @@ pub struct Span {
     started: Instant,
 }
 
-/// What the proxy sends upstream instead of the client's trace context.
+/// What the proxy sends upstream instead of the client's trace context
+/// (one pointer, as [`Span`]).
 #[derive(Debug, Clone)]
-pub struct Forward {
+pub struct Forward(Box<(String, bool)>);
+
+impl Forward {
     /// The `traceparent` naming spillway's span.
-    pub traceparent: String,
+    pub fn traceparent(&self) -> &str {
+        &self.0.0
+    }
+
     /// The client's `traceparent` could not be read: its `tracestate`
     /// belongs to no trace and is not passed on.
-    pub drop_tracestate: bool,
+    pub fn drops_tracestate(&self) -> bool {
+        self.0.1
+    }
 }
 
 impl Span {
     /// This span, named `name` instead.
     #[must_use]
     pub fn named(mut self, name: &'static str) -> Span {
-        self.name = name;
+        self.0.name = name;
         self
     }
 
     /// What the proxy sends upstream to make the upstream's span a child
     /// of this one.
     pub fn forward(&self) -> Forward {
-        Forward {
-            traceparent: traceparent(&self.trace_id, &self.span_id),
-            drop_tracestate: self.parent.is_none(),
-        }
+        let s = &self.0;
+        Forward(Box::new((
+            traceparent(&s.trace_id, &s.span_id),
+            s.parent.is_none(),
+        )))
     }
 }
 
@@ -122,6 +136,7 @@ impl Tracer {
     /// A span named `name` for a request with `headers`, a child of the
     /// caller's span when its `traceparent` is readable; `None` when the
     /// sampler does not record it.
+    #[inline(never)]
     pub fn span<H: Headers + ?Sized>(&self, name: &'static str, headers: &H) -> Option<Span> {
         // Sent twice, even alike, or unreadable: a new trace.
         let parent = match headers.sole("traceparent") {
@@ -148,7 +163,7 @@ impl Tracer {
                 }
             }
         };
-        Some(Span {
+        Some(Span(Box::new(Open {
             name,
             trace_id,
             span_id: new_span_id(),
@@ -156,13 +171,14 @@ impl Tracer {
             trace_state,
             start_unix_ns: crate::os::unix_ns(),
             started: Instant::now(),
-        })
+        })))
     }
 
     /// Ends `span` now with `attributes`, an error status with `error`'s
     /// message if given, and queues it for export; a full queue drops it
     /// (counted), never waits.
     pub fn finish(&self, span: Span, mut attributes: Vec<KeyValue>, error: Option<&str>) {
+        let span = *span.0;
         let took = u64::try_from(span.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         attributes.push(KeyValue::string("spillway.store", self.store));
         let remote = if span.parent.is_some() {
@@ -197,6 +213,7 @@ impl Tracer {
 
     /// Ends `span` for a decision of the limiter (`checked`) at `cost`,
     /// the store having taken `store_took`.
+    #[inline(never)]
     pub fn finish_checked(&self, span: Span, checked: &Checked, cost: u64, store_took: Duration) {
         let (attributes, error) = decision_attributes(checked, cost, store_took);
         self.finish(span, attributes, error);

@@ -54,6 +54,12 @@ pub async fn decide<H: Headers + Sync + ?Sized>(
     headers: &H,
     cost: u64,
 ) -> (Admission, Option<Forward>) {
+    // Off: one check of an `Option`; the decision is the untraced one,
+    // and the traced one's state is behind a pointer.
+    if let Some(t) = &shared.tracer {
+        let traced = traced(t, shared, span, method, path, who, host, headers, cost);
+        return Box::pin(traced).await;
+    }
     let attrs = attrs(who, host, headers);
     let request = Request {
         method: Some(method),
@@ -62,26 +68,47 @@ pub async fn decide<H: Headers + Sync + ?Sized>(
         cost,
     };
     let events = &shared.events;
-    // Off: one check of an `Option`, no clock read, nothing allocated.
-    let span = match &shared.tracer {
-        None => None,
-        Some(t) => t.span(span, headers),
+    let admission = spillway_tower::admit(&shared.limiter, &request, |c, took| {
+        events.decided(c, took);
+    })
+    .await;
+    (admission, None)
+}
+
+/// [`decide`] with traces on: the decision a span, when sampled.
+#[allow(clippy::too_many_arguments)]
+async fn traced<H: Headers + Sync + ?Sized>(
+    tracer: &crate::trace::Tracer,
+    shared: &Shared,
+    span: &'static str,
+    method: &str,
+    path: &str,
+    who: &Who,
+    host: Option<&str>,
+    headers: &H,
+    cost: u64,
+) -> (Admission, Option<Forward>) {
+    let attrs = attrs(who, host, headers);
+    let request = Request {
+        method: Some(method),
+        path: Some(path),
+        attrs: &attrs,
+        cost,
     };
+    let events = &shared.events;
+    let span = tracer.span(span, headers);
     let mut store_took = std::time::Duration::ZERO;
     let admission = spillway_tower::admit(&shared.limiter, &request, |c, took| {
         events.decided(c, took);
         store_took = took;
     })
     .await;
-    let forward = match (span, &shared.tracer) {
-        (Some(span), Some(t)) => {
-            let forward = span.forward();
-            let (Admission::Admitted(c) | Admission::Denied(c)) = &admission;
-            t.finish_checked(span, c, cost, store_took);
-            Some(forward)
-        }
-        _ => None,
-    };
+    let forward = span.map(|span| {
+        let forward = span.forward();
+        let (Admission::Admitted(c) | Admission::Denied(c)) = &admission;
+        tracer.finish_checked(span, c, cost, store_took);
+        forward
+    });
     (admission, forward)
 }
 

@@ -140,7 +140,7 @@ pub fn parse(file: &str, text: &str) -> Result<RuleFile, Errors> {
 /// Every top-level section of a spillway rules file: those this crate
 /// reads, and the server's, which it skips. spillway-server checks that
 /// this list is its own.
-pub const SECTIONS: [&str; 23] = [
+pub const SECTIONS: [&str; 24] = [
     "store",
     "on_store_error",
     "listen",
@@ -164,6 +164,7 @@ pub const SECTIONS: [&str; 23] = [
     "health",
     "rules",
     "rules_dir",
+    "traces",
 ];
 
 /// `text` as [`parse`] reads it (its size checked, `${NAME}` substituted

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use parking_lot::Mutex;
 use spillway_redis::RedisStore;
-use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, Store as _, SystemClock};
+use spillway_store::{Limiter, MemoryConfig, MemoryStore, RuleSet, SystemClock};
 use spillway_sync::{Fallback, SyncStore};
 use spillway_wire::Handler;
 use tokio::net::TcpListener;
@@ -45,6 +45,9 @@ pub struct Shared {
     /// `api.tokens`: with any, the decision listener's decision routes
     /// need one.
     pub api_tokens: credentials::ApiTokens,
+    /// OpenTelemetry traces of decisions; `None` (the default) when off,
+    /// which a way in checks once per decision.
+    pub tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 /// An axum router as the hyper service of one connection (the peer in a
@@ -202,6 +205,10 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
     };
     let health = Arc::new(spillway_core::HealthGauge::new());
     let set = rule_set(&opts.config, 1, &health);
+    let tracer = opts.config.traces.as_ref().map(|t| {
+        tracing::info!(endpoint = %t.endpoint, protocol = t.protocol.as_str(), "exporting traces");
+        Arc::new(crate::trace::Tracer::start(t, store.kind()))
+    });
     let shared = Shared {
         events: Arc::new(Metrics::new(&set)),
         limiter: Arc::new(Limiter::new(store, set)),
@@ -209,7 +216,12 @@ fn build(opts: &ServeOptions) -> Result<Parts, Box<dyn std::error::Error + Send 
         health,
         measured: Arc::new(spillway_core::HealthGauge::new()),
         api_tokens: credentials::ApiTokens::default(),
+        tracer,
     };
+    if let Some(t) = shared.tracer.clone() {
+        let render = move |out: &mut String| t.render(out);
+        shared.events.add_gauges(Box::new(render));
+    }
     shared.api_tokens.set(opts.config.api.tokens.clone());
     let source_name = match &opts.source {
         Source::File(p) | Source::Dir(p) => p.display().to_string(),
@@ -547,8 +559,14 @@ async fn serve_with<H: Handler>(
         considered,
         stop_rx.clone(),
     ));
-    let maintainer = tokio::spawn(maintain(parts.shared.clone(), stop_rx.clone()));
-    let keeper = tokio::spawn(admin_housekeeping(parts.admin.clone(), stop_rx));
+    let maintainer = tokio::spawn(crate::housekeeping::maintain(
+        parts.shared.clone(),
+        stop_rx.clone(),
+    ));
+    let keeper = tokio::spawn(crate::housekeeping::admin_housekeeping(
+        parts.admin.clone(),
+        stop_rx,
+    ));
     let grpc = match grpc_listener {
         None => None,
         Some(listener) => {
@@ -601,6 +619,9 @@ async fn serve_with<H: Handler>(
     for task in [grpc, admin].into_iter().flatten() {
         let _ = task.await;
     }
+    if let Some(t) = &parts.shared.tracer {
+        t.shutdown().await;
+    }
     tracing::info!("spillway stopped");
     result
 }
@@ -638,56 +659,5 @@ fn stopped(tx: &tokio::sync::watch::Sender<bool>) -> impl Future<Output = ()> + 
     let mut rx = tx.subscribe();
     async move {
         let _ = rx.changed().await;
-    }
-}
-
-/// Sweeps idle keys once a second, on a blocking thread: a sweep touches
-/// every shard and would otherwise stall the requests queued on the worker
-/// that runs it (it showed as a 4 ms p99 under load).
-async fn maintain(shared: Shared, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                let shared = shared.clone();
-                let _ = tokio::task::spawn_blocking(move || shared.limiter.store().maintain()).await;
-            }
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// The admin plane's housekeeping: every second the top keys' minute,
-/// expired overrides and other instances' changes (see
-/// [`AdminState::tick`]); every [`admin::series::STEP`] a point of the
-/// dashboard's chart; every [`admin::HEALTH_EVERY`] the health elastic
-/// rules read.
-async fn admin_housekeeping(admin: Arc<AdminState>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut step = tokio::time::interval(admin::series::STEP);
-    step.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The API rules' pull from Redis, on its own: every 250 ms.
-    tokio::spawn(admin::rules_api::follow(admin.clone(), stop.clone()));
-    // Its own task: a slow Redis read in `tick` must not hold elastic
-    // rules at a stale health.
-    let health_admin = admin.clone();
-    let mut health_stop = stop.clone();
-    tokio::spawn(async move {
-        let mut health = tokio::time::interval(admin::HEALTH_EVERY);
-        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = health.tick() => health_admin.shared.health.set(health_admin.health_now()),
-                _ = health_stop.changed() => return,
-            }
-        }
-    });
-    loop {
-        tokio::select! {
-            _ = tick.tick() => admin.tick().await,
-            _ = step.tick() => admin.series.record(unix_ms(), admin.shared.events.rule_totals()),
-            _ = stop.changed() => return,
-        }
     }
 }

@@ -12,6 +12,7 @@ use spillway_wire::Headers;
 
 use crate::Shared;
 use crate::identity::{Attrs, Identify, Unreadable, Who, readable_key_headers};
+use crate::trace::Forward;
 
 /// Who a request from `peer` comes from (see [`Identify::who`]), with
 /// every header a rule is keyed by readable.
@@ -38,16 +39,27 @@ pub fn identify<H: Headers + ?Sized>(
 
 /// Decides `method` `path` from `who` at `cost`, counting the decision in
 /// the metrics (and waiting a shaper's turn). `host`, when given, is what
-/// `by: header:host` reads (forward-auth's original host).
+/// `by: header:host` reads (forward-auth's original host). With traces
+/// on, the decision is a span named `span` (a child of the caller's, from
+/// its `traceparent` in `headers`), and what the proxy sends upstream to
+/// continue the trace comes back with the admission.
+#[allow(clippy::too_many_arguments)]
 pub async fn decide<H: Headers + Sync + ?Sized>(
     shared: &Shared,
+    span: &'static str,
     method: &str,
     path: &str,
     who: &Who,
     host: Option<&str>,
     headers: &H,
     cost: u64,
-) -> Admission {
+) -> (Admission, Option<Forward>) {
+    // Off: one check of an `Option`; the decision is the untraced one,
+    // and the traced one's state is behind a pointer.
+    if let Some(t) = &shared.tracer {
+        let traced = traced(t, shared, span, method, path, who, host, headers, cost);
+        return Box::pin(traced).await;
+    }
     let attrs = attrs(who, host, headers);
     let request = Request {
         method: Some(method),
@@ -56,10 +68,48 @@ pub async fn decide<H: Headers + Sync + ?Sized>(
         cost,
     };
     let events = &shared.events;
-    spillway_tower::admit(&shared.limiter, &request, |c, took| {
+    let admission = spillway_tower::admit(&shared.limiter, &request, |c, took| {
         events.decided(c, took);
     })
-    .await
+    .await;
+    (admission, None)
+}
+
+/// [`decide`] with traces on: the decision a span, when sampled.
+#[allow(clippy::too_many_arguments)]
+async fn traced<H: Headers + Sync + ?Sized>(
+    tracer: &crate::trace::Tracer,
+    shared: &Shared,
+    span: &'static str,
+    method: &str,
+    path: &str,
+    who: &Who,
+    host: Option<&str>,
+    headers: &H,
+    cost: u64,
+) -> (Admission, Option<Forward>) {
+    let attrs = attrs(who, host, headers);
+    let request = Request {
+        method: Some(method),
+        path: Some(path),
+        attrs: &attrs,
+        cost,
+    };
+    let events = &shared.events;
+    let span = tracer.span(span, headers);
+    let mut store_took = std::time::Duration::ZERO;
+    let admission = spillway_tower::admit(&shared.limiter, &request, |c, took| {
+        events.decided(c, took);
+        store_took = took;
+    })
+    .await;
+    let forward = span.map(|span| {
+        let forward = span.forward();
+        let (Admission::Admitted(c) | Admission::Denied(c)) = &admission;
+        tracer.finish_checked(span, c, cost, store_took);
+        forward
+    });
+    (admission, forward)
 }
 
 /// `who`, `host` and `headers` as the rules read them.

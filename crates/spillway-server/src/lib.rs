@@ -24,6 +24,7 @@ pub mod decide;
 pub mod events;
 pub mod grpc;
 pub mod health;
+mod housekeeping;
 pub mod identity;
 mod json;
 pub mod metrics;
@@ -34,6 +35,7 @@ mod stopping;
 
 mod store;
 pub mod tls;
+pub mod trace;
 pub mod xds;
 
 pub(crate) use app::serve_router;

@@ -14,6 +14,15 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Nanoseconds since the Unix epoch, by the wall clock: a traced span's
+/// start (its end is the start plus a monotonic duration).
+#[allow(clippy::disallowed_methods)] // the one place (crates/spillway-server/clippy.toml)
+pub fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// The process's open-file limit (its soft `RLIMIT_NOFILE`), if known.
 pub fn descriptor_limit() -> Option<usize> {
     #[cfg(unix)]

@@ -92,9 +92,22 @@ impl DirectApi {
             r.write_http1(out, msg.close, false);
             return conn.write_all(out).await;
         }
+        // Off: one check of an `Option`, no clock read, nothing allocated.
+        let span = match &self.shared.tracer {
+            None => None,
+            Some(t) => {
+                let headers: &[httparse::Header<'_>] = msg.head.headers;
+                let name = match (&query, ask) {
+                    (Some(_), _) => super::SPAN_LIMIT,
+                    (None, Ask::Charge) => super::SPAN_CHARGE,
+                    (None, Ask::Check) => super::SPAN_CHECK,
+                };
+                t.span(name, headers)
+            }
+        };
         let result = match query {
-            None => check_json(&self.shared, msg.body, started, ask).await,
-            Some(q) => check_query(&self.shared, &q, started).await,
+            None => check_json(&self.shared, msg.body, started, ask, span).await,
+            Some(q) => check_query(&self.shared, &q, started, span).await,
         };
         let close = msg.close;
         match result {

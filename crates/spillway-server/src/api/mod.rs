@@ -18,6 +18,7 @@ use spillway_tower::render::insert_rate_limit_headers;
 use spillway_tower::render::{PROBLEM_JSON, Problem};
 
 use crate::Shared;
+use crate::trace::Span;
 
 pub mod decision;
 pub mod direct;
@@ -144,18 +145,45 @@ fn whole_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D
     }
 }
 
+/// A decision's span on the axum routes, from the request's
+/// `traceparent` (`None` with traces off, or not sampled).
+pub(crate) struct Traced(Option<Span>);
+
+impl axum::extract::FromRequestParts<Shared> for Traced {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &Shared,
+    ) -> Result<Traced, Self::Rejection> {
+        Ok(Traced(match &state.tracer {
+            None => None,
+            Some(t) => t.span(SPAN_CHECK, &parts.headers),
+        }))
+    }
+}
+
+/// The span of `POST /v1/check`.
+pub const SPAN_CHECK: &str = "spillway.check";
+/// The span of `POST /v1/charge`.
+pub const SPAN_CHARGE: &str = "spillway.charge";
+/// The span of `GET /v1/limit`.
+pub const SPAN_LIMIT: &str = "spillway.limit";
+
 async fn check(
     state: State<Shared>,
+    Traced(span): Traced,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    answer(state, body, Ask::Check).await
+    answer(state, body, Ask::Check, span).await
 }
 
 async fn charge(
     state: State<Shared>,
+    Traced(span): Traced,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    answer(state, body, Ask::Charge).await
+    answer(state, body, Ask::Charge, span.map(|s| s.named(SPAN_CHARGE))).await
 }
 
 /// `POST /v1/check` and `POST /v1/charge` on the axum routes.
@@ -163,6 +191,7 @@ async fn answer(
     State(state): State<Shared>,
     body: Result<Bytes, BytesRejection>,
     ask: Ask,
+    span: Option<Span>,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let body = body.map_err(|e| {
@@ -172,7 +201,7 @@ async fn answer(
             format!("{} (bodies are capped at {MAX_BODY} bytes)", e.body_text()),
         )
     })?;
-    let checked = check_json(&state, &body, started, ask).await?;
+    let checked = check_json(&state, &body, started, ask, span).await?;
     Ok(render(&checked, ask))
 }
 
@@ -183,6 +212,7 @@ pub(crate) async fn check_json(
     body: &[u8],
     started: Instant,
     ask: Ask,
+    span: Option<Span>,
 ) -> Result<Checked, ApiError> {
     // Any content type is read as JSON: `curl -d` sends form encoding by
     // default, and refusing it would only trip people up.
@@ -194,7 +224,7 @@ pub(crate) async fn check_json(
             ApiError::bad_request(format!("invalid JSON body: {e}"))
         })?
     };
-    decide_body(state, body, started, ask).await
+    decide_body(state, body, started, ask, span).await
 }
 
 fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
@@ -202,12 +232,14 @@ fn pairs(m: &BTreeMap<String, String>) -> Vec<(&str, &str)> {
 }
 
 /// Validates a check, decides it, counts it and renders the answer: the
-/// shared tail of `POST /v1/check` and `GET /v1/limit`.
+/// shared tail of `POST /v1/check` and `GET /v1/limit`; with traces on,
+/// ends the decision's `span`.
 async fn decide_body(
     state: &Shared,
     body: CheckBody,
     started: Instant,
     ask: Ask,
+    span: Option<Span>,
 ) -> Result<Checked, ApiError> {
     validate_body(&body).inspect_err(|_| state.events.bad_request())?;
     let (method, path) = split_api(body.api.as_deref());
@@ -225,6 +257,7 @@ async fn decide_body(
         attrs: &attrs,
         cost: body.cost.unwrap_or(1),
     };
+    let asked = span.is_some().then(Instant::now);
     let checked = match ask {
         Ask::Check => {
             let checked = state.limiter.check(&req).await;
@@ -241,6 +274,9 @@ async fn decide_body(
             checked
         }
     };
+    if let (Some(span), Some(t), Some(asked)) = (span, &state.tracer, asked) {
+        t.finish_checked(span, &checked, req.cost, asked.elapsed());
+    }
     Ok(checked)
 }
 
@@ -303,9 +339,14 @@ fn split_api(api: Option<&str>) -> (Option<&str>, Option<&str>) {
     }
 }
 
-async fn limit(State(state): State<Shared>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+async fn limit(
+    State(state): State<Shared>,
+    Traced(span): Traced,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let checked = check_query(&state, q.as_deref().unwrap_or(""), started).await?;
+    let span = span.map(|s| s.named(SPAN_LIMIT));
+    let checked = check_query(&state, q.as_deref().unwrap_or(""), started, span).await?;
     Ok(render(&checked, Ask::Check))
 }
 
@@ -317,6 +358,7 @@ pub(crate) async fn check_query(
     state: &Shared,
     query: &str,
     started: Instant,
+    span: Option<Span>,
 ) -> Result<Checked, ApiError> {
     let mut body = CheckBody::default();
     let bad = |e: String| {
@@ -350,7 +392,7 @@ pub(crate) async fn check_query(
         }
         *slot = Some(decode(v).map_err(bad)?);
     }
-    decide_body(state, body, started, Ask::Check).await
+    decide_body(state, body, started, Ask::Check, span).await
 }
 
 /// A query component, `+` and `%XX` decoded, which must be UTF-8.

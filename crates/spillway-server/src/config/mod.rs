@@ -20,6 +20,7 @@ mod rules;
 mod server;
 mod store;
 mod tls;
+mod traces;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,7 @@ pub use spillway_rules::{
     Error as ConfigError, Errors as ConfigErrors, parse_duration, parse_rate,
 };
 use store::redis_config;
+pub use traces::ratelimit_tracing_env;
 
 use crate::proxy::{IpNet, UpstreamUrl, UserSource};
 use raw::{RawConfig, RawProxy, RawRedis, RawServer, RawStore};
@@ -150,6 +152,9 @@ pub struct Config {
     /// `/healthcheck` fails while no gRPC domain is in force
     /// (envoyproxy/ratelimit's `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     pub healthy_needs_domains: bool,
+    /// OpenTelemetry traces (`traces:` and the `OTEL_*` variables):
+    /// `None` when off, the default.
+    pub traces: Option<crate::trace::TraceSettings>,
 }
 
 impl Config {
@@ -278,6 +283,8 @@ pub const SECTIONS: &[Section] = &[
     Section::on_reload("rules"),
     // The directory is watched from the start; its files' changes apply.
     Section::at_start("rules_dir", |a, b| a.rules_dir != b.rules_dir),
+    // The exporter is started once.
+    Section::at_start("traces", |a, b| a.traces != b.traces),
 ];
 
 /// Which store to use.
@@ -510,6 +517,10 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
     if let Some(path) = &envoy.grpc_uds {
         grpc_listen = Some(crate::grpc::GrpcListen::Unix(path.clone()));
     }
+    let (traces, trace_errors) = traces::load(raw.traces.as_ref(), errs.file, &|var| {
+        std::env::var(var).ok()
+    });
+    errs.list.extend(trace_errors);
     let mut domains: Vec<crate::grpc::Domain> = Vec::new();
     let mut domain_lines: Vec<u64> = Vec::new();
     for d in &raw.domains {
@@ -619,6 +630,7 @@ fn validate(file: &str, raw: &RawConfig, any_descriptor: bool) -> Result<Config,
             rules_dir,
             xds: None,
             healthy_needs_domains: false,
+            traces,
         })
     } else {
         Err(ConfigErrors(errs.list))

@@ -75,6 +75,9 @@ pub(crate) struct RawConfig {
     /// A directory of files of more rules (`config::parts`).
     #[serde(default)]
     pub(crate) rules_dir: Option<Spanned<String>>,
+    /// OpenTelemetry traces: where spans go and which are kept.
+    #[serde(default)]
+    pub(crate) traces: Option<Spanned<super::traces::RawTraces>>,
 }
 
 /// For a file read section by section (see `spillway_rules::recover`).
@@ -110,6 +113,7 @@ impl spillway_rules::recover::Sections for RawConfig {
             rules,
             rule_chunks: _,
             rules_dir,
+            traces,
         } = part;
         fn take<T>(slot: &mut Option<T>, v: Option<T>) {
             if slot.is_none() {
@@ -133,6 +137,7 @@ impl spillway_rules::recover::Sections for RawConfig {
         take(&mut self.grpc_tls, grpc_tls);
         self.domains.extend(domains);
         take(&mut self.descriptors, descriptors);
+        take(&mut self.traces, traces);
         take(&mut self.path_matching, path_matching);
         take(&mut self.log, log);
         take(&mut self.reload, reload);

@@ -78,6 +78,73 @@ impl tower::Service<http::Request<tonic::body::Body>> for RateLimitService {
     }
 }
 
+/// The span of a `ShouldRateLimit` call.
+pub const SPAN: &str = "envoy.ShouldRateLimit";
+
+/// A call's span attributes: the domain (not the descriptors' values),
+/// the limits that decided (their names as the answer gives them), the
+/// overall code, the least remaining; an error for a refused call.
+pub(super) fn trace_attributes(
+    domain: &str,
+    descriptors: usize,
+    cost: u32,
+    resp: &Result<RateLimitResponse, Status>,
+    store_took: std::time::Duration,
+) -> (Vec<crate::trace::proto::KeyValue>, Option<String>) {
+    use crate::trace::proto::KeyValue;
+    let mut a = vec![
+        KeyValue::string("rpc.system", "grpc"),
+        KeyValue::string("rpc.service", proto::SERVICE),
+        KeyValue::string("rpc.method", "ShouldRateLimit"),
+        KeyValue::string("envoy.domain", domain),
+        KeyValue::int(
+            "envoy.descriptors",
+            i64::try_from(descriptors).unwrap_or(i64::MAX),
+        ),
+        KeyValue::int("spillway.cost", i64::from(cost)),
+    ];
+    let resp = match resp {
+        Ok(r) => r,
+        Err(status) => {
+            a.push(KeyValue::int("rpc.grpc.status_code", status.code() as i64));
+            return (a, Some(status.message().to_string()));
+        }
+    };
+    let over = resp.overall_code == Code::OverLimit as i32;
+    let names = resp
+        .statuses
+        .iter()
+        .filter_map(|s| s.current_limit.as_ref())
+        .map(|l| l.name.as_str());
+    a.push(KeyValue::strings("spillway.rules", names));
+    let shadow = !over
+        && resp
+            .statuses
+            .iter()
+            .any(|s| s.code == Code::OverLimit as i32);
+    let decision = match (over, shadow) {
+        (true, _) => "denied",
+        (false, true) => "shadow",
+        (false, false) => "allowed",
+    };
+    a.push(KeyValue::string("spillway.decision", decision));
+    a.push(KeyValue::string(
+        "envoy.overall_code",
+        if over { "OVER_LIMIT" } else { "OK" },
+    ));
+    if let Some(least) = resp
+        .statuses
+        .iter()
+        .filter(|s| s.current_limit.is_some())
+        .map(|s| s.limit_remaining)
+        .min()
+    {
+        a.push(KeyValue::int("spillway.remaining", i64::from(least)));
+    }
+    a.push(crate::trace::latency(store_took));
+    (a, None)
+}
+
 /// The only calls answered with an error, as envoyproxy/ratelimit answers
 /// them: no domain, or no descriptor. Envoy never sends either (its filter
 /// requires a domain, and calls only when a descriptor was produced).
@@ -180,6 +247,16 @@ fn hits_of(hits: u64, outcome: Outcome, v: &Verdict, ratio: f32) -> Hits {
 pub async fn should_rate_limit(
     state: &GrpcState,
     req: RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    decide_call(state, req, None).await
+}
+
+/// [`should_rate_limit`], adding the time the store took to `store_took`
+/// when given (a traced call).
+pub(super) async fn decide_call(
+    state: &GrpcState,
+    req: RateLimitRequest,
+    mut store_took: Option<&mut std::time::Duration>,
 ) -> Result<RateLimitResponse, Status> {
     if let Some(e) = unusable(&req) {
         return Err(e);
@@ -330,6 +407,7 @@ pub async fn should_rate_limit(
             })
             .collect();
         let limiter = &state.shared.limiter;
+        let asked = store_took.is_some().then(std::time::Instant::now);
         let (decision, store_error) = match g {
             Group::Check => {
                 let d = limiter.decide(&charges, 0).await;
@@ -353,6 +431,9 @@ pub async fn should_rate_limit(
             }
             Group::Charge(cost) => limiter.charge_charges(&charges, cost).await,
         };
+        if let (Some(total), Some(asked)) = (store_took.as_deref_mut(), asked) {
+            *total += asked.elapsed();
+        }
         if store_error.is_some() {
             events.store_failed();
         }

@@ -101,11 +101,11 @@ impl DirectProxy {
             }
         };
         let decide_and_send = async {
-            let checked = match self
+            let (admission, trace) = self
                 .proxy
                 .admit(head.method, head.path(), &who, headers)
-                .await
-            {
+                .await;
+            let checked = match admission {
                 Admission::Denied(c) => return (c, Step::Denied),
                 Admission::Admitted(c) => c,
             };
@@ -115,11 +115,11 @@ impl DirectProxy {
             };
             // Only an admitted request needs its forwarding headers.
             let mut add = Vec::with_capacity(128);
-            let dropped = self
-                .proxy
-                .forwarding(msg.peer.ip(), headers, |name, value| {
-                    write::header(&mut add, name, value.as_bytes());
-                });
+            let dropped =
+                self.proxy
+                    .forwarding(msg.peer.ip(), headers, trace.as_ref(), |name, value| {
+                        write::header(&mut add, name, value.as_bytes());
+                    });
             let outgoing = Outgoing {
                 method: head.method,
                 target: head.target,

@@ -153,11 +153,11 @@ impl HyperProxy {
             Err(BodyFailed::Slow) => return problem(&self.proxy.slow_body(), None),
         };
         let mut req = Request::from_parts(parts, body);
-        let checked = match self
+        let (admission, trace) = self
             .proxy
             .admit(req.method().as_str(), req.uri().path(), &who, req.headers())
-            .await
-        {
+            .await;
+        let checked = match admission {
             Admission::Denied(c) => return problem(&Problem::too_many_requests(&c), Some(&c)),
             Admission::Admitted(c) => c,
         };
@@ -195,11 +195,13 @@ impl HyperProxy {
         });
         let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
         let mut added = Vec::with_capacity(3);
-        let dropped = self.proxy.forwarding(peer, req.headers(), |name, value| {
-            if let Ok(v) = HeaderValue::from_str(value) {
-                added.push((HeaderName::from_static(name), v));
-            }
-        });
+        let dropped = self
+            .proxy
+            .forwarding(peer, req.headers(), trace.as_ref(), |name, value| {
+                if let Ok(v) = HeaderValue::from_str(value) {
+                    added.push((HeaderName::from_static(name), v));
+                }
+            });
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         keep_upgrade(headers, upgrade);

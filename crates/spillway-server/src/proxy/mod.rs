@@ -48,6 +48,7 @@ use target::valid_host;
 
 use crate::Shared;
 use crate::health::HealthSettings;
+pub use crate::trace::Forward;
 
 /// Request headers a client never passes to the upstream: the proxy
 /// writes its own forwarding headers, and only a trusted proxy's
@@ -60,6 +61,40 @@ const FROM_ANYONE: [&str; 5] = [
     "x-real-ip",
 ];
 const FROM_TRUSTED: [&str; 3] = ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"];
+/// With a traced decision the client's `traceparent` is replaced by one
+/// naming spillway's span; its `tracestate` goes on with it, unless the
+/// client's `traceparent` could not be read (a new trace: the state
+/// belongs to none).
+const FROM_ANYONE_TRACED: [&str; 6] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "forwarded",
+    "x-real-ip",
+    "traceparent",
+];
+const FROM_ANYONE_NEW_TRACE: [&str; 7] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "forwarded",
+    "x-real-ip",
+    "traceparent",
+    "tracestate",
+];
+const FROM_TRUSTED_TRACED: [&str; 4] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "traceparent",
+];
+const FROM_TRUSTED_NEW_TRACE: [&str; 5] = [
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "traceparent",
+    "tracestate",
+];
 
 /// Why the proxy itself answered instead of forwarding.
 #[derive(Debug)]
@@ -256,15 +291,18 @@ impl Proxy {
     }
 
     /// Phase 2: decides the request (and waits a shaper's turn), counting
-    /// the decision in the metrics.
+    /// the decision in the metrics; with traces on, the decision's span
+    /// continues the client's trace, and the upstream gets it as its
+    /// parent (see [`forwarding`](Self::forwarding)).
     pub async fn admit<H: Headers + Sync + ?Sized>(
         &self,
         method: &str,
         path: &str,
         who: &Who,
         headers: &H,
-    ) -> Admission {
-        crate::decide::decide(&self.shared, method, path, who, None, headers, 1).await
+    ) -> (Admission, Option<Forward>) {
+        let span = "spillway.proxy";
+        crate::decide::decide(&self.shared, span, method, path, who, None, headers, 1).await
     }
 
     /// Phase 2b: the admitted request's turn at the upstream. With an
@@ -487,12 +525,14 @@ impl Proxy {
     }
 
     /// Phase 3: the forwarding headers the proxy sends instead of the
-    /// client's, each passed to `put` as a name and a value; returns the
-    /// client headers that never go upstream from `peer`.
+    /// client's, each passed to `put` as a name and a value, and with a
+    /// traced decision (`trace`) the `traceparent` naming its span;
+    /// returns the client headers that never go upstream from `peer`.
     pub fn forwarding<H: Headers + ?Sized>(
         &self,
         peer: IpAddr,
         headers: &H,
+        trace: Option<&Forward>,
         mut put: impl FnMut(&'static str, &str),
     ) -> &'static [&'static str] {
         put(
@@ -503,10 +543,16 @@ impl Proxy {
             put("x-forwarded-host", host);
         }
         put("x-forwarded-proto", "http");
-        if self.identify.trusts(peer) {
-            &FROM_TRUSTED
-        } else {
-            &FROM_ANYONE
+        let trusted = self.identify.trusts(peer);
+        let Some(t) = trace else {
+            return if trusted { &FROM_TRUSTED } else { &FROM_ANYONE };
+        };
+        put("traceparent", t.traceparent());
+        match (trusted, t.drops_tracestate()) {
+            (true, false) => &FROM_TRUSTED_TRACED,
+            (true, true) => &FROM_TRUSTED_NEW_TRACE,
+            (false, false) => &FROM_ANYONE_TRACED,
+            (false, true) => &FROM_ANYONE_NEW_TRACE,
         }
     }
 

@@ -22,6 +22,7 @@ mod hardening;
 mod http_wire;
 mod mtls;
 mod ops;
+mod otel;
 mod proxy;
 mod proxy_bounds;
 mod redis;

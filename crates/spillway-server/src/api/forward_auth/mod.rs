@@ -170,9 +170,19 @@ impl ForwardAuth {
             Ok(who) => who,
             Err(u) => return refuse(u),
         };
-        match crate::decide::decide(&self.shared, o.method, o.path(), &who, o.host, headers, 1)
-            .await
-        {
+        let span = "spillway.forward_auth";
+        let (admission, _) = crate::decide::decide(
+            &self.shared,
+            span,
+            o.method,
+            o.path(),
+            &who,
+            o.host,
+            headers,
+            1,
+        )
+        .await;
+        match admission {
             Admission::Admitted(c) => Answer::Admitted(c),
             Admission::Denied(c) => Answer::Denied(c),
         }

@@ -354,6 +354,7 @@ fn sections(raw: &RawConfig) -> Vec<(&'static str, (u32, u32))> {
         rules: _,
         rule_chunks: _,
         rules_dir,
+        traces,
     } = raw;
     let mut out = Vec::new();
     let mut add = |key: &'static str, place: Option<(u32, u32)>| {
@@ -372,6 +373,7 @@ fn sections(raw: &RawConfig) -> Vec<(&'static str, (u32, u32))> {
         grpc_response_headers.map(|_| (0, 0)),
     );
     add("envoy", envoy.as_ref().map(at));
+    add("traces", traces.as_ref().map(at));
     add("admin_listen", admin_listen.as_ref().map(at));
     add("admin", admin.as_ref().map(at));
     add("api", api.as_ref().map(at));

@@ -36,6 +36,7 @@ fn state() -> GrpcState {
             health: Arc::default(),
             measured: Arc::default(),
             api_tokens: crate::credentials::ApiTokens::default(),
+            tracer: None,
         },
         domains: Arc::new(arc_swap::ArcSwap::from_pointee(super::super::Domains::new(
             vec![domain],

@@ -1,0 +1,284 @@
+//! The exporter: one task that takes finished spans from the bounded
+//! queue, batches them (at most `max_batch`, at most `schedule_delay`
+//! after the first), and sends one batch at a time to the collector,
+//! each export bounded by the timeout. Spans that arrive while the queue
+//! is full are dropped by `Tracer::finish` and counted; a failed export
+//! drops its batch (counted, logged once per change of state). No
+//! decision ever waits for it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prost::Message as _;
+use tokio::sync::mpsc::Receiver;
+
+use super::Counts;
+use super::proto::{self, ExportTraceServiceRequest, ResourceSpans, ScopeSpans};
+use super::settings::{Protocol, TraceSettings};
+
+/// The running exporter: stop it to send what is queued.
+#[derive(Debug)]
+pub(super) struct Handle {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    timeout: Duration,
+}
+
+impl Handle {
+    /// Sends what is queued and ends the task, waiting at most the
+    /// export timeout (and a second) for it.
+    pub(super) async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(self.timeout + Duration::from_secs(1), self.task).await;
+    }
+}
+
+/// Starts the exporter for `settings` on the current runtime.
+pub(super) fn spawn(
+    settings: &TraceSettings,
+    rx: Receiver<proto::Span>,
+    counts: Arc<Counts>,
+) -> Handle {
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let exporter = Exporter::new(settings, counts);
+    let task = tokio::spawn(exporter.run(rx, stopped));
+    Handle {
+        stop,
+        task,
+        timeout: settings.timeout,
+    }
+}
+
+struct Exporter {
+    client: Client<HttpConnector, Full<Bytes>>,
+    protocol: Protocol,
+    uri: http::Uri,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    timeout: Duration,
+    max_batch: usize,
+    delay: Duration,
+    resource: proto::Resource,
+    counts: Arc<Counts>,
+    /// Whether the last export failed: a failure is logged when it
+    /// starts, and the recovery when it ends, not per export.
+    failing: bool,
+}
+
+impl Exporter {
+    fn new(s: &TraceSettings, counts: Arc<Counts>) -> Exporter {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(s.timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(s.protocol == Protocol::Grpc)
+            .pool_max_idle_per_host(2)
+            .build(connector);
+        let uri = match s.protocol {
+            Protocol::HttpProtobuf => s.endpoint.clone(),
+            Protocol::Grpc => {
+                let prefix = s.endpoint.path().trim_end_matches('/');
+                let mut parts = s.endpoint.clone().into_parts();
+                parts.path_and_query = format!("{prefix}{}", proto::EXPORT).parse().ok();
+                http::Uri::from_parts(parts).unwrap_or_else(|_| s.endpoint.clone())
+            }
+        };
+        let resource = proto::Resource {
+            attributes: s
+                .resource
+                .iter()
+                .map(|(k, v)| proto::KeyValue::string(k, v.as_str()))
+                .collect(),
+            dropped_attributes_count: 0,
+        };
+        Exporter {
+            client,
+            protocol: s.protocol,
+            uri,
+            headers: s.headers.clone(),
+            timeout: s.timeout,
+            max_batch: s.max_batch.max(1),
+            delay: s.schedule_delay,
+            resource,
+            counts,
+            failing: false,
+        }
+    }
+
+    async fn run(
+        mut self,
+        mut rx: Receiver<proto::Span>,
+        mut stopped: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let mut batch: Vec<proto::Span> = Vec::new();
+        let mut tick = tokio::time::interval(self.delay);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                span = rx.recv() => match span {
+                    Some(s) => {
+                        batch.push(s);
+                        if batch.len() >= self.max_batch {
+                            self.export(std::mem::take(&mut batch)).await;
+                        }
+                    }
+                    None => break,
+                },
+                _ = tick.tick() => {
+                    if !batch.is_empty() {
+                        self.export(std::mem::take(&mut batch)).await;
+                    }
+                }
+                _ = &mut stopped => break,
+            }
+        }
+        // Stopping: what is queued goes in one last round of batches,
+        // unless the collector is failing (the stop would wait for
+        // nothing).
+        if self.failing {
+            let mut n = batch.len() as u64;
+            while rx.try_recv().is_ok() {
+                n += 1;
+            }
+            self.counts.dropped.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        while let Ok(s) = rx.try_recv() {
+            batch.push(s);
+            if batch.len() >= self.max_batch {
+                self.export(std::mem::take(&mut batch)).await;
+            }
+        }
+        if !batch.is_empty() {
+            self.export(batch).await;
+        }
+    }
+
+    /// Sends `spans` in one request; counts them exported or dropped.
+    async fn export(&mut self, spans: Vec<proto::Span>) {
+        let n = spans.len() as u64;
+        let body = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(self.resource.clone()),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(proto::InstrumentationScope {
+                        name: "spillway".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                    }),
+                    spans,
+                    schema_url: String::new(),
+                }],
+                schema_url: String::new(),
+            }],
+        }
+        .encode_to_vec();
+        let sent = tokio::time::timeout(self.timeout, self.send(body)).await;
+        let failure = match sent {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!("no answer within {:?}", self.timeout)),
+        };
+        match failure {
+            None => {
+                self.counts.exported.fetch_add(n, Ordering::Relaxed);
+                if self.failing {
+                    self.failing = false;
+                    tracing::info!("trace export to {} works again", self.shown());
+                }
+            }
+            Some(e) => {
+                self.counts.dropped.fetch_add(n, Ordering::Relaxed);
+                self.counts.failed_exports.fetch_add(1, Ordering::Relaxed);
+                if !self.failing {
+                    self.failing = true;
+                    tracing::warn!(
+                        "trace export to {} failed: {e}; spans are dropped (spillway_trace_spans_dropped_total) until it works",
+                        self.shown()
+                    );
+                }
+            }
+        }
+    }
+
+    /// The endpoint as the log shows it (no user information).
+    fn shown(&self) -> String {
+        let scheme = self.uri.scheme_str().unwrap_or("http");
+        let host = self.uri.authority().map_or("", |a| a.as_str());
+        let host = host.rsplit('@').next().unwrap_or(host);
+        format!("{scheme}://{host}{}", self.uri.path())
+    }
+
+    async fn send(&self, message: Vec<u8>) -> Result<(), String> {
+        let mut req = http::Request::post(self.uri.clone());
+        let body = match self.protocol {
+            Protocol::HttpProtobuf => {
+                req = req.header(http::header::CONTENT_TYPE, "application/x-protobuf");
+                Bytes::from(message)
+            }
+            Protocol::Grpc => {
+                req = req
+                    .header(http::header::CONTENT_TYPE, "application/grpc")
+                    .header(http::header::TE, "trailers");
+                // The gRPC message frame: not compressed, length, message.
+                let len = u32::try_from(message.len()).map_err(|_| "batch too large")?;
+                let mut framed = Vec::with_capacity(5 + message.len());
+                framed.push(0);
+                framed.extend_from_slice(&len.to_be_bytes());
+                framed.extend_from_slice(&message);
+                Bytes::from(framed)
+            }
+        };
+        for (k, v) in &self.headers {
+            req = req.header(k, v);
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("{e} ({})", source_chain(&e)))?;
+        let status = resp.status();
+        let header_status = grpc_status(resp.headers());
+        let collected = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        match self.protocol {
+            Protocol::HttpProtobuf if status.is_success() => Ok(()),
+            Protocol::HttpProtobuf => Err(format!("the collector answered {status}")),
+            Protocol::Grpc => {
+                if !status.is_success() {
+                    return Err(format!("the collector answered HTTP {status}"));
+                }
+                let code = header_status
+                    .or_else(|| collected.trailers().and_then(grpc_status))
+                    .ok_or("the collector's answer has no grpc-status")?;
+                if code == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("the collector answered grpc-status {code}"))
+                }
+            }
+        }
+    }
+}
+
+fn grpc_status(h: &http::HeaderMap) -> Option<u32> {
+    h.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut parts = Vec::new();
+    let mut s = e.source();
+    while let Some(x) = s {
+        parts.push(x.to_string());
+        s = x.source();
+    }
+    parts.join(": ")
+}

@@ -1,0 +1,89 @@
+//! What the exporter and the sampler were told, validated (the
+//! environment's `OTEL_*` variables over the rules file's `traces:`;
+//! `config/` reads them).
+
+use std::time::Duration;
+
+/// How spans reach the collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC: `TraceService/Export` over HTTP/2 without TLS.
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies: `POST /v1/traces`.
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// As `OTEL_EXPORTER_OTLP_PROTOCOL` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// Which traces are recorded (`OTEL_TRACES_SAMPLER`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampler {
+    /// For a request without a readable caller's span (and, when not
+    /// parent-based, for every request): record this share of traces,
+    /// 0 to 1, by trace id (`always_on` is 1, `always_off` 0).
+    pub ratio: f64,
+    /// Follow the caller's `sampled` flag when its `traceparent` is
+    /// readable (the `parentbased_*` samplers).
+    pub parent_based: bool,
+}
+
+impl Default for Sampler {
+    /// `parentbased_always_on`, the specification's default.
+    fn default() -> Sampler {
+        Sampler {
+            ratio: 1.0,
+            parent_based: true,
+        }
+    }
+}
+
+/// The validated tracing settings: present only when traces are exported.
+/// Its `Debug` hides the headers' values (credentials, often).
+#[derive(Clone, PartialEq)]
+pub struct TraceSettings {
+    /// How spans are sent.
+    pub protocol: Protocol,
+    /// Where: an `http://` URL whose path is the one posted to (for gRPC,
+    /// the prefix of the method's path).
+    pub endpoint: http::Uri,
+    /// Headers sent with every export (credentials, often: never logged).
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// How long one export may take before it is given up.
+    pub timeout: Duration,
+    /// Which traces are recorded.
+    pub sampler: Sampler,
+    /// The resource's attributes, `service.name` first.
+    pub resource: Vec<(String, String)>,
+    /// Most spans waiting for export; past it spans are dropped (and
+    /// counted), never waited for.
+    pub max_queue: usize,
+    /// Most spans in one export.
+    pub max_batch: usize,
+    /// How long a span may wait for a batch to fill.
+    pub schedule_delay: Duration,
+}
+
+impl std::fmt::Debug for TraceSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("TraceSettings")
+            .field("protocol", &self.protocol)
+            .field("endpoint", &self.endpoint)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("sampler", &self.sampler)
+            .field("resource", &self.resource)
+            .field("max_queue", &self.max_queue)
+            .field("max_batch", &self.max_batch)
+            .field("schedule_delay", &self.schedule_delay)
+            .finish()
+    }
+}

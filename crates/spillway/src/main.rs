@@ -34,6 +34,8 @@ fn main() -> ExitCode {
             if let Some(level) = entry.log_level {
                 logging::set_default_filter(level);
             }
+            // SAFETY: first thing in `main`: no runtime, no other thread.
+            unsafe { entry.set_tracing_env() };
             (Cli::parse_from(entry.args), Some(entry.overlay))
         }
         Some(Err(why)) => {

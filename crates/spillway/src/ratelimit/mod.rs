@@ -34,6 +34,24 @@ pub(crate) struct Entry {
     pub(crate) args: Vec<OsString>,
     pub(crate) overlay: Overlay,
     pub(crate) log_level: Option<&'static str>,
+    /// The `OTEL_*` variables ratelimit's `TRACING_*` stand for, to set
+    /// before anything reads them (`set_tracing_env`).
+    pub(crate) tracing_env: Vec<(&'static str, String)>,
+}
+
+impl Entry {
+    /// Sets [`Entry::tracing_env`] in this process's environment, where
+    /// the traces' settings read the `OTEL_*` variables.
+    ///
+    /// # Safety
+    /// No other thread may be reading or writing the environment: call it
+    /// first thing in `main`, before any runtime or thread starts.
+    pub(crate) unsafe fn set_tracing_env(&self) {
+        for (k, v) in &self.tracing_env {
+            // SAFETY: the caller guarantees this process has one thread.
+            unsafe { std::env::set_var(k, v) };
+        }
+    }
 }
 
 /// `Some` with what envoyproxy/ratelimit's settings say when the program
@@ -59,11 +77,18 @@ pub(crate) fn entry(vars: &[(String, String)]) -> Result<Entry, String> {
     let overlay = env::overlay(&env, &mut refused);
     let log_level = env::log_level(&env, &mut refused);
     let args = serve_args(&env, overlay.xds.is_some(), &mut refused);
+    let tracing_env =
+        spillway_server::config::ratelimit_tracing_env(&|n| env.get(n).map(str::to_string))
+            .unwrap_or_else(|why| {
+                refused.push(why);
+                Vec::new()
+            });
     if refused.is_empty() {
         return Ok(Entry {
             args,
             overlay,
             log_level,
+            tracing_env,
         });
     }
     refused.sort();
@@ -111,9 +136,6 @@ fn not_honoured(env: &Env<'_>) -> Vec<String> {
                 }
                 // Other helpers build these; the lead maps them (see the
                 // report of issue 37's items 4 and 6).
-                "TRACING_ENABLED" if env.on(name, &mut refused) => {
-                    Some("tracing is not exported yet")
-                }
                 _ => None,
             }
         };

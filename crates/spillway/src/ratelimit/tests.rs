@@ -172,6 +172,34 @@ fn grpc_tls_variables_make_the_grpc_listeners_tls() {
     );
 }
 
+/// ratelimit's `TRACING_*` become the `OTEL_*` variables the traces
+/// read; an `OTEL_*` already set wins.
+#[test]
+fn tracing_variables_become_otel_variables() {
+    let e = entry(&vars(&[
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SERVICE_NAME", "rl"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+    ]))
+    .unwrap();
+    let get = |k: &str| {
+        e.tracing_env
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("OTEL_SERVICE_NAME"), Some("rl"));
+    assert_eq!(get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), Some("grpc"));
+    assert_eq!(get("OTEL_TRACES_EXPORTER"), Some("otlp"));
+    assert_eq!(
+        get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        None,
+        "{:?}",
+        e.tracing_env
+    );
+}
+
 /// A setting passed over would limit otherwise than the operator
 /// believes (per instance instead of shared in Redis, by other rules
 /// than xDS's): the start stops, naming each.
@@ -275,7 +303,7 @@ fn settings_it_cannot_honour_stop_the_start() {
             "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
         ),
         (&[("USE_STATSD", "true")], "USE_STATSD"),
-        (&[("TRACING_ENABLED", "true")], "TRACING_ENABLED"),
+        (&[("TRACING_ENABLED", "maybe")], "TRACING_ENABLED"),
         (&[("GRPC_SERVER_USE_TLS", "true")], "GRPC_SERVER_TLS_CERT"),
         (&[("GRPC_SERVER_TLS_CERT", "/c")], "GRPC_SERVER_TLS_CERT"),
         (
@@ -308,7 +336,7 @@ fn settings_it_cannot_honour_stop_the_start() {
             "{list:?}: {why}"
         );
     }
-    let both = refused(&[("REDIS_URL", "r:1"), ("TRACING_ENABLED", "true")]).unwrap();
+    let both = refused(&[("REDIS_URL", "r:1"), ("TRACING_ENABLED", "maybe")]).unwrap();
     assert!(
         both.contains("REDIS_SOCKET_TYPE") && both.contains("TRACING_ENABLED"),
         "{both}"

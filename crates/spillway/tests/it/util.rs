@@ -143,6 +143,32 @@ impl Server {
             .status()
             .expect("run kill");
         assert!(status.success());
+        // A stop takes each thread as it is next scheduled: on a busy
+        // machine the server may still answer for a moment after `kill`
+        // returns. What follows a STOP assumes it holds: wait until every
+        // thread shows stopped.
+        if sig == "STOP" {
+            let tasks = format!("/proc/{}/task", self.child.id());
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let stopped = std::fs::read_dir(&tasks).is_ok_and(|dir| {
+                    dir.flatten().all(|t| {
+                        std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                            stat.rsplit_once(") ")
+                                .is_some_and(|(_, rest)| rest.starts_with('T'))
+                        })
+                    })
+                });
+                if stopped {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the server never stopped"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 
     /// Waits for the process to exit and returns its status code.

@@ -229,8 +229,8 @@ fn admitted(first: usize, of: usize) -> Vec<bool> {
 
 /// Envoy Gateway's variables for its limiter
 /// (internal/infrastructure/kubernetes/ratelimit/resource.go), on
-/// loopback ports: but the gRPC server's TLS (GRPC_SERVER_USE_TLS, built
-/// apart) and Redis (below).
+/// loopback ports: but the certificates (the test with TLS adds them)
+/// and Redis (below).
 /// `rules`: the rules file the image ships (`rules: []`), beside which
 /// the domains are served.
 fn envoy_gateway_env(xds: &str, rules: &TempDir) -> Vec<(&'static str, String)> {
@@ -364,16 +364,21 @@ async fn mutual_tls_to_the_xds_server_and_start_without_config() {
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     let ca = ca_params.self_signed(&ca_key).unwrap();
     let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let leaf = |name: &str| {
+    let leaf = |names: &[&str]| {
         let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+        let names: Vec<String> = names.iter().map(ToString::to_string).collect();
+        let cert = rcgen::CertificateParams::new(names)
             .unwrap()
             .signed_by(&key, &issuer)
             .unwrap();
         (cert.pem(), key.serialize_pem())
     };
-    let (server_cert, server_key) = leaf("envoy-gateway");
-    let (client_cert, client_key) = leaf("envoy-ratelimit");
+    let (server_cert, server_key) = leaf(&["envoy-gateway"]);
+    // As Envoy Gateway mounts it in /certs: one certificate for the
+    // limiter, its client to the xDS server and its gRPC server to Envoy.
+    let (client_cert, client_key) = leaf(&["envoy-ratelimit", "localhost"]);
+    // Envoy's own, from the same CA.
+    let envoy = leaf(&["envoy"]);
     let ca_file = dir.write("ca.crt", &ca.pem());
     let cert_file = dir.write("tls.crt", &client_cert);
     let key_file = dir.write("tls.key", &client_key);
@@ -409,6 +414,12 @@ async fn mutual_tls_to_the_xds_server_and_start_without_config() {
         ),
         // The server's certificate names envoy-gateway, not 127.0.0.1.
         ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway".into()),
+        // Envoy's calls: gRPC with mutual TLS, the CA under Envoy
+        // Gateway's name for it.
+        ("GRPC_SERVER_USE_TLS", "true".into()),
+        ("GRPC_SERVER_TLS_CERT", cert_file.display().to_string()),
+        ("GRPC_SERVER_TLS_KEY", key_file.display().to_string()),
+        ("GRPC_SERVER_TLS_CA_CERT", ca_file.display().to_string()),
     ]);
     let server = start(&env);
     let grpc = server.listener("gRPC");
@@ -427,7 +438,37 @@ async fn mutual_tls_to_the_xds_server_and_start_without_config() {
         (ack.version_info.as_str(), ack.response_nonce.as_str()),
         ("1", nonce.as_str())
     );
-    assert_eq!(answers(&grpc, "a", 3).await, admitted(2, 3));
+    // Envoy with its certificate: exact; a caller without one: refused.
+    let tls_endpoint = |identity: Option<&(String, String)>| {
+        let mut tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+            .domain_name("localhost");
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        let port = grpc.rsplit(':').next().unwrap();
+        tonic::transport::Endpoint::from_shared(format!("https://localhost:{port}"))
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+            .tls_config(tls)
+            .unwrap()
+    };
+    let mut seen_codes = Vec::new();
+    for _ in 0..3 {
+        let r = should_rate_limit(tls_endpoint(Some(&envoy)), "a")
+            .await
+            .unwrap();
+        seen_codes.push(r.overall_code == Code::Ok as i32);
+    }
+    assert_eq!(seen_codes, admitted(2, 3));
+    assert!(
+        should_rate_limit(tls_endpoint(None), "a").await.is_err(),
+        "a call without a client certificate was answered"
+    );
+    assert!(
+        should_rate_limit(endpoint(&grpc), "a").await.is_err(),
+        "a call in clear was answered"
+    );
     let health = crate::util::client()
         .get(server.url("/healthcheck"))
         .send()

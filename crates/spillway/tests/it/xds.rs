@@ -521,3 +521,64 @@ async fn redis_variables_share_limits_between_instances() {
     }
     assert_eq!(got, admitted(4, 8));
 }
+
+/// `/bin/ratelimit` with ratelimit's Sentinel variables (`REDIS_TYPE=
+/// sentinel`, `REDIS_URL` as the master's name, then the sentinels, and
+/// both passwords): two limiters find the master through real sentinels
+/// and share one limit, admitted exactly once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_variables_share_limits_through_the_sentinels() {
+    let set = spillway_testkit::SentinelSet::start_with_password(Some("s3cret"));
+    let dir = TempDir::new("rl-sentinel");
+    std::fs::create_dir_all(dir.0.join("config")).unwrap();
+    std::fs::write(
+        dir.0.join("config/edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 4 }\n",
+    )
+    .unwrap();
+    let url = format!(
+        "{},{}",
+        spillway_testkit::sentinel::MASTER_NAME,
+        set.nodes().join(",")
+    );
+    let root = dir.0.display().to_string();
+    let rules = dir.write("ratelimit.yaml", "rules: []\n");
+    let rules = rules.display().to_string();
+    let env = [
+        ("SPILLWAY_CONFIG", rules.as_str()),
+        ("RUNTIME_ROOT", root.as_str()),
+        ("RUNTIME_SUBDIRECTORY", ""),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", url.as_str()),
+        ("REDIS_AUTH", "s3cret"),
+        ("REDIS_SENTINEL_AUTH", "s3cret"),
+        ("REDIS_TIMEOUT", "2s"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+        ("DEBUG_HOST", "127.0.0.1"),
+        ("DEBUG_PORT", "0"),
+    ];
+    let one = Server::start_ratelimit(&env);
+    let two = Server::start_ratelimit(&env);
+    let (a, b) = (one.listener("gRPC"), two.listener("gRPC"));
+    // Each has found the master before the count starts.
+    for s in [&one, &two] {
+        crate::util::eventually("the limiter answers from the master", || async {
+            crate::util::client()
+                .get(s.url("/healthcheck"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200)
+        })
+        .await;
+    }
+    let mut got = Vec::new();
+    for i in 0..8 {
+        let at = if i % 2 == 0 { &a } else { &b };
+        got.extend(answers(at, "shared", 1).await);
+    }
+    assert_eq!(got, admitted(4, 8));
+}

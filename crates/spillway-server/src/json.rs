@@ -13,3 +13,20 @@ where
 {
     T::deserialize(d).map(Some)
 }
+
+/// A listener's refusal before any way in reads the request (a head too
+/// large, a budget full): a problem body, and the connection closed. What
+/// [`spillway_wire::Handler::refuse`] writes for the listeners whose ways
+/// in have no body of their own (the routed ones, gRPC).
+pub(crate) fn refuse_problem(status: http::StatusCode, detail: &str, out: &mut Vec<u8>) {
+    let json = spillway_tower::render::Problem::new(status, detail).to_json();
+    spillway_wire::write::answer(
+        out,
+        status,
+        spillway_tower::render::PROBLEM_JSON,
+        json.as_bytes(),
+        true,
+        false,
+        |_| {},
+    );
+}

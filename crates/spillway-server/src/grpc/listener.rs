@@ -195,16 +195,7 @@ impl spillway_wire::Handler for GrpcHandler {
     }
 
     fn refuse(&self, status: http::StatusCode, detail: &str, out: &mut Vec<u8>) {
-        let json = spillway_tower::render::Problem::new(status, detail).to_json();
-        spillway_wire::write::answer(
-            out,
-            status,
-            spillway_tower::render::PROBLEM_JSON,
-            json.as_bytes(),
-            true,
-            false,
-            |_| {},
-        );
+        crate::json::refuse_problem(status, detail, out);
     }
 
     fn fallback(&self, peer: SocketAddr) -> GrpcConn {

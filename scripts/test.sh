@@ -19,4 +19,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 RUSTDOCFLAGS="-D warnings" cargo doc -p spillway-client --all-features --no-deps --locked
-cargo test --workspace --locked
+# The adversarial matrix times a legitimate client's answers under
+# attack: it runs after the rest, alone, so its servers never share the
+# cores with another test's load (only with the attacks, and whatever
+# else the machine runs).
+cargo test --workspace --locked -- --skip adversarial::matrix::
+cargo test -p spillway --test it --locked -- adversarial::matrix:: --test-threads=1

@@ -38,10 +38,17 @@ pub struct Usage {
     pub start_time_seconds: f64,
 }
 
+/// How long one read of `/proc/self` serves scrapes. Counting open
+/// descriptors reads a directory with an entry per connection: scrapes
+/// asked in a loop (an unread pipeline of `GET /metrics` on each of
+/// hundreds of connections) made that most of the server's work, and a
+/// scraper asks every few seconds at most.
+const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The process metrics (`process_*`), or nothing off Linux or when
 /// `/proc` cannot be read.
 pub fn process_metrics(out: &mut String) {
-    let Some(u) = usage() else {
+    let Some(u) = recent_usage() else {
         return;
     };
     let mut put = |name: &str, kind: &str, help: &str, v: f64| {
@@ -88,6 +95,24 @@ pub fn process_metrics(out: &mut String) {
         "Start time of the process, in seconds since the Unix epoch.",
         u.start_time_seconds,
     );
+}
+
+/// The process's usage as read at most [`FRESH`] ago; `None` off Linux.
+fn recent_usage() -> Option<Usage> {
+    static LAST: std::sync::Mutex<Option<(std::time::Instant, Usage)>> =
+        std::sync::Mutex::new(None);
+    // Scrapes at the same moment wait for one read rather than each do it.
+    let mut last = LAST
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, u)) = *last
+        && at.elapsed() < FRESH
+    {
+        return Some(u);
+    }
+    let u = usage()?;
+    *last = Some((std::time::Instant::now(), u));
+    Some(u)
 }
 
 /// The process's usage now; `None` off Linux.
@@ -155,6 +180,22 @@ fn from_proc(stat: &str, proc_stat: &str, ticks: u64, page: u64) -> Option<Usage
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn scrapes_within_a_second_share_one_read_of_proc() {
+        let before = std::time::Instant::now();
+        let first = recent_usage().expect("/proc/self");
+        // Fifty more descriptors: a fresh read would count them.
+        let files: Vec<_> = (0..50)
+            .map(|_| std::fs::File::open("/proc/self/stat").unwrap())
+            .collect();
+        let second = recent_usage().expect("/proc/self");
+        if before.elapsed() < FRESH {
+            assert_eq!(first, second);
+        }
+        drop(files);
+    }
 
     #[test]
     fn proc_stat_fields_are_read_after_the_command_name() {

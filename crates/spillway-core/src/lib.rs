@@ -53,5 +53,6 @@ pub use ip::{IpText, canonical_ip};
 pub use path::{PathMatching, RequestPath, canonical_path, canonical_path_with};
 pub use rule::{
     Attributes, FailPolicy, KeyPart, KeySpec, Mode, Priority, ResponseCost, Route, Rule,
+    UNREADABLE_HEADER,
 };
 pub use time::{Clock, ManualClock, Nanos, parse_duration};

@@ -389,13 +389,22 @@ impl Route {
     }
 }
 
+/// What [`Attributes::header`] gives for a value that is there but cannot
+/// be read (not text, or sent twice with different values): one key for
+/// every such value, so a rule keyed by the header limits them together.
+/// `None` would say the header is missing, and skip the rule.
+pub const UNREADABLE_HEADER: &str = "\u{fffd}unreadable";
+
 /// Where a request's identity values come from.
 pub trait Attributes {
     /// The user, if the caller knows one.
     fn user(&self) -> Option<&str>;
     /// The client IP, if known.
     fn ip(&self) -> Option<&str>;
-    /// A header by lower-case name.
+    /// A header by lower-case name: `None` only when it is not sent, and
+    /// [`UNREADABLE_HEADER`] when it is but cannot be read (a way in
+    /// should refuse such a request before it asks; this is for rules
+    /// reloaded in between).
     fn header(&self, name: &str) -> Option<&str>;
     /// Any other named value.
     fn descriptor(&self, name: &str) -> Option<&str>;

@@ -445,11 +445,17 @@ impl<H: Headers + ?Sized> spillway_core::Attributes for Attrs<'_, H> {
     fn header(&self, name: &str) -> Option<&str> {
         match self.host {
             Some(host) if name.eq_ignore_ascii_case("host") => Some(host),
-            // Readable: the way in refused the request otherwise
-            // (`readable_key_headers`).
+            // The way in refused an unreadable value of every header the
+            // rules were keyed by (`readable_key_headers`). Rules reloaded
+            // since may be keyed by another: its unreadable value is
+            // counted under one key, never taken as missing (which would
+            // skip the rule).
             _ => match self.headers.agreed(name) {
-                Ok(Some(v)) => std::str::from_utf8(v).ok(),
-                _ => None,
+                Ok(None) => None,
+                Ok(Some(v)) => {
+                    Some(std::str::from_utf8(v).unwrap_or(spillway_core::UNREADABLE_HEADER))
+                }
+                Err(_) => Some(spillway_core::UNREADABLE_HEADER),
             },
         }
     }
@@ -472,6 +478,33 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn an_unreadable_keyed_header_is_one_key_never_missing() {
+        use spillway_core::Attributes;
+        let mut h = HeaderMap::new();
+        h.insert("x-raw", HeaderValue::from_bytes(b"a\xffb").unwrap());
+        h.append("x-twice", HeaderValue::from_static("a"));
+        h.append("x-twice", HeaderValue::from_static("b"));
+        h.append("x-same", HeaderValue::from_static("a"));
+        h.append("x-same", HeaderValue::from_static("a"));
+        let attrs = Attrs {
+            user: None,
+            ip: "192.0.2.1",
+            host: None,
+            headers: &h,
+        };
+        assert_eq!(
+            attrs.header("x-raw"),
+            Some(spillway_core::UNREADABLE_HEADER)
+        );
+        assert_eq!(
+            attrs.header("x-twice"),
+            Some(spillway_core::UNREADABLE_HEADER)
+        );
+        assert_eq!(attrs.header("x-same"), Some("a"));
+        assert_eq!(attrs.header("x-absent"), None);
     }
 
     #[test]

@@ -324,10 +324,15 @@ impl Attributes for Attrs<'_> {
     }
     fn header(&self, name: &str) -> Option<&str> {
         // As bytes: `to_str` refuses every byte past ASCII, so `é` would
-        // read as missing and skip the rule.
-        self.headers
-            .get(name)
-            .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
+        // read as missing and skip the rule. An unreadable value was
+        // refused before the limiter was asked, unless the rules were
+        // replaced in between: then it is one key, never missing.
+        let mut values = self.headers.get_all(name).iter();
+        let first = values.next()?;
+        if !values.all(|v| v == first) {
+            return Some(spillway_core::UNREADABLE_HEADER);
+        }
+        Some(std::str::from_utf8(first.as_bytes()).unwrap_or(spillway_core::UNREADABLE_HEADER))
     }
     fn descriptor(&self, name: &str) -> Option<&str> {
         self.id
@@ -485,5 +490,31 @@ where
             insert_rate_limit_headers(&checked, resp.headers_mut());
             Ok(resp)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use spillway_core::{Attributes, UNREADABLE_HEADER};
+
+    #[test]
+    fn an_unreadable_header_is_one_key_never_missing() {
+        let mut h = HeaderMap::new();
+        h.insert("x-raw", HeaderValue::from_bytes(b"a\xffb").unwrap());
+        h.append("x-twice", HeaderValue::from_static("a"));
+        h.append("x-twice", HeaderValue::from_static("b"));
+        h.append("x-same", HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap());
+        h.append("x-same", HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap());
+        let id = Identity::default();
+        let attrs = Attrs {
+            id: &id,
+            headers: &h,
+        };
+        assert_eq!(attrs.header("x-raw"), Some(UNREADABLE_HEADER));
+        assert_eq!(attrs.header("x-twice"), Some(UNREADABLE_HEADER));
+        assert_eq!(attrs.header("x-same"), Some("\u{e9}t\u{e9}"));
+        assert_eq!(attrs.header("x-absent"), None);
     }
 }

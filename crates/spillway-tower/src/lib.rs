@@ -505,8 +505,14 @@ mod tests {
         h.insert("x-raw", HeaderValue::from_bytes(b"a\xffb").unwrap());
         h.append("x-twice", HeaderValue::from_static("a"));
         h.append("x-twice", HeaderValue::from_static("b"));
-        h.append("x-same", HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap());
-        h.append("x-same", HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap());
+        h.append(
+            "x-same",
+            HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap(),
+        );
+        h.append(
+            "x-same",
+            HeaderValue::from_bytes("\u{e9}t\u{e9}".as_bytes()).unwrap(),
+        );
         let id = Identity::default();
         let attrs = Attrs {
             id: &id,

@@ -8,7 +8,8 @@
 //! `traces:` section, or an OTLP endpoint variable turns them on;
 //! `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true` keeps them off.
 //! A value spillway cannot honour (an unknown sampler, exporter or
-//! protocol, an endpoint that is not an `http://` URL) stops the start.
+//! protocol, an endpoint that is not an `http://` or `https://` URL, TLS
+//! files that cannot be read or used) stops the start.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,7 +18,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::ConfigError;
-use crate::trace::{Protocol, Sampler, TraceSettings};
+use crate::trace::{Protocol, Sampler, TraceSettings, TraceTls};
 
 /// The rules file's `traces:` section as serde reads it.
 #[derive(Debug, Default, Deserialize)]
@@ -33,6 +34,20 @@ pub(crate) struct RawTraces {
     service_name: Option<Spanned<String>>,
     #[serde(default)]
     headers: Option<Spanned<BTreeMap<String, Spanned<String>>>>,
+    #[serde(default)]
+    tls: Option<Spanned<RawTraceTls>>,
+}
+
+/// `traces.tls`: the files for an `https://` collector.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTraceTls {
+    #[serde(default)]
+    ca: Option<Spanned<String>>,
+    #[serde(default)]
+    cert: Option<Spanned<String>>,
+    #[serde(default)]
+    key: Option<Spanned<String>>,
 }
 
 const DEFAULT_TIMEOUT_MS: u64 = 10_000;
@@ -128,6 +143,9 @@ pub(crate) fn load(
     let protocol = pick_protocol(&mut errs, r, &var);
     let endpoint = pick_endpoint(&mut errs, r, &var, protocol);
     let headers = pick_headers(&mut errs, r, &var);
+    let tls = endpoint
+        .as_ref()
+        .and_then(|e| pick_tls(&mut errs, r, &var, e.scheme_str() == Some("https")));
     let ms = |errs: &mut Errors<'_>, names: &[&'static str], default: u64| -> Duration {
         let Some((n, v)) = names.iter().find_map(|n| var(n)) else {
             return Duration::from_millis(default);
@@ -183,6 +201,7 @@ pub(crate) fn load(
     let settings = endpoint.map(|endpoint| TraceSettings {
         protocol,
         endpoint,
+        tls,
         headers,
         timeout,
         sampler,
@@ -219,21 +238,19 @@ fn pick_protocol(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>) -> Protoco
     }
 }
 
-/// An `http://` URL with a host; `https` is refused (no TLS client here).
+/// An `http://` or `https://` URL with a host.
 fn url(v: &str) -> Result<http::Uri, String> {
     let uri: http::Uri = v
         .trim()
         .parse()
         .map_err(|e| format!("not a URL ({e}); expected one such as http://collector:4318"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
+        Some("http" | "https") => {}
+        _ => {
             return Err(
-                "https is not supported: export to a collector over plain http (a local agent or sidecar)"
-                    .into(),
+                "expected an http:// or https:// URL, such as http://collector:4318".into(),
             );
         }
-        _ => return Err("expected an http:// URL, such as http://collector:4318".into()),
     }
     match uri.authority() {
         Some(a) if !a.host().is_empty() && !a.as_str().contains('@') => Ok(uri),
@@ -282,6 +299,80 @@ fn pick_endpoint(
         "http://localhost:4317"
     };
     default.parse().ok()
+}
+
+/// TLS for the collector: the CA and client certificate files from
+/// `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else `..._OTLP_CERTIFICATE`),
+/// `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`, else `traces.tls`,
+/// read now. `Some` for an `https://` endpoint (`secure`); files named
+/// for an `http://` one could not be used, and stop the start.
+fn pick_tls(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>, secure: bool) -> Option<TraceTls> {
+    let pick = |signal: &'static str, general: &'static str| var(signal).or_else(|| var(general));
+    let env = [
+        pick(
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ),
+        pick(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ),
+        pick(
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        ),
+    ];
+    let file = r.tls.as_ref();
+    let from_file = |f: fn(&RawTraceTls) -> &Option<Spanned<String>>| {
+        file.and_then(|t| f(&t.value).as_ref().map(|s| s.value.clone()))
+    };
+    // A variable that is set wins over the file, field by field.
+    let [ca, cert, key] = [
+        (env[0].clone(), from_file(|t| &t.ca)),
+        (env[1].clone(), from_file(|t| &t.cert)),
+        (env[2].clone(), from_file(|t| &t.key)),
+    ]
+    .map(|(e, f)| e.map(|(_, v)| v).or(f).map(std::path::PathBuf::from));
+    // Where a problem is reported: the first variable set, else the file.
+    let report = |errs: &mut Errors<'_>, why: String| match (env.iter().flatten().next(), file) {
+        (Some((n, _)), _) => errs.env(n, None, why),
+        (None, Some(f)) => errs.file(f, "tls", why),
+        (None, None) => errs.env("OTEL_EXPORTER_OTLP_ENDPOINT", None, why),
+    };
+    let named = ca.is_some() || cert.is_some() || key.is_some();
+    if !secure {
+        if named {
+            report(
+                errs,
+                "TLS files are named but the collector's endpoint is http://: use https:// (or name no files)"
+                    .into(),
+            );
+        }
+        return None;
+    }
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            report(
+                errs,
+                "a client certificate needs its key, and a key its certificate".into(),
+            );
+            return None;
+        }
+    };
+    let paths = client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    match crate::tls::client_config("trace collector", ca.as_deref(), paths) {
+        Ok(config) => Some(TraceTls {
+            ca,
+            client,
+            config: std::sync::Arc::new(config),
+        }),
+        Err(why) => {
+            report(errs, why);
+            None
+        }
+    }
 }
 
 /// `k=v,k2=v2` as the `OTEL_*` lists write them (values percent-encoded).

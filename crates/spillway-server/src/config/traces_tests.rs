@@ -135,11 +135,7 @@ fn what_cannot_be_honoured_is_refused_with_where_it_came_from() {
         ("OTEL_TRACES_SAMPLER_ARG", "1.5", "from 0 to 1"),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "not supported"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317", "http://"),
-        (
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "https://c:4317",
-            "https is not supported",
-        ),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c:4317", "https://"),
         ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s", "milliseconds"),
         ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "from 1"),
         ("OTEL_RESOURCE_ATTRIBUTES", "novalue", "key=value"),
@@ -285,4 +281,101 @@ fn ratelimits_tracing_variables() {
     ]))
     .unwrap();
     assert!(got.contains(&("OTEL_TRACES_SAMPLER_ARG", "1".to_string())));
+}
+
+/// A self-signed certificate and its key, as PEM files in a fresh folder.
+fn pem_files(tag: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("spillway-traces-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["collector".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let c = dir.join("cert.pem");
+    let k = dir.join("key.pem");
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (dir, c, k)
+}
+
+#[test]
+fn https_collectors_take_a_ca_and_a_client_certificate() {
+    let (dir, cert, key) = pem_files("tls");
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let on = ("OTEL_TRACES_EXPORTER", "otlp");
+    // https, no files: the system's bundle.
+    let (s, e) = load("", &[on, ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]);
+    assert!(e.is_empty(), "{e:?}");
+    let s = s.unwrap();
+    assert_eq!(s.endpoint, "https://c:4318/v1/traces");
+    let tls = s.tls.unwrap();
+    assert_eq!((tls.ca, tls.client), (None, None));
+    // The variables: a CA, a client certificate and its key.
+    let (s, e) = load(
+        "",
+        &[
+            on,
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", c),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", c),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", k),
+        ],
+    );
+    assert!(e.is_empty(), "{e:?}");
+    let tls = s.unwrap().tls.unwrap();
+    assert_eq!(tls.ca.as_deref(), Some(cert.as_path()));
+    assert_eq!(tls.client, Some((cert.clone(), key.clone())));
+    assert!(tls.config.alpn_protocols.is_empty());
+    // The file's section, and a variable over it.
+    let yaml = format!("endpoint: https://c:4318\ntls: {{ ca: {c}, cert: {c}, key: {k} }}\n");
+    let (s, e) = load(&yaml, &[]);
+    assert!(e.is_empty(), "{e:?}");
+    assert_eq!(
+        s.unwrap().tls.unwrap().client,
+        Some((cert.clone(), key.clone()))
+    );
+    let (_, e) = load(&yaml, &[("OTEL_EXPORTER_OTLP_CERTIFICATE", k)]);
+    assert!(
+        e.len() == 1 && e[0].contains("OTEL_EXPORTER_OTLP_CERTIFICATE"),
+        "a key is no CA: {e:?}"
+    );
+    // What cannot be honoured stops the start.
+    for (env, says) in [
+        (
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", c),
+            ],
+            "endpoint is http://",
+        ),
+        (
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", c),
+            ],
+            "needs its key",
+        ),
+        (
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/no/such/ca.pem"),
+            ],
+            "cannot read",
+        ),
+    ] {
+        let mut all = vec![on];
+        all.extend(env.iter().copied());
+        let (_, e) = load("", &all);
+        assert!(e.len() == 1 && e[0].contains(says), "{env:?}: {e:?}");
+    }
+    let (_, e) = load(
+        &format!("endpoint: http://c:4318\ntls: {{ ca: {c} }}\n"),
+        &[],
+    );
+    assert!(
+        e.len() == 1 && e[0].starts_with("rules.yaml:2:") && e[0].contains("traces.tls"),
+        "{e:?}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -566,8 +566,10 @@ impl Tls {
 
 mod client;
 mod der;
+mod outbound;
 mod settings;
 #[cfg(test)]
 mod tests;
 
+pub use outbound::{SYSTEM_CA_BUNDLE, client_config};
 pub use settings::{TlsFiles, TlsSettings};

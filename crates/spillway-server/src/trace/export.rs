@@ -1,10 +1,13 @@
 //! The exporter: one task that takes finished spans from the bounded
 //! queue, batches them (at most `max_batch`, at most `schedule_delay`
 //! after the first), and sends one batch at a time to the collector,
-//! each export bounded by the timeout. Spans that arrive while the queue
-//! is full are dropped by `Tracer::finish` and counted; a failed export
-//! drops its batch (counted, logged once per change of state). No
-//! decision ever waits for it.
+//! over TLS to an `https://` one, each export bounded by the timeout. An
+//! export that fails for a reason that may pass (no connection, 429,
+//! 502, 503, 504; gRPC's UNAVAILABLE and RESOURCE_EXHAUSTED) is tried
+//! again after a growing pause, within that same timeout. Spans that
+//! arrive while the queue is full are dropped by `Tracer::finish` and
+//! counted; an export that still fails drops its batch (counted, logged
+//! once per change of state). No decision ever waits for it.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,6 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -56,7 +60,7 @@ pub(super) fn spawn(
 }
 
 struct Exporter {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     protocol: Protocol,
     uri: http::Uri,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
@@ -75,6 +79,21 @@ impl Exporter {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(s.timeout));
         connector.set_nodelay(true);
+        // An `https://` URL is not refused by the TCP connector: the TLS
+        // one above it takes it.
+        connector.enforce_http(false);
+        // An `http://` endpoint has no TLS settings and never uses these.
+        let tls = s
+            .tls
+            .as_ref()
+            .map_or_else(plain_only, |t| (*t.config).clone());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let connector = match s.protocol {
+            Protocol::Grpc => https.enable_http2().wrap_connector(connector),
+            Protocol::HttpProtobuf => https.enable_http1().wrap_connector(connector),
+        };
         let client = Client::builder(TokioExecutor::new())
             .http2_only(s.protocol == Protocol::Grpc)
             .pool_max_idle_per_host(2)
@@ -177,11 +196,32 @@ impl Exporter {
             }],
         }
         .encode_to_vec();
-        let sent = tokio::time::timeout(self.timeout, self.send(body)).await;
-        let failure = match sent {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e),
-            Err(_) => Some(format!("no answer within {:?}", self.timeout)),
+        let body = Bytes::from(body);
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = FIRST_RETRY;
+        let mut last = None;
+        let failure = loop {
+            match tokio::time::timeout_at(deadline, self.send(body.clone())).await {
+                Ok(Ok(())) => break None,
+                Ok(Err(Failed { why, retry: false })) => break Some(why),
+                Ok(Err(Failed { why, retry: true })) => {
+                    // Tried again while the timeout leaves room for it.
+                    let again = tokio::time::Instant::now() + jittered(pause);
+                    if again >= deadline {
+                        break Some(why);
+                    }
+                    last = Some(why);
+                    tokio::time::sleep_until(again).await;
+                    pause = (pause * 2).min(LAST_RETRY);
+                }
+                Err(_) => {
+                    let why = format!("no answer within {:?}", self.timeout);
+                    break Some(match last {
+                        Some(l) => format!("{why} (before that: {l})"),
+                        None => why,
+                    });
+                }
+            }
         };
         match failure {
             None => {
@@ -213,19 +253,21 @@ impl Exporter {
         format!("{scheme}://{host}{}", self.uri.path())
     }
 
-    async fn send(&self, message: Vec<u8>) -> Result<(), String> {
+    /// One try at sending `message`.
+    async fn send(&self, message: Bytes) -> Result<(), Failed> {
         let mut req = http::Request::post(self.uri.clone());
         let body = match self.protocol {
             Protocol::HttpProtobuf => {
                 req = req.header(http::header::CONTENT_TYPE, "application/x-protobuf");
-                Bytes::from(message)
+                message
             }
             Protocol::Grpc => {
                 req = req
                     .header(http::header::CONTENT_TYPE, "application/grpc")
                     .header(http::header::TE, "trailers");
                 // The gRPC message frame: not compressed, length, message.
-                let len = u32::try_from(message.len()).map_err(|_| "batch too large")?;
+                let len =
+                    u32::try_from(message.len()).map_err(|_| Failed::fatal("batch too large"))?;
                 let mut framed = Vec::with_capacity(5 + message.len());
                 framed.push(0);
                 framed.extend_from_slice(&len.to_be_bytes());
@@ -236,37 +278,100 @@ impl Exporter {
         for (k, v) in &self.headers {
             req = req.header(k, v);
         }
-        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| format!("{e} ({})", source_chain(&e)))?;
+        let req = req
+            .body(Full::new(body))
+            .map_err(|e| Failed::fatal(e.to_string()))?;
+        // No answer at all (refused, reset, a failed handshake): worth
+        // another try, as a collector restarting is the common cause.
+        let resp = self.client.request(req).await.map_err(|e| Failed {
+            why: format!("{e} ({})", source_chain(&e)),
+            retry: true,
+        })?;
         let status = resp.status();
         let header_status = grpc_status(resp.headers());
-        let collected = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
+        let collected = resp.into_body().collect().await.map_err(|e| Failed {
+            why: e.to_string(),
+            retry: true,
+        })?;
+        // OTLP's transient answers: throttled, or the collector (or a
+        // proxy before it) unavailable for now.
+        let passing = |s: http::StatusCode| matches!(s.as_u16(), 429 | 502 | 503 | 504);
         match self.protocol {
             Protocol::HttpProtobuf if status.is_success() => Ok(()),
-            Protocol::HttpProtobuf => Err(format!("the collector answered {status}")),
+            Protocol::HttpProtobuf => Err(Failed {
+                why: format!("the collector answered {status}"),
+                retry: passing(status),
+            }),
             Protocol::Grpc => {
                 if !status.is_success() {
-                    return Err(format!("the collector answered HTTP {status}"));
+                    return Err(Failed {
+                        why: format!("the collector answered HTTP {status}"),
+                        retry: passing(status),
+                    });
                 }
                 let code = header_status
                     .or_else(|| collected.trailers().and_then(grpc_status))
-                    .ok_or("the collector's answer has no grpc-status")?;
-                if code == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("the collector answered grpc-status {code}"))
+                    .ok_or_else(|| Failed::fatal("the collector's answer has no grpc-status"))?;
+                match code {
+                    0 => Ok(()),
+                    // RESOURCE_EXHAUSTED, ABORTED, OUT_OF_RANGE,
+                    // UNAVAILABLE, DATA_LOSS: OTLP/gRPC's retryable codes
+                    // (CANCELLED and DEADLINE_EXCEEDED too).
+                    1 | 4 | 8 | 10 | 11 | 14 | 15 => Err(Failed {
+                        why: format!("the collector answered grpc-status {code}"),
+                        retry: true,
+                    }),
+                    _ => Err(Failed::fatal(format!(
+                        "the collector answered grpc-status {code}"
+                    ))),
                 }
             }
         }
     }
+}
+
+/// The pause before the first retry of an export, and the longest.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LAST_RETRY: Duration = Duration::from_secs(5);
+
+/// `pause` less up to a half of it, at random: exporters of many
+/// instances that failed together do not retry together.
+fn jittered(pause: Duration) -> Duration {
+    let half = u64::try_from(pause.as_millis() / 2).unwrap_or(0);
+    let off = if half == 0 {
+        0
+    } else {
+        super::next_u64() % half
+    };
+    pause.saturating_sub(Duration::from_millis(off))
+}
+
+/// Why an export's try failed, and whether another may do better.
+#[derive(Debug)]
+struct Failed {
+    why: String,
+    retry: bool,
+}
+
+impl Failed {
+    fn fatal(why: impl Into<String>) -> Failed {
+        Failed {
+            why: why.into(),
+            retry: false,
+        }
+    }
+}
+
+/// A client configuration for a collector reached over plain HTTP: the
+/// connector needs one, and never uses it.
+fn plain_only() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap_or_else(|_| rustls::ClientConfig::builder())
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth()
 }
 
 fn grpc_status(h: &http::HeaderMap) -> Option<u32> {

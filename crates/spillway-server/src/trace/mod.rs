@@ -29,7 +29,7 @@ use spillway_store::Checked;
 use spillway_wire::Headers;
 
 pub use context::{Parent, parse_traceparent, traceparent};
-pub use settings::{Protocol, Sampler, TraceSettings};
+pub use settings::{Protocol, Sampler, TraceSettings, TraceTls};
 
 use proto::{KeyValue, SpanKind, StatusCode};
 

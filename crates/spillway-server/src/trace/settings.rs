@@ -7,7 +7,8 @@ use std::time::Duration;
 /// How spans reach the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
-    /// OTLP/gRPC: `TraceService/Export` over HTTP/2 without TLS.
+    /// OTLP/gRPC: `TraceService/Export` over HTTP/2 (with TLS to an
+    /// `https://` endpoint).
     Grpc,
     /// OTLP/HTTP with protobuf bodies: `POST /v1/traces`.
     HttpProtobuf,
@@ -45,15 +46,47 @@ impl Default for Sampler {
     }
 }
 
+/// TLS to an `https://` collector: the files named, and the client
+/// configuration read from them when the settings were made.
+#[derive(Clone)]
+pub struct TraceTls {
+    /// The CA file the collector's certificate is verified against
+    /// (`None`: the system's bundle, [`crate::tls::SYSTEM_CA_BUNDLE`]).
+    pub ca: Option<std::path::PathBuf>,
+    /// A client certificate and key, for mutual TLS.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Built from the files (no ALPN: the exporter sets its protocol's).
+    pub config: std::sync::Arc<rustls::ClientConfig>,
+}
+
+impl PartialEq for TraceTls {
+    /// The same files: the same settings (a change of the files' contents
+    /// applies at the next start, as every trace setting does).
+    fn eq(&self, other: &TraceTls) -> bool {
+        self.ca == other.ca && self.client == other.client
+    }
+}
+
+impl std::fmt::Debug for TraceTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceTls")
+            .field("ca", &self.ca)
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The validated tracing settings: present only when traces are exported.
 /// Its `Debug` hides the headers' values (credentials, often).
 #[derive(Clone, PartialEq)]
 pub struct TraceSettings {
     /// How spans are sent.
     pub protocol: Protocol,
-    /// Where: an `http://` URL whose path is the one posted to (for gRPC,
-    /// the prefix of the method's path).
+    /// Where: an `http://` or `https://` URL whose path is the one posted
+    /// to (for gRPC, the prefix of the method's path).
     pub endpoint: http::Uri,
+    /// TLS, for an `https://` endpoint (and only then).
+    pub tls: Option<TraceTls>,
     /// Headers sent with every export (credentials, often: never logged).
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// How long one export may take before it is given up.
@@ -77,6 +110,7 @@ impl std::fmt::Debug for TraceSettings {
         f.debug_struct("TraceSettings")
             .field("protocol", &self.protocol)
             .field("endpoint", &self.endpoint)
+            .field("tls", &self.tls)
             .field("headers", &headers)
             .field("timeout", &self.timeout)
             .field("sampler", &self.sampler)

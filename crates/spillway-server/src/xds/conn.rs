@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 
 use super::{ClientTls, Settings};
 
-/// Where the system's CA bundle is on Debian and in spillway's image,
-/// trusted when `CONFIG_GRPC_XDS_SERVER_TLS_CACERT` names none.
-pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Where the system's CA bundle is, trusted when
+/// `CONFIG_GRPC_XDS_SERVER_TLS_CACERT` names none.
+pub use crate::tls::SYSTEM_CA_BUNDLE;
 
 /// The longest wait for a connection and its handshakes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,46 +31,8 @@ pub(crate) type Channel = tower::util::BoxCloneSyncService<
 /// # Errors
 /// A file cannot be read or holds no certificate or key.
 pub(crate) fn tls_config(tls: &ClientTls) -> Result<Arc<rustls::ClientConfig>, String> {
-    let ca_path = tls.ca.clone().unwrap_or_else(|| SYSTEM_CA_BUNDLE.into());
-    let ca = std::fs::read(&ca_path)
-        .map_err(|e| format!("xDS server CA {}: cannot read: {e}", ca_path.display()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&ca) {
-        let c = c.map_err(|e| format!("xDS server CA {}: {e}", ca_path.display()))?;
-        roots
-            .add(c)
-            .map_err(|e| format!("xDS server CA {}: {e}", ca_path.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!(
-            "xDS server CA {}: no certificate in the file",
-            ca_path.display()
-        ));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots);
-    let mut config = match &tls.client {
-        None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let read = |p: &std::path::Path| {
-                std::fs::read(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))
-            };
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("{}: {e}", cert.display()))?;
-            if chain.is_empty() {
-                return Err(format!("{}: no certificate in the file", cert.display()));
-            }
-            let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
-                .map_err(|e| format!("{}: no private key: {e}", key.display()))?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| format!("xDS client certificate: {e}"))?
-        }
-    };
+    let client = tls.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    let mut config = crate::tls::client_config("xDS server", tls.ca.as_deref(), client)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

@@ -4,6 +4,7 @@
 mod admin;
 mod adversarial;
 mod api;
+mod certs;
 mod client;
 mod client_api;
 mod client_outbound;

@@ -5,56 +5,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    SanType,
-};
 use serde_json::json;
 
+use crate::certs::{Ca, Usage, ca, leaf};
 use crate::util::{Server, TempDir, spillway};
-
-/// A certificate authority: its PEM certificate and what signs with it.
-struct Ca {
-    pem: String,
-    params: CertificateParams,
-    key: KeyPair,
-}
-
-fn ca(name: &str) -> Ca {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().unwrap();
-    let pem = params.self_signed(&key).unwrap().pem();
-    Ca { pem, params, key }
-}
-
-/// A leaf `ca` signs, for `sans` (`spiffe://...` are URIs, the rest DNS
-/// names or addresses), for a server or a client; its PEM certificate
-/// and key.
-fn leaf(ca: &Ca, sans: &[&str], client: bool) -> (String, String) {
-    let mut params = CertificateParams::new(
-        sans.iter()
-            .filter(|s| !s.contains("://"))
-            .map(ToString::to_string)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    for uri in sans.iter().filter(|s| s.contains("://")) {
-        params
-            .subject_alt_names
-            .push(SanType::URI((*uri).try_into().unwrap()));
-    }
-    params.extended_key_usages = vec![if client {
-        ExtendedKeyUsagePurpose::ClientAuth
-    } else {
-        ExtendedKeyUsagePurpose::ServerAuth
-    }];
-    let key = KeyPair::generate().unwrap();
-    let issuer = Issuer::from_params(&ca.params, &ca.key);
-    let cert = params.signed_by(&key, &issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
 
 /// An HTTPS client trusting `ca` alone, presenting `identity` if given,
 /// with a new connection (and handshake) per request.
@@ -133,11 +87,11 @@ async fn client_certificates_are_required_verified_and_matched_by_san() {
     let dir = TempDir::new("mtls");
     let root = ca("spillway test CA");
     let other = ca("another CA");
-    let server = leaf(&root, &["localhost"], false);
-    let by_dns = leaf(&root, &["client.good"], true);
-    let by_uri = leaf(&root, &["spiffe://test/ns/gw/sa/envoy"], true);
-    let wrong_san = leaf(&root, &["client.other"], true);
-    let foreign = leaf(&other, &["client.good"], true);
+    let server = leaf(&root, &["localhost"], Usage::Server);
+    let by_dns = leaf(&root, &["client.good"], Usage::Client);
+    let by_uri = leaf(&root, &["spiffe://test/ns/gw/sa/envoy"], Usage::Client);
+    let wrong_san = leaf(&root, &["client.other"], Usage::Client);
+    let foreign = leaf(&other, &["client.good"], Usage::Client);
     let cert = dir.write("cert.pem", &server.0);
     let key = dir.write("key.pem", &server.1);
     let ca_file = dir.write("ca.pem", &root.pem);
@@ -192,7 +146,7 @@ async fn client_certificates_are_required_verified_and_matched_by_san() {
     // A new CA over the file: its clients are admitted, the old CA's
     // refused, on both listeners.
     let next = ca("spillway test CA two");
-    let next_client = leaf(&next, &["client.good"], true);
+    let next_client = leaf(&next, &["client.good"], Usage::Client);
     put(&ca_file, &next.pem);
     let deadline = Instant::now() + Duration::from_secs(30);
     while http_check(&s.addr, &https(&root, Some(&next_client)), "u")
@@ -225,8 +179,8 @@ async fn client_certificates_are_required_verified_and_matched_by_san() {
 async fn grpc_tls_alone_leaves_http_in_clear() {
     let dir = TempDir::new("grpc-tls");
     let root = ca("spillway test CA");
-    let server = leaf(&root, &["localhost"], false);
-    let client = leaf(&root, &["envoy"], true);
+    let server = leaf(&root, &["localhost"], Usage::Server);
+    let client = leaf(&root, &["envoy"], Usage::Client);
     let cert = dir.write("cert.pem", &server.0);
     let key = dir.write("key.pem", &server.1);
     let ca_file = dir.write("ca.pem", &root.pem);
@@ -264,7 +218,7 @@ async fn grpc_tls_alone_leaves_http_in_clear() {
 fn check_config_shows_client_certificates_and_refuses_a_bad_ca() {
     let dir = TempDir::new("mtls-check");
     let root = ca("spillway test CA");
-    let server = leaf(&root, &["localhost"], false);
+    let server = leaf(&root, &["localhost"], Usage::Server);
     let cert = dir.write("cert.pem", &server.0);
     let key = dir.write("key.pem", &server.1);
     let ca_file = dir.write("ca.pem", &root.pem);
@@ -317,8 +271,8 @@ async fn handshakes_stalled_at_the_client_certificate_are_cut_and_shed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = TempDir::new("mtls-stall");
     let root = ca("spillway test CA");
-    let server = leaf(&root, &["localhost"], false);
-    let client = leaf(&root, &["client.good"], true);
+    let server = leaf(&root, &["localhost"], Usage::Server);
+    let client = leaf(&root, &["client.good"], Usage::Client);
     let cert = dir.write("cert.pem", &server.0);
     let key = dir.write("key.pem", &server.1);
     let ca_file = dir.write("ca.pem", &root.pem);

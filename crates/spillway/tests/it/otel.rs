@@ -3,7 +3,9 @@
 //! tonic gRPC `TraceService/Export`), a decision on every way in (the
 //! decision API, forward-auth, the proxy, Envoy's gRPC API) a span child
 //! of the caller's `traceparent`; sampling off exports none; a collector
-//! that is down or silent delays no decision; bad settings stop the start.
+//! that is down or silent delays no decision; an `https://` collector
+//! with mutual TLS, and exports tried again after a 503; bad settings
+//! stop the start.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -534,6 +536,202 @@ async fn a_down_or_silent_collector_delays_no_decision() {
     drop(silent);
 }
 
+/// A collector over mutual TLS: its certificate (for `localhost`) from
+/// `ca`, and a client certificate from `ca` required. Its first
+/// `unavailable` exports are answered 503 (a collector restarting);
+/// the count of exports it got comes back too.
+async fn tls_collector(
+    protocol: &str,
+    ca: &crate::certs::Ca,
+    unavailable: usize,
+) -> (SocketAddr, Received, Arc<std::sync::atomic::AtomicUsize>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (cert, key) = crate::certs::leaf(ca, &["localhost"], crate::certs::Usage::Server);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap())
+        .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            chain,
+            PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+
+    let got = Received::default();
+    let exports = Arc::new(AtomicUsize::new(0));
+    let app = if protocol == "grpc" {
+        let svc = tower::ServiceExt::map_request(
+            TraceService(got.clone()),
+            |r: http::Request<axum::body::Body>| r.map(tonic::body::Body::new),
+        );
+        axum::Router::new().route_service(
+            "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+            svc,
+        )
+    } else {
+        let seen = got.clone();
+        axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |headers: http::HeaderMap, body: bytes::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body).expect("an OTLP request");
+                    seen.take(req, &headers);
+                    let ok = ExportTraceServiceResponse::default().encode_to_vec();
+                    ([("content-type", "application/x-protobuf")], ok)
+                }
+            }),
+        )
+    };
+    let counted = exports.clone();
+    let app = app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let counted = counted.clone();
+            async move {
+                if counted.fetch_add(1, Ordering::SeqCst) < unavailable {
+                    return axum::response::IntoResponse::into_response(
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                    );
+                }
+                next.run(req).await
+            }
+        },
+    ));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = l.accept().await else {
+                return;
+            };
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                // A client without a certificate fails here.
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                .await;
+            });
+        }
+    });
+    (addr, got, exports)
+}
+
+/// `spillway_trace_spans_dropped_total` of `s`.
+async fn dropped(s: &Server) -> u64 {
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spillway_trace_spans_dropped_total "))
+        .unwrap_or_else(|| panic!("no dropped count in {metrics}"))
+        .parse()
+        .unwrap()
+}
+
+/// An `https://` collector asking for a client certificate, over both
+/// protocols: the CA and the client certificate from the `OTEL_*`
+/// variables; two exports answered 503 are tried again, and nothing is
+/// dropped. Without the client certificate the handshake fails, and the
+/// spans are counted dropped while decisions go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_collectors_with_mutual_tls_and_retries() {
+    let root = crate::certs::ca("collector CA");
+    let (cert, key) = crate::certs::leaf(&root, &["spillway"], crate::certs::Usage::Client);
+    let dir = TempDir::new("otel-tls");
+    let ca_file = dir.write("ca.pem", &root.pem);
+    let cert_file = dir.write("client.pem", &cert);
+    let key_file = dir.write("client.key", &key);
+    for (n, protocol) in ["http/protobuf", "grpc"].into_iter().enumerate() {
+        let (collector, got, exports) = tls_collector(protocol, &root, 2).await;
+        let mut env = otel_env(collector, protocol);
+        env[0].1 = format!("https://localhost:{}", collector.port());
+        env.extend([
+            (
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                ca_file.display().to_string(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                cert_file.display().to_string(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                key_file.display().to_string(),
+            ),
+        ]);
+        let s = serve(&dir, RULES, &env);
+        let (tp, trace, parent) = caller(20 + u8::try_from(n).unwrap());
+        let r = client()
+            .post(s.url("/v1/check"))
+            .header("traceparent", &tp)
+            .body(r#"{"api": "GET /hello", "user": "alice"}"#);
+        assert_eq!(r.send().await.unwrap().status(), 200);
+        let span = got.span("spillway.check", &trace).await;
+        child_of(&span, &trace, &parent);
+        assert!(
+            exports.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+            "{protocol}: the two 503s were not tried again"
+        );
+        assert_eq!(dropped(&s).await, 0, "{protocol}");
+        drop(s);
+
+        // No client certificate: refused at the handshake.
+        let (collector, got, _) = tls_collector(protocol, &root, 0).await;
+        let mut env = otel_env(collector, protocol);
+        env[0].1 = format!("https://localhost:{}", collector.port());
+        env.push((
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ca_file.display().to_string(),
+        ));
+        env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", "1000".into()));
+        let s = serve(&dir, RULES, &env);
+        let started = Instant::now();
+        for i in 0..20 {
+            let r = client()
+                .post(s.url("/v1/check"))
+                .body(format!(r#"{{"user": "u{i}"}}"#));
+            assert_eq!(r.send().await.unwrap().status(), 200);
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{protocol}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while dropped(&s).await == 0 {
+            assert!(Instant::now() < deadline, "{protocol}: nothing dropped");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(got.spans().is_empty(), "{protocol}");
+    }
+}
+
 /// What spillway cannot honour stops the start, naming the variable or
 /// the file's line.
 #[test]
@@ -559,6 +757,14 @@ fn bad_settings_stop_the_start() {
             &ok,
             vec![("OTEL_TRACES_EXPORTER", "jaeger")],
             "OTEL_TRACES_EXPORTER=\"jaeger\"",
+        ),
+        (
+            &ok,
+            vec![
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/no/such/ca.pem"),
+            ],
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
         ),
         (&bad, vec![], "bad.yaml:3:"),
     ] {

@@ -359,27 +359,15 @@ async fn rules_over_xds_are_acked_nacked_and_resynced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_to_the_xds_server_and_start_without_config() {
     let dir = TempDir::new("xds-tls");
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::from_params(&ca_params, &ca_key);
-    let leaf = |names: &[&str]| {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let names: Vec<String> = names.iter().map(ToString::to_string).collect();
-        let cert = rcgen::CertificateParams::new(names)
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
+    let ca = crate::certs::ca("xDS test CA");
+    let leaf = |names: &[&str]| crate::certs::leaf(&ca, names, crate::certs::Usage::Any);
     let (server_cert, server_key) = leaf(&["envoy-gateway"]);
     // As Envoy Gateway mounts it in /certs: one certificate for the
     // limiter, its client to the xDS server and its gRPC server to Envoy.
     let (client_cert, client_key) = leaf(&["envoy-ratelimit", "localhost"]);
     // Envoy's own, from the same CA.
     let envoy = leaf(&["envoy"]);
-    let ca_file = dir.write("ca.crt", &ca.pem());
+    let ca_file = dir.write("ca.crt", &ca.pem);
     let cert_file = dir.write("tls.crt", &client_cert);
     let key_file = dir.write("tls.key", &client_key);
     let tls = tonic::transport::ServerTlsConfig::new()
@@ -387,7 +375,7 @@ async fn mutual_tls_to_the_xds_server_and_start_without_config() {
             &server_cert,
             &server_key,
         ))
-        .client_ca_root(tonic::transport::Certificate::from_pem(ca.pem()));
+        .client_ca_root(tonic::transport::Certificate::from_pem(&ca.pem));
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let xds_addr = listener.local_addr().unwrap();
@@ -441,7 +429,7 @@ async fn mutual_tls_to_the_xds_server_and_start_without_config() {
     // Envoy with its certificate: exact; a caller without one: refused.
     let tls_endpoint = |identity: Option<&(String, String)>| {
         let mut tls = tonic::transport::ClientTlsConfig::new()
-            .ca_certificate(tonic::transport::Certificate::from_pem(ca.pem()))
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem))
             .domain_name("localhost");
         if let Some((cert, key)) = identity {
             tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));

@@ -111,6 +111,7 @@ mod msgpack;
 mod reply;
 mod rules;
 mod sentinel;
+mod tls;
 pub use rules::{Precondition, RuleChange, RuleWrite};
 pub use sentinel::{
     CHECK_INTERVAL as SENTINEL_CHECK_INTERVAL, Discovery, SentinelConfig,
@@ -118,6 +119,7 @@ pub use sentinel::{
 };
 mod sync;
 pub use sync::{Beat, SyncItem, SyncItemReply, SyncOp, SyncReply};
+pub use tls::RedisTls;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -164,6 +166,10 @@ pub struct RedisConfig {
     /// The sentinels that name the master, instead of `url` and
     /// `cluster` (see [`SentinelConfig`]).
     pub sentinel: Option<SentinelConfig>,
+    /// A CA and a client certificate for TLS (`rediss://` URLs; a
+    /// sentinel set's own, [`SentinelConfig::certs`], for sentinels).
+    /// `None`: the web PKI roots, and no client certificate.
+    pub tls: Option<RedisTls>,
     /// Longest wait for one decision.
     pub timeout: Duration,
     /// Prepended to every key.
@@ -195,6 +201,7 @@ impl Default for RedisConfig {
             url: "redis://127.0.0.1:6379/0".to_string(),
             cluster: Vec::new(),
             sentinel: None,
+            tls: None,
             timeout: Duration::from_millis(50),
             prefix: "spillway:".to_string(),
             buckets: DEFAULT_BUCKETS,
@@ -365,11 +372,12 @@ impl RedisStore {
                 .map_err(url_error)?
                 .set_tcp_settings(tcp);
             Some(Target::Single(
-                redis::Client::open(info).map_err(url_error)?,
+                tls::client(info, config.tls.as_ref()).map_err(url_error)?,
             ))
         } else {
+            let builder = redis::cluster::ClusterClient::builder(config.cluster.clone());
             Some(Target::Cluster(
-                redis::cluster::ClusterClient::builder(config.cluster.clone())
+                tls::cluster(builder, config.tls.as_ref())
                     .tcp_settings(tcp)
                     .connection_timeout(Duration::from_secs(1))
                     .response_timeout(config.timeout.max(Duration::from_millis(10)))
@@ -1031,7 +1039,8 @@ pub fn probe(config: &RedisConfig, timeout: Duration) -> Result<(), String> {
     };
     for url in urls {
         let fail = |e: &dyn std::fmt::Display| format!("{}: {e}", redact(url));
-        let client = redis::Client::open(url).map_err(|e| fail(&e))?;
+        let info = url.into_connection_info().map_err(|e| fail(&e))?;
+        let client = tls::client(info, config.tls.as_ref()).map_err(|e| fail(&e))?;
         let mut conn = client
             .get_connection_with_timeout(timeout)
             .map_err(|e| fail(&e))?;

@@ -47,9 +47,12 @@ pub struct SentinelConfig {
     /// The sentinels' password (their own `requirepass`), if any.
     pub sentinel_password: Option<String>,
     /// TLS to the sentinels and the master (as `rediss://`: the server's
-    /// certificate is verified against the web PKI roots, for the host
-    /// the sentinels announce).
+    /// certificate is verified, for the host the sentinels announce,
+    /// against `certs`' CA or else the web PKI roots).
     pub tls: bool,
+    /// With `tls`: a CA and a client certificate, for the sentinels and
+    /// the master alike.
+    pub certs: Option<crate::RedisTls>,
     /// The database number on the master.
     pub db: i64,
 }
@@ -65,6 +68,7 @@ impl std::fmt::Debug for SentinelConfig {
             .field("sentinel_username", &self.sentinel_username)
             .field("sentinel_password", &hidden(&self.sentinel_password))
             .field("tls", &self.tls)
+            .field("certs", &self.certs)
             .field("db", &self.db)
             .finish()
     }
@@ -134,7 +138,7 @@ impl SentinelConfig {
             self.password.as_ref(),
             self.db,
         )?;
-        redis::Client::open(info)
+        crate::tls::client(info, self.certs.as_ref())
     }
 
     /// Asks one sentinel where the master is: `Ok(None)` when it knows no
@@ -150,7 +154,7 @@ impl SentinelConfig {
                 0,
             )
             .map_err(|e| e.to_string())?;
-        let client = redis::Client::open(info).map_err(|e| e.to_string())?;
+        let client = crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
         let call = async {
             let mut c = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")
@@ -223,7 +227,7 @@ impl SentinelConfig {
                         0,
                     )
                     .map_err(|e| e.to_string())?;
-                let client = redis::Client::open(info).map_err(|e| e.to_string())?;
+                let client = crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
                 let mut c = client
                     .get_connection_with_timeout(timeout)
                     .map_err(|e| e.to_string())?;

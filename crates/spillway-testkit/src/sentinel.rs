@@ -15,9 +15,35 @@ pub const MASTER_NAME: &str = "spillway-master";
 #[derive(Debug)]
 pub struct Sentinel {
     child: Child,
-    /// Its port on 127.0.0.1.
+    /// Its port on 127.0.0.1 (TLS only, in a set started with
+    /// [`SentinelSet::start_tls`]).
     pub port: u16,
     _dir: TempDir,
+}
+
+/// The files of a TLS set: one certificate (for `localhost` and
+/// `127.0.0.1`, good for a server and a client) and key for every
+/// process, and the CA that signed it, which each process also requires
+/// of its clients.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+}
+
+impl TlsFiles {
+    /// `redis-server`'s and `redis-cli`'s options naming the files.
+    fn server_args(&self) -> Vec<String> {
+        [
+            ("--tls-cert-file", &self.cert),
+            ("--tls-key-file", &self.key),
+            ("--tls-ca-cert-file", &self.ca),
+        ]
+        .iter()
+        .flat_map(|(k, v)| [(*k).to_string(), v.display().to_string()])
+        .collect()
+    }
 }
 
 impl Drop for Sentinel {
@@ -38,6 +64,8 @@ pub struct SentinelSet {
     pub sentinels: Vec<Sentinel>,
     /// The password of every process of the set, if any.
     pub password: Option<String>,
+    /// TLS for the sentinels and between every process, if any.
+    pub tls: Option<TlsFiles>,
 }
 
 impl SentinelSet {
@@ -70,24 +98,81 @@ impl SentinelSet {
             }
         }
         let sentinels = (0..3)
-            .map(|_| Sentinel::start(master.port, password))
+            .map(|_| Sentinel::start(master.port, password, None))
             .collect();
         let set = SentinelSet {
             servers: vec![master, replica],
             sentinels,
             password: password.map(str::to_string),
+            tls: None,
         };
+        set.wait_together();
+        set
+    }
+
+    /// A set that speaks TLS: each data server on a TLS port besides its
+    /// plain one (which only the tests' `redis-cli` uses), replicating
+    /// over TLS and announcing its TLS port, so the sentinels watch and
+    /// name TLS ports; the sentinels on TLS ports only. Every process
+    /// requires a client certificate from `tls.ca`.
+    ///
+    /// # Panics
+    /// As [`SentinelSet::start`].
+    pub fn start_tls(tls: &TlsFiles) -> SentinelSet {
+        require("redis-server");
+        let files = tls.server_args();
+        let tls_ports = [free_port(), free_port()];
+        let server = |i: usize, replica_of: Option<u16>| {
+            let port = tls_ports[i].to_string();
+            let mut args: Vec<String> = vec![
+                "--tls-port".into(),
+                port.clone(),
+                "--tls-replication".into(),
+                "yes".into(),
+                "--replica-announce-port".into(),
+                port,
+            ];
+            args.extend(files.iter().cloned());
+            if let Some(m) = replica_of {
+                args.extend(["--replicaof".into(), "127.0.0.1".into(), m.to_string()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            RedisServer::start_with(&args)
+        };
+        let master = server(0, None);
+        let replica = server(1, Some(tls_ports[0]));
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(tls_ports[0], None, Some(tls)))
+            .collect();
+        let set = SentinelSet {
+            servers: vec![master, replica],
+            sentinels,
+            password: None,
+            tls: Some(tls.clone()),
+        };
+        set.wait_together();
+        set
+    }
+
+    /// Waits (60 s at most) until the sentinels see the replica and each
+    /// other, and the replica is linked to the master.
+    fn wait_together(&self) {
+        let set = self;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let ready = set.sentinels.iter().all(|s| {
                 let replicas = set.cli(s.port, &["SENTINEL", "REPLICAS", MASTER_NAME]);
                 let quorum = set.cli(s.port, &["SENTINEL", "CKQUORUM", MASTER_NAME]);
                 replicas.contains("flags") && quorum.contains("3 usable")
-            }) && set
-                .cli(set.servers[1].port, &["INFO", "replication"])
-                .contains("master_link_status:up");
+            }) && cli(
+                set.servers[1].port,
+                set.password.as_deref(),
+                None,
+                &["INFO", "replication"],
+            )
+            .contains("master_link_status:up");
             if ready {
-                return set;
+                return;
             }
             assert!(
                 Instant::now() < deadline,
@@ -209,12 +294,22 @@ impl SentinelSet {
 }
 
 impl Sentinel {
-    fn start(master: u16, password: Option<&str>) -> Sentinel {
+    fn start(master: u16, password: Option<&str>, tls: Option<&TlsFiles>) -> Sentinel {
         let port = free_port();
         let dir = TempDir::new(&format!("sentinel-{port}"));
         let conf = dir.0.join("sentinel.conf");
+        let listen = match tls {
+            None => format!("port {port}\n"),
+            Some(t) => format!(
+                "port 0\ntls-port {port}\ntls-replication yes\n\
+                 tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+                t.cert.display(),
+                t.key.display(),
+                t.ca.display()
+            ),
+        };
         let text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+            "{listen}bind 127.0.0.1\ndir {dir}\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
              sentinel down-after-milliseconds {MASTER_NAME} 500\n\
              sentinel failover-timeout {MASTER_NAME} 3000\n\
@@ -241,7 +336,7 @@ impl Sentinel {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !cli(port, password, &["PING"]).contains("PONG") {
+        while !cli(port, password, tls, &["PING"]).contains("PONG") {
             assert!(
                 Instant::now() < deadline,
                 "redis-server --sentinel on port {port} did not start"
@@ -253,20 +348,32 @@ impl Sentinel {
 }
 
 impl SentinelSet {
-    /// `redis-cli` to a process of the set (with its password).
+    /// `redis-cli` to a process of the set (with its password), over TLS
+    /// in a TLS set but to a data server's plain port.
     fn cli(&self, port: u16, args: &[&str]) -> String {
-        cli(port, self.password.as_deref(), args)
+        let plain = self.servers.iter().any(|s| s.port == port);
+        let tls = if plain { None } else { self.tls.as_ref() };
+        cli(port, self.password.as_deref(), tls, args)
     }
 }
 
-/// `redis-cli -p PORT [-a PASSWORD] ARGS...`'s output ("" when it cannot
-/// run).
-fn cli(port: u16, password: Option<&str>, args: &[&str]) -> String {
+/// `redis-cli -p PORT [-a PASSWORD] [--tls ...] ARGS...`'s output (""
+/// when it cannot run).
+fn cli(port: u16, password: Option<&str>, tls: Option<&TlsFiles>, args: &[&str]) -> String {
     require("redis-cli");
     let mut c = Command::new("redis-cli");
     c.args(["-p", &port.to_string()]);
     if let Some(pw) = password {
         c.args(["--no-auth-warning", "-a", pw]);
+    }
+    if let Some(t) = tls {
+        c.arg("--tls")
+            .arg("--cert")
+            .arg(&t.cert)
+            .arg("--key")
+            .arg(&t.key)
+            .arg("--cacert")
+            .arg(&t.ca);
     }
     c.args(args)
         .output()

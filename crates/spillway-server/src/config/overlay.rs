@@ -35,6 +35,12 @@ pub struct RedisOverlay {
     /// Behind Redis Sentinel (`REDIS_TYPE=sentinel`): the master's name
     /// and the sentinels, instead of `urls`.
     pub sentinel: Option<spillway_redis::SentinelConfig>,
+    /// The CA file the servers' certificates are verified against
+    /// (`REDIS_TLS_CACERT`), with TLS on.
+    pub ca: Option<std::path::PathBuf>,
+    /// A client certificate and its key (`REDIS_TLS_CLIENT_CERT`,
+    /// `REDIS_TLS_CLIENT_KEY`), with TLS on.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl Overlay {
@@ -90,6 +96,29 @@ impl Overlay {
                     return Err("REDIS_TIMEOUT: must be more than 0".into());
                 }
                 cfg.timeout = t;
+            }
+            if r.ca.is_some() || r.client.is_some() {
+                let secure = match &cfg.sentinel {
+                    Some(s) => s.tls,
+                    None => r.urls.iter().all(|u| u.starts_with("rediss://")),
+                };
+                if !secure {
+                    return Err(
+                        "REDIS_TLS_CACERT, REDIS_TLS_CLIENT_CERT: TLS is off (REDIS_TLS): the files would not be used"
+                            .into(),
+                    );
+                }
+                let client = r.client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+                let pem = crate::tls::read_pem_files("Redis", r.ca.as_deref(), client)
+                    .map_err(|e| format!("REDIS_TLS_*: {e}"))?;
+                let tls = spillway_redis::RedisTls {
+                    ca: pem.ca,
+                    client: pem.client,
+                };
+                if let Some(s) = &mut cfg.sentinel {
+                    s.certs = Some(tls.clone());
+                }
+                cfg.tls = Some(tls);
             }
             config.store = StoreConfig::Redis(cfg);
         }

@@ -577,6 +577,21 @@ pub(crate) struct RawRedis {
     pub(crate) over_limit_cache: Option<Spanned<i64>>,
     #[serde(default)]
     pub(crate) sync: Option<Spanned<RawSync>>,
+    #[serde(default)]
+    pub(crate) tls: Option<Spanned<RawRedisTls>>,
+}
+
+/// `store.redis.tls`: a CA and a client certificate for `rediss://` (and
+/// sentinels with `tls: true`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedisTls {
+    #[serde(default)]
+    pub(crate) ca: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) cert: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) key: Option<Spanned<String>>,
 }
 
 /// `store.redis.sentinel`: the master found by asking Redis Sentinel.

@@ -23,8 +23,13 @@ pub(super) fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> S
         ),
         _ => {}
     }
+    if let Some(t) = &raw.tls {
+        cfg.tls = redis_tls(errs, t, raw);
+    }
     if let Some(s) = &raw.sentinel {
-        cfg.sentinel = Some(sentinel_config(errs, s));
+        let mut sentinel = sentinel_config(errs, s);
+        sentinel.certs.clone_from(&cfg.tls);
+        cfg.sentinel = Some(sentinel);
     }
     let check_url = |errs: &mut Collector<'_>, u: &str, at: &dyn Fn(&mut Collector<'_>, String)| {
         if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
@@ -91,6 +96,72 @@ pub(super) fn redis_config(errs: &mut Collector<'_>, r: &Spanned<RawRedis>) -> S
     match &raw.sync {
         None => StoreConfig::Redis(cfg),
         Some(s) => StoreConfig::Sync(sync_config(errs, s, cfg)),
+    }
+}
+
+/// `redis.tls`: the files read now. Only where every connection speaks
+/// TLS (`rediss://` URLs, a sentinel set with `tls: true`): files named
+/// for a plain connection could not be used there.
+fn redis_tls(
+    errs: &mut Collector<'_>,
+    t: &Spanned<raw::RawRedisTls>,
+    redis: &RawRedis,
+) -> Option<spillway_redis::RedisTls> {
+    let path = |v: &Option<Spanned<String>>| v.as_ref().map(|v| std::path::PathBuf::from(&v.value));
+    let (ca, cert, key) = (path(&t.value.ca), path(&t.value.cert), path(&t.value.key));
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            errs.at(t, "redis.tls: cert needs its key, and key its certificate");
+            return None;
+        }
+    };
+    if ca.is_none() && client.is_none() {
+        errs.at(t, "redis.tls: name ca, or cert and key (or both)");
+        return None;
+    }
+    let plain = redis.url.iter().map(|u| u.value.as_str()).chain(
+        redis.cluster.iter().flat_map(|c| c.value.iter().map(String::as_str)),
+    );
+    let plain = plain
+        .chain(
+            redis
+                .sync
+                .iter()
+                .flat_map(|s| s.value.regions.iter().flat_map(|r| r.value.values()))
+                .map(String::as_str),
+        )
+        .find(|u| !u.starts_with("rediss://"))
+        .map(spillway_redis::redact);
+    let sentinel_plain = redis
+        .sentinel
+        .as_ref()
+        .is_some_and(|s| s.value.tls != Some(true));
+    if let Some(u) = plain {
+        errs.at(
+            t,
+            format!("redis.tls: {u:?} is not rediss://: the files would not be used on it"),
+        );
+        return None;
+    }
+    if sentinel_plain {
+        errs.at(
+            t,
+            "redis.tls: the sentinels are reached without TLS: set redis.sentinel.tls: true",
+        );
+        return None;
+    }
+    let paths = client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    match crate::tls::read_pem_files("Redis", ca.as_deref(), paths) {
+        Ok(pem) => Some(spillway_redis::RedisTls {
+            ca: pem.ca,
+            client: pem.client,
+        }),
+        Err(why) => {
+            errs.at(t, format!("redis.tls: {why}"));
+            None
+        }
     }
 }
 
@@ -162,6 +233,7 @@ fn sentinel_config(
         sentinel_username: text(&raw.sentinel_username),
         sentinel_password: text(&raw.sentinel_password),
         tls: raw.tls.unwrap_or(false),
+        certs: None,
         db,
     }
 }

@@ -571,5 +571,5 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-pub use outbound::{SYSTEM_CA_BUNDLE, client_config};
+pub use outbound::{PemFiles, SYSTEM_CA_BUNDLE, client_config, read_pem_files};
 pub use settings::{TlsFiles, TlsSettings};

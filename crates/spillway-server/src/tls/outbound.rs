@@ -1,8 +1,8 @@
 //! TLS to the servers spillway connects to itself (the xDS management
-//! server, the trace collector): the server verified against a CA file
-//! (or the system's CA bundle), and a client certificate for mutual TLS.
-//! The files are read once, when the settings are made: a bad one stops
-//! the start.
+//! server, the trace collector, Redis): the server verified against a CA
+//! file (or the system's CA bundle), and a client certificate for mutual
+//! TLS. The files are read once, when the settings are made: a bad one
+//! stops the start.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +12,56 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// Where the system's CA bundle is on Debian and in spillway's image,
 /// trusted when no CA file is named.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The PEM contents of a CA file and a client certificate and key, read
+/// and checked.
+#[derive(Clone, Default)]
+pub struct PemFiles {
+    /// The CA certificates (at least one).
+    pub ca: Option<Vec<u8>>,
+    /// The client's certificate chain (at least one) and its key, which
+    /// go together.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Reads `ca` and `client`'s files, checking that the CA file holds
+/// certificates and that the key goes with its certificate. `what` names
+/// the server in errors (`Redis`).
+///
+/// # Errors
+/// A file cannot be read or holds no certificate (or key), or the key
+/// does not go with the certificate.
+pub fn read_pem_files(
+    what: &str,
+    ca: Option<&Path>,
+    client: Option<(&Path, &Path)>,
+) -> Result<PemFiles, String> {
+    let ca = match ca {
+        None => None,
+        Some(p) => {
+            let pem = read(p).map_err(|e| format!("{what} CA {e}"))?;
+            roots(what, p, &pem)?;
+            Some(pem)
+        }
+    };
+    let client = match client {
+        None => None,
+        Some((cert, key)) => {
+            let pair = (read(cert)?, read(key)?);
+            // Built once to check the pair (any root store will do).
+            let builder = rustls::ClientConfig::builder_with_provider(super::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(rustls::RootCertStore::empty());
+            let (chain, key_der) = client_pair(cert, key, &pair)?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| format!("{what} client certificate: {e}"))?;
+            Some(pair)
+        }
+    };
+    Ok(PemFiles { ca, client })
+}
 
 /// A rustls client configuration (no ALPN set) that trusts the
 /// certificates in `ca` (else [`SYSTEM_CA_BUNDLE`]) and, with `client`,
@@ -27,40 +77,59 @@ pub fn client_config(
     client: Option<(&Path, &Path)>,
 ) -> Result<rustls::ClientConfig, String> {
     let ca_path: PathBuf = ca.map_or_else(|| SYSTEM_CA_BUNDLE.into(), Path::to_path_buf);
-    let read =
-        |p: &Path| std::fs::read(p).map_err(|e| format!("{}: cannot read: {e}", p.display()));
     let pem = read(&ca_path).map_err(|e| format!("{what} CA {e}"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&pem) {
-        let c = c.map_err(|e| format!("{what} CA {}: {e}", ca_path.display()))?;
-        roots
-            .add(c)
-            .map_err(|e| format!("{what} CA {}: {e}", ca_path.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!(
-            "{what} CA {}: no certificate in the file",
-            ca_path.display()
-        ));
-    }
     let builder = rustls::ClientConfig::builder_with_provider(super::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots);
+        .with_root_certificates(roots(what, &ca_path, &pem)?);
     match client {
         None => Ok(builder.with_no_client_auth()),
         Some((cert, key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("{}: {e}", cert.display()))?;
-            if chain.is_empty() {
-                return Err(format!("{}: no certificate in the file", cert.display()));
-            }
-            let key_der = PrivateKeyDer::from_pem_slice(&read(key)?)
-                .map_err(|e| format!("{}: no private key: {e}", key.display()))?;
+            let pair = (read(cert)?, read(key)?);
+            let (chain, key_der) = client_pair(cert, key, &pair)?;
             builder
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|e| format!("{what} client certificate: {e}"))
         }
     }
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))
+}
+
+/// The certificates of a CA file (at least one).
+fn roots(what: &str, path: &Path, pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(pem) {
+        let c = c.map_err(|e| format!("{what} CA {}: {e}", path.display()))?;
+        roots
+            .add(c)
+            .map_err(|e| format!("{what} CA {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!(
+            "{what} CA {}: no certificate in the file",
+            path.display()
+        ));
+    }
+    Ok(roots)
+}
+
+/// A client certificate chain (at least one) and its key, from their
+/// files' contents.
+fn client_pair(
+    cert: &Path,
+    key: &Path,
+    (cert_pem, key_pem): &(Vec<u8>, Vec<u8>),
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: no certificate in the file", cert.display()));
+    }
+    let key_der = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| format!("{}: no private key: {e}", key.display()))?;
+    Ok((chain, key_der))
 }

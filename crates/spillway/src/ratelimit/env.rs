@@ -113,18 +113,11 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
             refused.push(format!("{name}: {why}"));
         }
     };
-    refuse(
+    known.extend([
         "REDIS_TLS_CACERT",
-        "spillway's Redis client trusts the public CAs (webpki roots) only; it cannot be given a CA file",
-        refused,
-    );
-    for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
-        refuse(
-            name,
-            "spillway's Redis client presents no client certificate (TLS with a password works: REDIS_AUTH)",
-            refused,
-        );
-    }
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_CLIENT_KEY",
+    ]);
     for name in [
         "REDIS_STARTUP_INITIAL_INTERVAL",
         "REDIS_STARTUP_MAX_INTERVAL",
@@ -196,6 +189,22 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
     }
     let tls = env.on("REDIS_TLS", refused);
     let timeout = env.duration("REDIS_TIMEOUT", refused);
+    // The files TLS is given (read, and checked to be usable, when the
+    // overlay is laid: they need TLS on).
+    let ca = env.get("REDIS_TLS_CACERT").map(std::path::PathBuf::from);
+    let client = match (
+        env.get("REDIS_TLS_CLIENT_CERT"),
+        env.get("REDIS_TLS_CLIENT_KEY"),
+    ) {
+        (Some(c), Some(k)) => Some((c.into(), k.into())),
+        (None, None) => None,
+        _ => {
+            refused.push(
+                "REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: one needs the other".into(),
+            );
+            None
+        }
+    };
     let Some(url) = env.get("REDIS_URL") else {
         for name in ["REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_AUTH"] {
             if env.get(name).is_some() {
@@ -232,7 +241,12 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
     {
         None | Some("single") => false,
         Some("cluster") => true,
-        Some("sentinel") => return Some(sentinel(env, url, tls, timeout, refused)),
+        Some("sentinel") => {
+            let mut overlay = sentinel(env, url, tls, timeout, refused);
+            overlay.ca = ca;
+            overlay.client = client;
+            return Some(overlay);
+        }
         Some(other) => {
             refused.push(format!(
                 "REDIS_TYPE: {other:?}: expected single, cluster or sentinel"
@@ -280,6 +294,8 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         cluster,
         timeout,
         sentinel: None,
+        ca,
+        client,
     })
 }
 
@@ -329,8 +345,11 @@ fn sentinel(
             sentinel_username,
             sentinel_password,
             tls,
+            certs: None,
             db: 0,
         }),
+        ca: None,
+        client: None,
     }
 }
 

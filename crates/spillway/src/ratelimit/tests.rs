@@ -141,6 +141,28 @@ fn sentinel_variables_make_the_sentinel_store() {
     assert!(s.tls);
 }
 
+/// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT` and `_KEY`: the files
+/// the store's TLS is given (read when the overlay is laid).
+#[test]
+fn redis_tls_files_are_read_as_ratelimit_names_them() {
+    let e = entry(&vars(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.svc:6380"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", "/certs/ca.crt"),
+        ("REDIS_TLS_CLIENT_CERT", "/certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/certs/tls.key"),
+    ]))
+    .unwrap();
+    let r = e.overlay.redis.unwrap();
+    assert_eq!(r.urls, ["rediss://redis.svc:6380"]);
+    assert_eq!(r.ca.as_deref(), Some(std::path::Path::new("/certs/ca.crt")));
+    assert_eq!(
+        r.client,
+        Some(("/certs/tls.crt".into(), "/certs/tls.key".into()))
+    );
+}
+
 /// `GRPC_SERVER_USE_TLS` and its files: the gRPC listener's own TLS,
 /// with Envoy Gateway's CA variable read as ratelimit's.
 #[test]
@@ -222,7 +244,7 @@ fn settings_it_cannot_honour_stop_the_start() {
             "REDIS_SENTINEL_AUTH",
         ),
         (&[url, tcp, ("REDIS_TYPE", "ring")], "REDIS_TYPE"),
-        (&[url, tcp, ("REDIS_TLS_CACERT", "/ca")], "REDIS_TLS_CACERT"),
+        (&[url, tcp, ("REDIS_TLS_CLIENT_KEY", "/k")], "REDIS_TLS_CLIENT_KEY"),
         (
             &[url, tcp, ("REDIS_TLS_CLIENT_CERT", "/c")],
             "REDIS_TLS_CLIENT_CERT",

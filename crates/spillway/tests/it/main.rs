@@ -27,6 +27,7 @@ mod otel;
 mod proxy;
 mod proxy_bounds;
 mod redis;
+mod redis_tls;
 mod rules_api;
 mod rules_dir;
 mod scale;

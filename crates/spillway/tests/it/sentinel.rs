@@ -1,6 +1,7 @@
 //! End-to-end behind Redis Sentinel: the real `spillway serve` finds the
-//! master by asking real sentinels, follows a failover, and refuses to
-//! start with a master name no sentinel knows.
+//! master by asking real sentinels, follows a failover, speaks TLS to
+//! sentinels and master with a private CA and a client certificate, and
+//! refuses to start with a master name no sentinel knows.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -53,6 +54,43 @@ async fn admitted(c: &reqwest::Client, s: &Server, user: &str) -> usize {
         yes += usize::from(status == 200);
     }
     yes
+}
+
+/// Sentinels on TLS only and a master reached over TLS
+/// (`sentinel.tls: true`), every process requiring a client certificate
+/// from a private CA (`store.redis.tls`): discovery and every decision
+/// go over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_the_master_over_tls_with_a_private_ca() {
+    use crate::certs::{Usage, ca, leaf};
+    let dir = TempDir::new("sentinel-tls");
+    let root = ca("sentinel test CA");
+    // One certificate for every process, as server and as client (the
+    // replica and the sentinels are clients of the master).
+    let (cert, key) = leaf(&root, &["localhost", "127.0.0.1"], Usage::Any);
+    let files = spillway_testkit::sentinel::TlsFiles {
+        cert: dir.write("redis.pem", &cert),
+        key: dir.write("redis.key", &key),
+        ca: dir.write("ca.pem", &root.pem),
+    };
+    let (client_cert, client_key) = leaf(&root, &["spillway"], Usage::Client);
+    let client_cert = dir.write("client.pem", &client_cert);
+    let client_key = dir.write("client.key", &client_key);
+    let set = tokio::task::block_in_place(|| SentinelSet::start_tls(&files));
+    let rules = rules(&set, MASTER_NAME).replace(
+        "    timeout: 5s\n",
+        &format!(
+            "    timeout: 5s\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
+            files.ca.display(),
+            client_cert.display(),
+            client_key.display()
+        ),
+    );
+    let rules = rules.replace("      nodes:", "      tls: true\n      nodes:");
+    let file = dir.write("rules.yaml", &rules);
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    assert_eq!(admitted(&c, &s, "a").await, 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

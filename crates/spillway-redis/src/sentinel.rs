@@ -227,7 +227,8 @@ impl SentinelConfig {
                         0,
                     )
                     .map_err(|e| e.to_string())?;
-                let client = crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
+                let client =
+                    crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
                 let mut c = client
                     .get_connection_with_timeout(timeout)
                     .map_err(|e| e.to_string())?;

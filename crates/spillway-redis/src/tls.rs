@@ -18,7 +18,10 @@ impl std::fmt::Debug for RedisTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisTls")
             .field("ca", &self.ca.as_ref().map(Vec::len))
-            .field("client", &self.client.as_ref().map(|_| "(certificate, ***)"))
+            .field(
+                "client",
+                &self.client.as_ref().map(|_| "(certificate, ***)"),
+            )
             .finish()
     }
 }

@@ -122,7 +122,10 @@ fn redis_tls(
         return None;
     }
     let plain = redis.url.iter().map(|u| u.value.as_str()).chain(
-        redis.cluster.iter().flat_map(|c| c.value.iter().map(String::as_str)),
+        redis
+            .cluster
+            .iter()
+            .flat_map(|c| c.value.iter().map(String::as_str)),
     );
     let plain = plain
         .chain(

@@ -14,7 +14,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// The PEM contents of a CA file and a client certificate and key, read
-/// and checked.
+/// and checked. Its `Debug` shows sizes, never the key.
 #[derive(Clone, Default)]
 pub struct PemFiles {
     /// The CA certificates (at least one).
@@ -22,6 +22,18 @@ pub struct PemFiles {
     /// The client's certificate chain (at least one) and its key, which
     /// go together.
     pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for PemFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemFiles")
+            .field("ca", &self.ca.as_ref().map(Vec::len))
+            .field(
+                "client",
+                &self.client.as_ref().map(|_| "(certificate, ***)"),
+            )
+            .finish()
+    }
 }
 
 /// Reads `ca` and `client`'s files, checking that the CA file holds

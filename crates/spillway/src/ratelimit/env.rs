@@ -106,18 +106,18 @@ pub(crate) fn go_duration(s: &str) -> Result<Duration, String> {
 /// `REDIS_*`: the store, or nothing when `REDIS_URL` is unset (the
 /// embedded store).
 pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOverlay> {
-    let mut known = vec!["REDIS_URL"];
+    let mut known = vec![
+        "REDIS_URL",
+        "REDIS_TLS_CACERT",
+        "REDIS_TLS_CLIENT_CERT",
+        "REDIS_TLS_CLIENT_KEY",
+    ];
     let mut refuse = |name: &'static str, why: &str, refused: &mut Vec<String>| {
         known.push(name);
         if env.get(name).is_some() {
             refused.push(format!("{name}: {why}"));
         }
     };
-    known.extend([
-        "REDIS_TLS_CACERT",
-        "REDIS_TLS_CLIENT_CERT",
-        "REDIS_TLS_CLIENT_KEY",
-    ]);
     for name in [
         "REDIS_STARTUP_INITIAL_INTERVAL",
         "REDIS_STARTUP_MAX_INTERVAL",
@@ -199,9 +199,7 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         (Some(c), Some(k)) => Some((c.into(), k.into())),
         (None, None) => None,
         _ => {
-            refused.push(
-                "REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: one needs the other".into(),
-            );
+            refused.push("REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY: one needs the other".into());
             None
         }
     };

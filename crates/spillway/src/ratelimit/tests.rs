@@ -244,7 +244,10 @@ fn settings_it_cannot_honour_stop_the_start() {
             "REDIS_SENTINEL_AUTH",
         ),
         (&[url, tcp, ("REDIS_TYPE", "ring")], "REDIS_TYPE"),
-        (&[url, tcp, ("REDIS_TLS_CLIENT_KEY", "/k")], "REDIS_TLS_CLIENT_KEY"),
+        (
+            &[url, tcp, ("REDIS_TLS_CLIENT_KEY", "/k")],
+            "REDIS_TLS_CLIENT_KEY",
+        ),
         (
             &[url, tcp, ("REDIS_TLS_CLIENT_CERT", "/c")],
             "REDIS_TLS_CLIENT_CERT",

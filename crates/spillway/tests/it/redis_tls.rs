@@ -57,11 +57,7 @@ fn tls_redis(dir: &TempDir) -> TlsRedis {
 
 fn rules(r: &TlsRedis, client_cert: bool) -> String {
     let client = if client_cert {
-        format!(
-            ", cert: {}, key: {}",
-            r.cert.display(),
-            r.key.display()
-        )
+        format!(", cert: {}, key: {}", r.cert.display(), r.key.display())
     } else {
         String::new()
     };
@@ -101,7 +97,10 @@ async fn rules_file_tls_with_a_private_ca_and_a_client_certificate() {
         if j["store_error"] == false {
             break;
         }
-        assert!(Instant::now() < deadline, "Redis over TLS never answered: {j}");
+        assert!(
+            Instant::now() < deadline,
+            "Redis over TLS never answered: {j}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut admitted = 0;
@@ -222,10 +221,17 @@ fn tls_files_that_cannot_be_used_stop_the_start() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{store}: started");
-        assert!(err.contains("redis.tls") && err.contains(says), "{store}: {err}");
+        assert!(
+            err.contains("redis.tls") && err.contains(says),
+            "{store}: {err}"
+        );
     }
+    let runtime = dir.0.join("runtime");
+    std::fs::create_dir_all(runtime.join("config")).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
         .arg0_ratelimit()
+        .env("SPILLWAY_CONFIG", dir.write("rules.yaml", "rules: []\n"))
+        .env("RUNTIME_ROOT", &runtime)
         .env("REDIS_SOCKET_TYPE", "tcp")
         .env("REDIS_URL", "localhost:1")
         .env("REDIS_TLS_CACERT", r.ca.to_str().unwrap())

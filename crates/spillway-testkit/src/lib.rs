@@ -234,22 +234,58 @@ impl Drop for RedisServer {
 pub struct RedisCluster {
     /// The nodes.
     pub nodes: Vec<RedisServer>,
+    /// In a cluster started with [`RedisCluster::start_tls`], each node's
+    /// TLS port (its plain one stays for the tests' `redis-cli`).
+    pub tls_ports: Vec<u16>,
 }
 
 impl RedisCluster {
     /// Starts three `--cluster-enabled yes` servers and joins them with
     /// `redis-cli --cluster create`, then waits until the cluster is ok.
     pub fn start() -> RedisCluster {
+        RedisCluster::start_nodes(None)
+    }
+
+    /// As [`RedisCluster::start`], each node also on a TLS port, its
+    /// cluster bus over TLS (`tls-cluster yes`), and a client certificate
+    /// from `tls.ca` required of TLS clients. Redis names TLS ports to a
+    /// client on TLS (`CLUSTER SLOTS`, redirections).
+    pub fn start_tls(tls: &sentinel::TlsFiles) -> RedisCluster {
+        RedisCluster::start_nodes(Some(tls))
+    }
+
+    fn start_nodes(tls: Option<&sentinel::TlsFiles>) -> RedisCluster {
+        let mut tls_ports = Vec::new();
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                RedisServer::start_with(&[
+                let mut args: Vec<String> = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
                     "2000",
                     "--cluster-config-file",
                     "nodes.conf",
-                ])
+                ]
+                .map(String::from)
+                .to_vec();
+                if let Some(t) = tls {
+                    let port = free_port();
+                    tls_ports.push(port);
+                    args.extend(
+                        [
+                            "--tls-port".to_string(),
+                            port.to_string(),
+                            "--tls-cluster".into(),
+                            "yes".into(),
+                            "--tls-replication".into(),
+                            "yes".into(),
+                        ]
+                        .into_iter()
+                        .chain(t.server_args()),
+                    );
+                }
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                RedisServer::start_with(&args)
             })
             .collect();
         require("redis-cli");
@@ -280,11 +316,19 @@ impl RedisCluster {
             assert!(Instant::now() < deadline, "cluster did not become ok");
             std::thread::sleep(Duration::from_millis(100));
         }
-        RedisCluster { nodes }
+        RedisCluster { nodes, tls_ports }
     }
 
     /// The nodes' URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes' `rediss://` URLs (a cluster started with TLS).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.tls_ports
+            .iter()
+            .map(|p| format!("rediss://127.0.0.1:{p}"))
+            .collect()
     }
 }

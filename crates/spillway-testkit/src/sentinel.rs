@@ -33,8 +33,8 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    /// `redis-server`'s and `redis-cli`'s options naming the files.
-    fn server_args(&self) -> Vec<String> {
+    /// `redis-server`'s options naming the files.
+    pub(crate) fn server_args(&self) -> Vec<String> {
         [
             ("--tls-cert-file", &self.cert),
             ("--tls-key-file", &self.key),

@@ -3,8 +3,8 @@
 //! TLS to clients and requires their certificates (`tls-auth-clients
 //! yes`), configured by the rules file's `store.redis.tls` and by
 //! ratelimit's `REDIS_TLS_*` variables; without the client certificate
-//! nothing is decided by Redis; files that could not be used stop the
-//! start.
+//! nothing is decided by Redis; a Redis Cluster over TLS; files that
+//! could not be used stop the start.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -123,6 +123,86 @@ async fn rules_file_tls_with_a_private_ca_and_a_client_certificate() {
         assert_eq!((status, &j["store_error"]), (429, &json!(true)), "{j}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A Redis Cluster over TLS (client connections and its bus), each node
+/// requiring a client certificate: the seed nodes' `rediss://` URLs and
+/// `store.redis.tls`; Redis names TLS ports to TLS clients, so slot maps
+/// and redirections stay on TLS. Keys spread over the nodes' slots are
+/// each exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_with_a_private_ca() {
+    let dir = TempDir::new("redis-tls-cluster");
+    let root = ca("cluster test CA");
+    // The nodes' certificate serves them as servers and as clients of
+    // each other's bus; the cluster names its nodes by address.
+    let (cert, key) = leaf(&root, &["localhost", "127.0.0.1"], Usage::Any);
+    let files = spillway_testkit::sentinel::TlsFiles {
+        cert: dir.write("node.pem", &cert),
+        key: dir.write("node.key", &key),
+        ca: dir.write("ca.pem", &root.pem),
+    };
+    let (client_cert, client_key) = leaf(&root, &["spillway"], Usage::Client);
+    let client_cert = dir.write("client.pem", &client_cert);
+    let client_key = dir.write("client.key", &client_key);
+    let cluster = tokio::task::block_in_place(|| spillway_testkit::RedisCluster::start_tls(&files));
+    let nodes: Vec<String> = cluster
+        .tls_urls()
+        .iter()
+        .map(|u| format!("'{u}'"))
+        .collect();
+    let file = dir.write(
+        "rules.yaml",
+        &format!(
+            r#"
+store:
+  redis:
+    cluster: [ {} ]
+    tls: {{ ca: {}, cert: {}, key: {} }}
+    timeout: 5s
+    probe_interval: 100ms
+on_store_error: deny
+rules:
+  - name: exact
+    by: user
+    limits:
+      - fixed_window: {{ limit: 3, window: 1h }}
+"#,
+            nodes.join(", "),
+            files.ca.display(),
+            client_cert.display(),
+            client_key.display()
+        ),
+    );
+    let s = Server::start(&["--config", file.to_str().unwrap()]);
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, _, j) = check(&c, &s, json!({"user": "probe", "cost": 0})).await;
+        if j["store_error"] == false {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the TLS cluster never answered: {j}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for user in ["u1", "u2", "u3", "u4", "u5", "u6"] {
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let (status, _, j) = check(&c, &s, json!({ "user": user })).await;
+            assert_eq!(j["store_error"], false, "{user}: {j}");
+            admitted += usize::from(status == 200);
+        }
+        assert_eq!(admitted, 3, "{user}");
+    }
+    let keys: u64 = cluster
+        .nodes
+        .iter()
+        .map(|n| n.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0))
+        .sum();
+    assert!(keys > 0, "nothing counted in the cluster");
 }
 
 /// ratelimit's variables, as Envoy Gateway's users set them for a TLS

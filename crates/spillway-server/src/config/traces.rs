@@ -304,59 +304,99 @@ fn pick_endpoint(
 /// TLS for the collector: the CA and client certificate files from
 /// `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else `..._OTLP_CERTIFICATE`),
 /// `..._CLIENT_CERTIFICATE` and `..._CLIENT_KEY`, else `traces.tls`,
-/// read now. `Some` for an `https://` endpoint (`secure`); files named
-/// for an `http://` one could not be used, and stop the start.
+/// read now. `Some` for an `https://` endpoint (`secure`). For an
+/// `http://` one, files named for traces (the `..._TRACES_...` variables,
+/// `traces.tls`) could not be used and stop the start; the general
+/// variables apply to every signal of a process and are for `https://`
+/// endpoints only (as the OpenTelemetry specification has them).
 fn pick_tls(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>, secure: bool) -> Option<TraceTls> {
-    let pick = |signal: &'static str, general: &'static str| var(signal).or_else(|| var(general));
-    let env = [
+    /// Where a file's name came from: a variable, or the file's field.
+    enum From<'a> {
+        Var(&'static str, bool),
+        File(&'a Spanned<String>, &'static str),
+    }
+    let file = r.tls.as_ref().map(|t| &t.value);
+    let pick = |signal: &'static str,
+                general: &'static str,
+                field: &'static str,
+                of: fn(&RawTraceTls) -> &Option<Spanned<String>>| {
+        if let Some((n, v)) = var(signal) {
+            return Some((v, From::Var(n, true)));
+        }
+        if let Some((n, v)) = var(general) {
+            return Some((v, From::Var(n, false)));
+        }
+        file.and_then(|t| of(t).as_ref())
+            .map(|s| (s.value.clone(), From::File(s, field)))
+    };
+    let named = [
         pick(
             "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "tls.ca",
+            |t| &t.ca,
         ),
         pick(
             "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
             "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "tls.cert",
+            |t| &t.cert,
         ),
         pick(
             "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
             "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "tls.key",
+            |t| &t.key,
         ),
     ];
-    let file = r.tls.as_ref();
-    let from_file = |f: fn(&RawTraceTls) -> &Option<Spanned<String>>| {
-        file.and_then(|t| f(&t.value).as_ref().map(|s| s.value.clone()))
+    // A problem is reported where the names came from: each variable by
+    // name, a field of the file by its line.
+    let report = |errs: &mut Errors<'_>, which: &[usize], why: &str| {
+        let mut told = false;
+        for i in which {
+            match &named[*i] {
+                Some((_, From::Var(n, _))) => errs.env(n, None, why),
+                Some((_, From::File(at, field))) => errs.file(*at, field, why),
+                None => continue,
+            }
+            told = true;
+        }
+        if !told {
+            // Nothing named: the system's bundle.
+            errs.env(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                None,
+                format!("(unset) {why}"),
+            );
+        }
     };
-    // A variable that is set wins over the file, field by field.
-    let [ca, cert, key] = [
-        (env[0].clone(), from_file(|t| &t.ca)),
-        (env[1].clone(), from_file(|t| &t.cert)),
-        (env[2].clone(), from_file(|t| &t.key)),
-    ]
-    .map(|(e, f)| e.map(|(_, v)| v).or(f).map(std::path::PathBuf::from));
-    // Where a problem is reported: the first variable set, else the file.
-    let report = |errs: &mut Errors<'_>, why: String| match (env.iter().flatten().next(), file) {
-        (Some((n, _)), _) => errs.env(n, None, why),
-        (None, Some(f)) => errs.file(f, "tls", why),
-        (None, None) => errs.env("OTEL_EXPORTER_OTLP_ENDPOINT", None, why),
-    };
-    let named = ca.is_some() || cert.is_some() || key.is_some();
     if !secure {
-        if named {
+        let for_traces: Vec<usize> = (0..3)
+            .filter(|i| match &named[*i] {
+                Some((_, From::Var(_, specific))) => *specific,
+                Some((_, From::File(..))) => true,
+                None => false,
+            })
+            .collect();
+        if !for_traces.is_empty() {
             report(
                 errs,
-                "TLS files are named but the collector's endpoint is http://: use https:// (or name no files)"
-                    .into(),
+                &for_traces,
+                "a TLS file is named for traces but the collector's endpoint is http://: use https:// (or name no file)",
             );
         }
         return None;
     }
+    let path = |i: usize| named[i].as_ref().map(|(v, _)| std::path::PathBuf::from(v));
+    let (ca, cert, key) = (path(0), path(1), path(2));
     let client = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
         _ => {
             report(
                 errs,
-                "a client certificate needs its key, and a key its certificate".into(),
+                &[1, 2],
+                "a client certificate needs its key, and a key its certificate",
             );
             return None;
         }
@@ -369,7 +409,17 @@ fn pick_tls(errs: &mut Errors<'_>, r: &RawTraces, var: &Var<'_>, secure: bool) -
             config: std::sync::Arc::new(config),
         }),
         Err(why) => {
-            report(errs, why);
+            // Told once, where the file the message names came from (the
+            // system's bundle when none is).
+            let which: Vec<usize> = (0..3)
+                .filter(|i| {
+                    named[*i]
+                        .as_ref()
+                        .is_some_and(|(v, _)| why.contains(v.as_str()))
+                })
+                .take(1)
+                .collect();
+            report(errs, &which, &why);
             None
         }
     }

@@ -345,7 +345,7 @@ fn https_collectors_take_a_ca_and_a_client_certificate() {
         (
             vec![
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-                ("OTEL_EXPORTER_OTLP_CERTIFICATE", c),
+                ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", c),
             ],
             "endpoint is http://",
         ),
@@ -369,6 +369,22 @@ fn https_collectors_take_a_ca_and_a_client_certificate() {
         let (_, e) = load("", &all);
         assert!(e.len() == 1 && e[0].contains(says), "{env:?}: {e:?}");
     }
+    // The general variables are every signal's: with traces over http://
+    // they are another signal's, and not an error.
+    let (s, e) = load(
+        "",
+        &[
+            on,
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "http://agent:4318/v1/traces",
+            ),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", c),
+        ],
+    );
+    assert!(e.is_empty(), "{e:?}");
+    assert!(s.unwrap().tls.is_none());
+    // The file's section with an http:// endpoint: told at its line.
     let (_, e) = load(
         &format!("endpoint: http://c:4318\ntls: {{ ca: {c} }}\n"),
         &[],

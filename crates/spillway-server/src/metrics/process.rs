@@ -105,13 +105,23 @@ fn recent_usage() -> Option<Usage> {
     let mut last = LAST
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    cached(&mut last, std::time::Instant::now(), usage)
+}
+
+/// `last`'s usage if it was read less than [`FRESH`] before `now`, else
+/// a new one from `read`, kept in `last`.
+fn cached(
+    last: &mut Option<(std::time::Instant, Usage)>,
+    now: std::time::Instant,
+    read: impl FnOnce() -> Option<Usage>,
+) -> Option<Usage> {
     if let Some((at, u)) = *last
-        && at.elapsed() < FRESH
+        && now.saturating_duration_since(at) < FRESH
     {
         return Some(u);
     }
-    let u = usage()?;
-    *last = Some((std::time::Instant::now(), u));
+    let u = read()?;
+    *last = Some((now, u));
     Some(u)
 }
 
@@ -181,20 +191,34 @@ fn from_proc(stat: &str, proc_stat: &str, ticks: u64, page: u64) -> Option<Usage
 mod tests {
     use super::*;
 
-    #[cfg(target_os = "linux")]
     #[test]
     fn scrapes_within_a_second_share_one_read_of_proc() {
-        let before = std::time::Instant::now();
-        let first = recent_usage().expect("/proc/self");
-        // Fifty more descriptors: a fresh read would count them.
-        let files: Vec<_> = (0..50)
-            .map(|_| std::fs::File::open("/proc/self/stat").unwrap())
-            .collect();
-        let second = recent_usage().expect("/proc/self");
-        if before.elapsed() < FRESH {
-            assert_eq!(first, second);
-        }
-        drop(files);
+        let u = |open_fds| Usage {
+            cpu_seconds: 0.0,
+            resident_bytes: 0,
+            virtual_bytes: 0,
+            open_fds,
+            max_fds: None,
+            start_time_seconds: 0.0,
+        };
+        let t0 = std::time::Instant::now();
+        let mut last = None;
+        let mut reads = 0;
+        let mut at = |ms: u64, fds: u64, last: &mut Option<_>| {
+            cached(last, t0 + std::time::Duration::from_millis(ms), || {
+                reads += 1;
+                Some(u(fds))
+            })
+            .map(|u| u.open_fds)
+        };
+        assert_eq!(at(0, 10, &mut last), Some(10));
+        // Within the second: the first read, not a new one.
+        assert_eq!(at(500, 60, &mut last), Some(10));
+        assert_eq!(at(999, 70, &mut last), Some(10));
+        // A second on: read again.
+        assert_eq!(at(1000, 80, &mut last), Some(80));
+        assert_eq!(at(1500, 90, &mut last), Some(80));
+        assert_eq!(reads, 2);
     }
 
     #[test]

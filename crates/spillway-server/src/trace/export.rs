@@ -281,11 +281,12 @@ impl Exporter {
         let req = req
             .body(Full::new(body))
             .map_err(|e| Failed::fatal(e.to_string()))?;
-        // No answer at all (refused, reset, a failed handshake): worth
-        // another try, as a collector restarting is the common cause.
+        // No answer at all (refused, reset): worth another try, as a
+        // collector restarting is the common cause. A TLS failure (a
+        // certificate refused either way) is not: it would fail the same.
         let resp = self.client.request(req).await.map_err(|e| Failed {
             why: format!("{e} ({})", source_chain(&e)),
-            retry: true,
+            retry: !is_tls_failure(&e),
         })?;
         let status = resp.status();
         let header_status = grpc_status(resp.headers());
@@ -378,6 +379,26 @@ fn grpc_status(h: &http::HeaderMap) -> Option<u32> {
     h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
+/// Whether `e` comes from TLS itself (rustls refused the peer, or the
+/// peer refused us with an alert), somewhere in its chain of sources.
+fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut s = Some(e);
+    while let Some(x) = s {
+        // An `io::Error` carrying one gives the one it carries by
+        // `get_ref`: its `source` is that one's source.
+        let carried = x
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref);
+        if x.downcast_ref::<rustls::Error>().is_some()
+            || carried.is_some_and(|c| c.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        s = x.source();
+    }
+    false
+}
+
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut parts = Vec::new();
     let mut s = e.source();
@@ -386,4 +407,36 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         s = x.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error with a source, as hyper's wrap the connector's.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("client error (Connect)")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn tls_failures_are_told_from_a_collector_not_there() {
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        assert!(is_tls_failure(&Wrapped(tls)));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_tls_failure(&Wrapped(refused)));
+    }
 }

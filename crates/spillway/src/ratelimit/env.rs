@@ -204,7 +204,14 @@ pub(crate) fn redis(env: &Env<'_>, refused: &mut Vec<String>) -> Option<RedisOve
         }
     };
     let Some(url) = env.get("REDIS_URL") else {
-        for name in ["REDIS_SOCKET_TYPE", "REDIS_TYPE", "REDIS_AUTH"] {
+        for name in [
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+            "REDIS_TLS_CACERT",
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+        ] {
             if env.get(name).is_some() {
                 refused.push(format!(
                     "{name}: REDIS_URL is unset, so no Redis is used (spillway's embedded store); set REDIS_URL"

@@ -262,6 +262,7 @@ fn settings_it_cannot_honour_stop_the_start() {
         (&[url, tcp, ("REDIS_FUTURE_KNOB", "1")], "REDIS_FUTURE_KNOB"),
         (&[("REDIS_URL", "a:1,b:2"), tcp], "REDIS_URL"),
         (&[("REDIS_AUTH", "x")], "REDIS_AUTH"),
+        (&[("REDIS_TLS_CACERT", "/ca")], "REDIS_TLS_CACERT"),
         (&[("CONFIG_TYPE", "GRPC_XDS_DELTA")], "CONFIG_TYPE"),
         (
             &[("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000")],

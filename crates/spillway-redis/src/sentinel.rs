@@ -141,9 +141,9 @@ impl SentinelConfig {
         crate::tls::client(info, self.certs.as_ref())
     }
 
-    /// Asks one sentinel where the master is: `Ok(None)` when it knows no
-    /// master of that name.
-    async fn ask(&self, node: &str) -> Result<Option<(String, u16)>, String> {
+    /// A client of the sentinel at `node` (`host:port`), logged in as a
+    /// sentinel client.
+    fn sentinel_client(&self, node: &str) -> Result<redis::Client, String> {
         let (host, port) = parse_node(node)?;
         let info = self
             .info(
@@ -154,7 +154,13 @@ impl SentinelConfig {
                 0,
             )
             .map_err(|e| e.to_string())?;
-        let client = crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
+        crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())
+    }
+
+    /// Asks one sentinel where the master is: `Ok(None)` when it knows no
+    /// master of that name.
+    async fn ask(&self, node: &str) -> Result<Option<(String, u16)>, String> {
+        let client = self.sentinel_client(node)?;
         let call = async {
             let mut c = client.get_multiplexed_async_connection().await?;
             redis::cmd("SENTINEL")
@@ -217,18 +223,7 @@ impl SentinelConfig {
     pub fn probe(&self, timeout: Duration) -> Result<(), String> {
         let mut why = Vec::new();
         for node in &self.nodes {
-            let asked = parse_node(node).and_then(|(host, port)| {
-                let info = self
-                    .info(
-                        host,
-                        port,
-                        self.sentinel_username.as_ref(),
-                        self.sentinel_password.as_ref(),
-                        0,
-                    )
-                    .map_err(|e| e.to_string())?;
-                let client =
-                    crate::tls::client(info, self.certs.as_ref()).map_err(|e| e.to_string())?;
+            let asked = self.sentinel_client(node).and_then(|client| {
                 let mut c = client
                     .get_connection_with_timeout(timeout)
                     .map_err(|e| e.to_string())?;

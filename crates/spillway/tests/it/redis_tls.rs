@@ -13,7 +13,7 @@ use serde_json::json;
 use spillway_testkit::{RedisServer, free_port};
 
 use crate::certs::{Usage, ca, leaf};
-use crate::util::{Server, TempDir, check, client};
+use crate::util::{Server, TempDir, check, client, eventually};
 
 /// A TLS-only Redis (its plain port is for the tests' `redis-cli`) and
 /// the files a client needs.
@@ -81,6 +81,27 @@ rules:
     )
 }
 
+/// Waits (30 s at most) until a check of `s` is decided by Redis.
+async fn redis_answers(c: &reqwest::Client, s: &Server, what: &str) {
+    eventually(&format!("{what} answering"), || async {
+        let (_, _, j) = check(c, s, json!({"user": "probe", "cost": 0})).await;
+        j["store_error"] == false
+    })
+    .await;
+}
+
+/// Of `n` checks for `user`, each decided by Redis, how many were
+/// admitted.
+async fn admitted(c: &reqwest::Client, s: &Server, user: &str, n: usize) -> usize {
+    let mut yes = 0;
+    for _ in 0..n {
+        let (status, _, j) = check(c, s, json!({ "user": user })).await;
+        assert_eq!(j["store_error"], false, "{user}: {j}");
+        yes += usize::from(status == 200);
+    }
+    yes
+}
+
 /// The rules file's `store.redis.tls`: with the client certificate every
 /// decision is Redis's (3 of 5 admitted, the counts in Redis); without
 /// it the handshake is refused and no decision is Redis's.
@@ -91,25 +112,8 @@ async fn rules_file_tls_with_a_private_ca_and_a_client_certificate() {
     let file = dir.write("rules.yaml", &rules(&r, true));
     let s = Server::start(&["--config", file.to_str().unwrap()]);
     let c = client();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, _, j) = check(&c, &s, json!({"user": "probe", "cost": 0})).await;
-        if j["store_error"] == false {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Redis over TLS never answered: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut admitted = 0;
-    for _ in 0..5 {
-        let (status, _, j) = check(&c, &s, json!({"user": "alice"})).await;
-        assert_eq!(j["store_error"], false, "{j}");
-        admitted += usize::from(status == 200);
-    }
-    assert_eq!(admitted, 3);
+    redis_answers(&c, &s, "Redis over TLS").await;
+    assert_eq!(admitted(&c, &s, "alice", 5).await, 3);
     let keys: u64 = r.server.cli(&["DBSIZE"]).trim().parse().unwrap();
     assert!(keys > 0, "nothing counted in Redis");
     drop(s);
@@ -176,26 +180,9 @@ rules:
     );
     let s = Server::start(&["--config", file.to_str().unwrap()]);
     let c = client();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, _, j) = check(&c, &s, json!({"user": "probe", "cost": 0})).await;
-        if j["store_error"] == false {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the TLS cluster never answered: {j}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    redis_answers(&c, &s, "the TLS cluster").await;
     for user in ["u1", "u2", "u3", "u4", "u5", "u6"] {
-        let mut admitted = 0;
-        for _ in 0..5 {
-            let (status, _, j) = check(&c, &s, json!({ "user": user })).await;
-            assert_eq!(j["store_error"], false, "{user}: {j}");
-            admitted += usize::from(status == 200);
-        }
-        assert_eq!(admitted, 3, "{user}");
+        assert_eq!(admitted(&c, &s, user, 5).await, 3, "{user}");
     }
     let keys: u64 = cluster
         .nodes
